@@ -1,0 +1,31 @@
+# The README's two commands: `go run ./cmd/gpu-pool-exporter --simulate` and `make test`.
+export CGO_ENABLED := 1
+export CGO_CFLAGS := -Wno-deprecated-declarations
+export PATH := $(shell go env GOPATH)/bin:$(PATH)
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
+
+.PHONY: test tools vet build run bench generate
+
+## test: everything CI runs: tools, vet, gofmt, race tests (unit, promtool, helm, end to end)
+test: tools vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
+	go test -race -count=1 ./...
+
+tools:
+	./scripts/install-tools.sh
+
+vet:
+	go vet ./...
+
+build:
+	go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
+
+run:
+	go run ./cmd/gpu-pool-exporter --simulate --log.format=console
+
+## bench: Go benchmarks and a load run against --simulate; prints one table
+bench:
+	./scripts/bench.sh

@@ -1,0 +1,260 @@
+package collector
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
+	"github.com/prometheus/common/expfmt"
+	"github.com/rs/zerolog"
+)
+
+// MinInterval is the shortest --collect-interval: NVML's busy-time counters
+// are averaged over about a second, faster sampling only costs CPU.
+const MinInterval = time.Second
+
+// Config configures an Exporter.
+type Config struct {
+	Interval time.Duration
+	// StaleAfter is how old a device's last good read may be before /readyz
+	// fails; 0 means three intervals.
+	StaleAfter time.Duration
+	Log        zerolog.Logger
+	// RuntimeMetrics adds the exporter's own go_ and process_ metrics.
+	RuntimeMetrics bool
+	// Now replaces time.Now in tests.
+	Now func() time.Time
+}
+
+// CollectorStatus is the health of one part of the exporter in one sample.
+type CollectorStatus struct {
+	Name     string
+	Up       bool
+	Duration time.Duration
+}
+
+// State is everything one render shows.
+type State struct {
+	Sample     *NodeSample
+	Collectors []CollectorStatus
+	// LastGood is, per GPU, the time of its last successful read.
+	LastGood []time.Time
+	Rendered time.Time
+}
+
+// Page is a rendered exposition, served as is to every scrape until the next
+// sample replaces it.
+type Page struct {
+	Plain []byte
+	Gzip  []byte
+	Time  time.Time
+	// Content-Length header values, made once per render.
+	plainLen, gzipLen []string
+	// State is what the page shows, for the landing page.
+	State *State
+}
+
+// Exporter samples in the background and keeps the rendered page.
+type Exporter struct {
+	cfg     Config
+	sampler *NVMLSampler
+	reg     *prometheus.Registry
+	page    atomic.Pointer[Page]
+
+	renderMu sync.Mutex // one render at a time; guards cur and lastGood
+	cur      *State
+	lastGood []time.Time
+	gz       *gzip.Writer
+}
+
+// New builds an exporter over a sampler.
+func New(cfg Config, sampler *NVMLSampler) (*Exporter, error) {
+	if cfg.Interval < MinInterval {
+		return nil, fmt.Errorf("collect interval %s is below the minimum of %s", cfg.Interval, MinInterval)
+	}
+	if cfg.StaleAfter == 0 {
+		cfg.StaleAfter = 3 * cfg.Interval
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry()}
+	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
+	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
+		return nil, err
+	}
+	if cfg.RuntimeMetrics {
+		e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	e.reg.MustRegister(stateCollector{e})
+	return e, nil
+}
+
+// Registry is where the rendered metrics come from; tests gather from it.
+func (e *Exporter) Registry() *prometheus.Registry { return e.reg }
+
+// Page returns the latest rendered page, or nil before the first sample.
+func (e *Exporter) Page() *Page { return e.page.Load() }
+
+// Run samples every interval until ctx is done.
+func (e *Exporter) Run(ctx context.Context) {
+	t := time.NewTicker(e.cfg.Interval)
+	defer t.Stop()
+	for {
+		e.SampleOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// SampleOnce takes one sample and publishes a new page.
+func (e *Exporter) SampleOnce(ctx context.Context) {
+	s := e.sampler.Sample(ctx)
+	now := e.cfg.Now()
+	e.renderMu.Lock()
+	defer e.renderMu.Unlock()
+	if len(e.lastGood) != len(s.GPUs) {
+		e.lastGood = make([]time.Time, len(s.GPUs))
+	}
+	for i, g := range s.GPUs {
+		if g.Up {
+			e.lastGood[i] = s.Time
+		}
+	}
+	st := &State{
+		Sample:     s,
+		Collectors: []CollectorStatus{{Name: "nvml", Up: anyUp(s), Duration: s.Duration}},
+		LastGood:   append([]time.Time(nil), e.lastGood...),
+		Rendered:   now,
+	}
+	if err := e.render(st); err != nil {
+		e.cfg.Log.Error().Err(err).Msg("rendering metrics failed; serving the previous page")
+	}
+}
+
+func anyUp(s *NodeSample) bool {
+	if len(s.GPUs) == 0 {
+		return true // a node without GPUs is a valid, if dull, node
+	}
+	for _, g := range s.GPUs {
+		if g.Up {
+			return true
+		}
+	}
+	return false
+}
+
+// render gathers the registry once and stores plain and gzip bytes.
+func (e *Exporter) render(st *State) error {
+	e.cur = st
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	buf.Grow(sizeHint(e.page.Load()))
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return err
+		}
+	}
+	var zbuf bytes.Buffer
+	e.gz.Reset(&zbuf)
+	if _, err := e.gz.Write(buf.Bytes()); err != nil {
+		return err
+	}
+	if err := e.gz.Close(); err != nil {
+		return err
+	}
+	e.page.Store(&Page{Plain: buf.Bytes(), Gzip: zbuf.Bytes(), Time: st.Rendered, State: st,
+		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())}})
+	return nil
+}
+
+func sizeHint(p *Page) int {
+	if p == nil {
+		return 16 << 10
+	}
+	return len(p.Plain) + len(p.Plain)/8
+}
+
+// Ready reports whether a fresh sample exists: one taken within StaleAfter
+// in which every GPU that is not lost answered within StaleAfter.
+func (e *Exporter) Ready() (bool, string) {
+	p := e.page.Load()
+	if p == nil {
+		return false, "no sample yet"
+	}
+	now := e.cfg.Now()
+	if age := now.Sub(p.State.Sample.Time); age > e.cfg.StaleAfter {
+		return false, fmt.Sprintf("last sample is %s old (stale after %s)", age.Round(time.Millisecond), e.cfg.StaleAfter)
+	}
+	for i, t := range p.State.LastGood {
+		if age := now.Sub(t); age > e.cfg.StaleAfter {
+			return false, fmt.Sprintf("GPU %d has not answered for %s (stale after %s)", i, age.Round(time.Second), e.cfg.StaleAfter)
+		}
+	}
+	return true, "ok"
+}
+
+// Header values shared by every response; net/http only reads them.
+var (
+	contentType  = []string{string(expfmt.NewFormat(expfmt.TypeTextPlain))}
+	varyEncoding = []string{"Accept-Encoding"}
+	gzipEncoding = []string{"gzip"}
+)
+
+// ServeHTTP serves the cached page: no NVML, DCGM or kubelet call happens here.
+func (e *Exporter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := e.page.Load()
+	if p == nil {
+		http.Error(w, "no sample yet: the first sample is being taken", http.StatusServiceUnavailable)
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = contentType
+	h["Vary"] = varyEncoding
+	body, length := p.Plain, p.plainLen
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		h["Content-Encoding"] = gzipEncoding
+		body, length = p.Gzip, p.gzipLen
+	}
+	h["Content-Length"] = length
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write(body)
+}
+
+// acceptsGzip reads Accept-Encoding without allocating; "gzip;q=0" refuses.
+func acceptsGzip(ae string) bool {
+	for ae != "" {
+		var part string
+		part, ae, _ = strings.Cut(ae, ",")
+		enc, params, _ := strings.Cut(part, ";")
+		if !strings.EqualFold(strings.TrimSpace(enc), "gzip") {
+			continue
+		}
+		q := strings.TrimSpace(params)
+		if v, ok := strings.CutPrefix(q, "q="); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return err == nil && f > 0
+		}
+		return true
+	}
+	return false
+}

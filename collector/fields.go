@@ -1,0 +1,83 @@
+package collector
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Field is one per-device value read by a sampler. Every device series carries
+// the same identity labels (deviceLabels), so a field is just a name and a slot.
+type Field int
+
+// The per-device fields. Sources are named in fieldSpecs and in the README.
+const (
+	FieldMemoryUsed Field = iota
+	FieldMemoryTotal
+	FieldUtilization
+	FieldMemoryUtilization
+	FieldTemperature
+	FieldPower
+	FieldEnergy
+	FieldSMClock
+	FieldMemoryClock
+	FieldPCIeLinkGeneration
+	FieldPCIeLinkWidth
+	numFields
+)
+
+// Source says which sampler a field comes from; it decides merges when two
+// samplers report the same field.
+type Source string
+
+// Sources of device fields.
+const (
+	SourceNVML Source = "nvml"
+	SourceDCGM Source = "dcgm"
+)
+
+type fieldSpec struct {
+	name      string
+	help      string
+	valueType prometheus.ValueType
+	source    Source
+}
+
+// deviceLabels identify a device series: a whole GPU has gpu_instance="" and
+// mig_profile="", a MIG instance has both set. They never change when pods
+// come and go.
+var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
+
+var fieldSpecs = [numFields]fieldSpec{
+	FieldMemoryUsed:         {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryTotal:        {"gpu_memory_total_bytes", "Framebuffer memory in total, in bytes.", prometheus.GaugeValue, SourceNVML},
+	FieldUtilization:        {"gpu_utilization_ratio", "Fraction of the last sample period during which one or more kernels ran on the GPU (NVML busy time, 0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryUtilization:  {"gpu_memory_utilization_ratio", "Fraction of the last sample period during which device memory was read or written (0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldTemperature:        {"gpu_temperature_celsius", "GPU die temperature in degrees Celsius.", prometheus.GaugeValue, SourceNVML},
+	FieldPower:              {"gpu_power_watts", "Power draw of the GPU board in watts.", prometheus.GaugeValue, SourceNVML},
+	FieldEnergy:             {"gpu_energy_joules_total", "Energy consumed by the GPU since the driver was loaded, in joules.", prometheus.CounterValue, SourceNVML},
+	FieldSMClock:            {"gpu_sm_clock_hertz", "Current SM clock in hertz.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryClock:        {"gpu_memory_clock_hertz", "Current memory clock in hertz.", prometheus.GaugeValue, SourceNVML},
+	FieldPCIeLinkGeneration: {"gpu_pcie_link_generation", "Current PCIe link generation.", prometheus.GaugeValue, SourceNVML},
+	FieldPCIeLinkWidth:      {"gpu_pcie_link_width", "Current PCIe link width in lanes.", prometheus.GaugeValue, SourceNVML},
+}
+
+var fieldDescs = func() [numFields]*prometheus.Desc {
+	var d [numFields]*prometheus.Desc
+	for f, s := range fieldSpecs {
+		d[f] = prometheus.NewDesc(s.name, s.help, deviceLabels, nil)
+	}
+	return d
+}()
+
+// Values holds the fields read for one device in one sample. A field that is
+// not set (not supported, or failed) is not exported.
+type Values struct {
+	v   [numFields]float64
+	set [numFields]bool
+}
+
+// Set records a field's value.
+func (v *Values) Set(f Field, x float64) { v.v[f], v.set[f] = x, true }
+
+// Get returns a field's value and whether it was read.
+func (v *Values) Get(f Field) (float64, bool) { return v.v[f], v.set[f] }
+
+// Clear forgets a field.
+func (v *Values) Clear(f Field) { v.v[f], v.set[f] = 0, false }

@@ -1,0 +1,105 @@
+package collector
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	gpuInfoDesc = prometheus.NewDesc("gpu_info",
+		"Static facts about a physical GPU; value 1. device is the GKE/kubelet name nvidiaN, N being the NVML minor number.",
+		[]string{"gpu", "uuid", "model", "pci_bus_id", "device", "mig_mode"}, nil)
+	migInfoDesc = prometheus.NewDesc("gpu_mig_info",
+		"Static facts about a MIG instance; value 1.",
+		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "mig_uuid"}, nil)
+	gpuUpDesc = prometheus.NewDesc("gpu_up",
+		"1 if the device answered NVML in the last sample, 0 if it is lost, failing or hanging.",
+		deviceLabels, nil)
+	gpuLastSampleDesc = prometheus.NewDesc("gpu_last_sample_timestamp_seconds",
+		"Unix time of the last sample in which the GPU answered NVML.",
+		[]string{"gpu", "uuid"}, nil)
+	driverInfoDesc = prometheus.NewDesc("gpu_driver_info",
+		"The node's NVIDIA driver stack; value 1.",
+		[]string{"driver_version", "cuda_driver_version", "nvml_version"}, nil)
+	collectorUpDesc = prometheus.NewDesc("gpu_exporter_collector_up",
+		"1 if the collector's last run succeeded.", []string{"collector"}, nil)
+	collectorDurationDesc = prometheus.NewDesc("gpu_exporter_collector_duration_seconds",
+		"How long the collector's last run took.", []string{"collector"}, nil)
+	lastSampleDesc = prometheus.NewDesc("gpu_exporter_last_sample_timestamp_seconds",
+		"Unix time of the last sample; time() minus this is the age of what /metrics serves.", nil, nil)
+	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
+		"Age, at render time, of the oldest device reading on the page: grows while a GPU's NVML calls hang.", nil, nil)
+)
+
+// stateCollector turns the exporter's current State into metrics. It is
+// unchecked (no Describe) because the label sets follow the node.
+type stateCollector struct{ e *Exporter }
+
+func (stateCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.e.cur
+	if st == nil {
+		return
+	}
+	collectState(st, ch)
+}
+
+func collectState(st *State, ch chan<- prometheus.Metric) {
+	s := st.Sample
+	ch <- prometheus.MustNewConstMetric(driverInfoDesc, prometheus.GaugeValue, 1,
+		s.Driver.DriverVersion, s.Driver.CUDADriverVersion, s.Driver.NVMLVersion)
+	oldest := st.Rendered
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		migMode := "disabled"
+		if g.MIGEnabled {
+			migMode = "enabled"
+		}
+		device := ""
+		if g.Minor >= 0 {
+			device = "nvidia" + strconv.Itoa(g.Minor)
+		}
+		ch <- prometheus.MustNewConstMetric(gpuInfoDesc, prometheus.GaugeValue, 1,
+			strconv.Itoa(g.GPU), g.UUID, g.Model, g.PCIBusID, device, migMode)
+		collectDevice(&g.DeviceState, ch)
+		if i < len(st.LastGood) && !st.LastGood[i].IsZero() {
+			ch <- prometheus.MustNewConstMetric(gpuLastSampleDesc, prometheus.GaugeValue,
+				float64(st.LastGood[i].UnixNano())/1e9, strconv.Itoa(g.GPU), g.UUID)
+			if st.LastGood[i].Before(oldest) {
+				oldest = st.LastGood[i]
+			}
+		}
+		for j := range g.MIG {
+			m := &g.MIG[j]
+			ch <- prometheus.MustNewConstMetric(migInfoDesc, prometheus.GaugeValue, 1,
+				strconv.Itoa(m.GPU), m.UUID, strconv.Itoa(m.GPUInstance), m.MIGProfile,
+				strconv.Itoa(m.ComputeInstance), m.MIGUUID)
+			collectDevice(m, ch)
+		}
+	}
+	for _, c := range st.Collectors {
+		ch <- prometheus.MustNewConstMetric(collectorUpDesc, prometheus.GaugeValue, b2f(c.Up), c.Name)
+		ch <- prometheus.MustNewConstMetric(collectorDurationDesc, prometheus.GaugeValue, c.Duration.Seconds(), c.Name)
+	}
+	ch <- prometheus.MustNewConstMetric(lastSampleDesc, prometheus.GaugeValue, float64(s.Time.UnixNano())/1e9)
+	ch <- prometheus.MustNewConstMetric(sampleAgeDesc, prometheus.GaugeValue, st.Rendered.Sub(oldest).Seconds())
+}
+
+func collectDevice(d *DeviceState, ch chan<- prometheus.Metric) {
+	lv := d.labelValues()
+	ch <- prometheus.MustNewConstMetric(gpuUpDesc, prometheus.GaugeValue, b2f(d.Up), lv...)
+	for f := Field(0); f < numFields; f++ {
+		if v, ok := d.Values.Get(f); ok {
+			ch <- prometheus.MustNewConstMetric(fieldDescs[f], fieldSpecs[f].valueType, v, lv...)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

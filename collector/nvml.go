@@ -1,0 +1,123 @@
+package collector
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// NVML is the part of the NVML library the exporter uses. The real library is
+// adapted by NewNVML; the simulated node implements it directly.
+type NVML interface {
+	Init() nvml.Return
+	Shutdown() nvml.Return
+	SystemGetDriverVersion() (string, nvml.Return)
+	SystemGetCudaDriverVersion() (int, nvml.Return)
+	SystemGetNVMLVersion() (string, nvml.Return)
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(index int) (Device, nvml.Return)
+}
+
+// Device is the part of an NVML device handle the exporter uses. A MIG device
+// handle is a Device too.
+type Device interface {
+	GetUUID() (string, nvml.Return)
+	GetName() (string, nvml.Return)
+	GetIndex() (int, nvml.Return)
+	GetMinorNumber() (int, nvml.Return)
+	GetPciInfo() (nvml.PciInfo, nvml.Return)
+	GetMigMode() (int, int, nvml.Return)
+	GetMaxMigDeviceCount() (int, nvml.Return)
+	GetMigDeviceHandleByIndex(index int) (Device, nvml.Return)
+	GetGpuInstanceId() (int, nvml.Return)
+	GetComputeInstanceId() (int, nvml.Return)
+	GetAttributes() (nvml.DeviceAttributes, nvml.Return)
+	GetMemoryInfo() (nvml.Memory, nvml.Return)
+	GetUtilizationRates() (nvml.Utilization, nvml.Return)
+	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
+	GetPowerUsage() (uint32, nvml.Return)
+	GetTotalEnergyConsumption() (uint64, nvml.Return)
+	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
+	GetCurrPcieLinkGeneration() (int, nvml.Return)
+	GetCurrPcieLinkWidth() (int, nvml.Return)
+}
+
+// ErrNoNVML is returned when libnvidia-ml.so.1 cannot be loaded.
+var ErrNoNVML = errors.New("cannot load libnvidia-ml.so.1 (NVIDIA's NVML library): " +
+	"install the NVIDIA driver, or point LD_LIBRARY_PATH at the directory that holds it " +
+	"(on GKE the driver is mounted at /usr/local/nvidia/lib64), " +
+	"or pass --simulate to run on a simulated GPU node")
+
+// NewNVML loads the real NVML library. libraryPath may be empty to use the
+// dynamic loader's search path.
+func NewNVML(libraryPath string) (NVML, error) {
+	var opts []nvml.LibraryOption
+	if libraryPath != "" {
+		opts = append(opts, nvml.WithLibraryPath(libraryPath))
+	}
+	lib := nvml.New(opts...)
+	// Init panics in go-nvml when the library is missing on some versions;
+	// Lookup first gives a clean error.
+	if err := lookupLibrary(lib); err != nil {
+		return nil, err
+	}
+	return &realNVML{lib: lib}, nil
+}
+
+func lookupLibrary(lib nvml.Interface) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrNoNVML, r)
+		}
+	}()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			return ErrNoNVML
+		}
+		return fmt.Errorf("NVML init failed: %v", ret.Error())
+	}
+	lib.Shutdown()
+	return nil
+}
+
+type realNVML struct{ lib nvml.Interface }
+
+func (r *realNVML) Init() nvml.Return                              { return r.lib.Init() }
+func (r *realNVML) Shutdown() nvml.Return                          { return r.lib.Shutdown() }
+func (r *realNVML) SystemGetDriverVersion() (string, nvml.Return)  { return r.lib.SystemGetDriverVersion() }
+func (r *realNVML) SystemGetNVMLVersion() (string, nvml.Return)    { return r.lib.SystemGetNVMLVersion() }
+func (r *realNVML) SystemGetCudaDriverVersion() (int, nvml.Return) { return r.lib.SystemGetCudaDriverVersion() }
+func (r *realNVML) DeviceGetCount() (int, nvml.Return)             { return r.lib.DeviceGetCount() }
+func (r *realNVML) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
+	d, ret := r.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return realDevice{d}, ret
+}
+
+// realDevice adapts nvml.Device; only the methods returning handles differ.
+type realDevice struct{ nvml.Device }
+
+func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
+	m, ret := d.Device.GetMigDeviceHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return realDevice{m}, ret
+}
+
+// nvmlErr turns an NVML return code into an error, nil on success.
+func nvmlErr(ret nvml.Return) error {
+	if ret == nvml.SUCCESS {
+		return nil
+	}
+	return ret
+}
+
+// unsupported reports whether NVML says a field does not exist on a device:
+// such a field is skipped, never an error.
+func unsupported(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND
+}

@@ -1,0 +1,338 @@
+package collector
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/rs/zerolog"
+)
+
+// SamplerConfig configures the NVML sampler.
+type SamplerConfig struct {
+	// DeviceTimeout bounds how long one sample waits for one GPU. A GPU whose
+	// NVML calls take longer is reported down for that sample; its calls go on
+	// in the background and the GPU is not asked again until they return.
+	DeviceTimeout time.Duration
+	// RediscoverEvery re-reads each GPU's static facts and MIG layout every N
+	// samples (MIG can be reconfigured while the exporter runs).
+	RediscoverEvery int
+	Log             zerolog.Logger
+	// Now replaces time.Now in tests.
+	Now func() time.Time
+}
+
+// NVMLSampler reads every GPU through NVML. Each GPU is read by its own
+// goroutine so that one hanging or lost GPU never delays the others.
+type NVMLSampler struct {
+	lib     NVML
+	cfg     SamplerConfig
+	driver  DriverInfo
+	workers []*gpuWorker
+}
+
+// NewNVMLSampler initialises NVML and discovers the GPUs.
+func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
+	if cfg.DeviceTimeout <= 0 {
+		cfg.DeviceTimeout = 2 * time.Second
+	}
+	if cfg.RediscoverEvery <= 0 {
+		cfg.RediscoverEvery = 12
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+			return nil, ErrNoNVML
+		}
+		return nil, fmt.Errorf("NVML init: %w", ret)
+	}
+	s := &NVMLSampler{lib: lib, cfg: cfg}
+	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
+	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
+		s.driver.CUDADriverVersion = cudaVersionString(v)
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML device count: %w", ret)
+	}
+	for i := 0; i < n; i++ {
+		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w.discover()
+		s.workers = append(s.workers, w)
+	}
+	return s, nil
+}
+
+// Driver returns the driver stack read at start.
+func (s *NVMLSampler) Driver() DriverInfo { return s.driver }
+
+// Close shuts NVML down.
+func (s *NVMLSampler) Close() { s.lib.Shutdown() }
+
+// Sample reads every GPU, waiting at most DeviceTimeout for each.
+func (s *NVMLSampler) Sample(ctx context.Context) *NodeSample {
+	start := time.Now()
+	out := &NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]GPUState, len(s.workers))}
+	done := make(chan struct{}, len(s.workers))
+	pending := 0
+	filled := make([]bool, len(s.workers))
+	for i, w := range s.workers {
+		if !w.busy.CompareAndSwap(false, true) {
+			// Still stuck in an earlier sample: report it down, ask nothing.
+			out.GPUs[i], filled[i] = w.staleState(), true
+			continue
+		}
+		pending++
+		go func() {
+			w.result = w.read()
+			w.busy.Store(false)
+			done <- struct{}{}
+		}()
+	}
+	timer := time.NewTimer(s.cfg.DeviceTimeout)
+	defer timer.Stop()
+wait:
+	for pending > 0 {
+		select {
+		case <-done:
+			pending--
+		case <-timer.C:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	for i, w := range s.workers {
+		if filled[i] {
+			continue
+		}
+		if w.busy.Load() {
+			w.log.Warn().Dur("timeout", s.cfg.DeviceTimeout).Msg("NVML calls on this GPU did not return in time; reporting it down")
+			out.GPUs[i] = w.staleState()
+			continue
+		}
+		out.GPUs[i] = w.result
+	}
+	out.Duration = time.Since(start)
+	return out
+}
+
+// gpuWorker owns one physical GPU's handle and static facts.
+type gpuWorker struct {
+	index           int
+	lib             NVML
+	log             zerolog.Logger
+	rediscoverEvery int
+
+	busy atomic.Bool
+	// Fields below are touched only by the goroutine holding busy, and read
+	// by Sample after that goroutine has released busy.
+	handle     Device
+	ident      DeviceState
+	migHandles []Device
+	migIdent   []DeviceState
+	samples    int
+	failures   int
+	lostLogged bool
+	result     GPUState
+	identMu    sync.Mutex // guards ident for staleState while a read is stuck
+}
+
+// staleState is the GPU's identity with Up=false and no values.
+func (w *gpuWorker) staleState() GPUState {
+	w.identMu.Lock()
+	defer w.identMu.Unlock()
+	g := GPUState{DeviceState: w.ident}
+	g.Up = false
+	g.Values = Values{}
+	for _, m := range w.migIdent {
+		m.Up = false
+		m.Values = Values{}
+		g.MIG = append(g.MIG, m)
+	}
+	return g
+}
+
+// discover (re)reads the handle, the static facts and the MIG layout.
+func (w *gpuWorker) discover() {
+	h, ret := w.lib.DeviceGetHandleByIndex(w.index)
+	if ret != nvml.SUCCESS {
+		w.handle = nil
+		w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil)
+		w.log.Warn().Str("error", ret.Error()).Msg("cannot get NVML handle for GPU")
+		return
+	}
+	w.handle = h
+	id := DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}
+	id.UUID, _ = h.GetUUID()
+	id.Model, _ = h.GetName()
+	if pci, ret := h.GetPciInfo(); ret == nvml.SUCCESS {
+		id.PCIBusID = pciBusID(pci)
+	}
+	if m, ret := h.GetMinorNumber(); ret == nvml.SUCCESS {
+		id.Minor = m
+	}
+	var migHandles []Device
+	var migIdent []DeviceState
+	if cur, _, ret := h.GetMigMode(); ret == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
+		id.MIGEnabled = true
+		migHandles, migIdent = discoverMIG(h, id)
+	}
+	w.setIdent(id, migHandles, migIdent)
+}
+
+func (w *gpuWorker) setIdent(id DeviceState, mh []Device, mi []DeviceState) {
+	w.identMu.Lock()
+	w.ident, w.migHandles, w.migIdent = id, mh, mi
+	w.identMu.Unlock()
+}
+
+func discoverMIG(h Device, parent DeviceState) ([]Device, []DeviceState) {
+	max, ret := h.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, nil
+	}
+	var handles []Device
+	var idents []DeviceState
+	for i := 0; i < max; i++ {
+		m, ret := h.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue // ERROR_NOT_FOUND: no instance in this slot
+		}
+		id := parent
+		id.MIGEnabled = true
+		id.GPUInstance, _ = m.GetGpuInstanceId()
+		id.ComputeInstance, _ = m.GetComputeInstanceId()
+		id.MIGUUID, _ = m.GetUUID()
+		name, _ := m.GetName()
+		attr, _ := m.GetAttributes()
+		id.MIGProfile = migProfileName(name, attr)
+		handles = append(handles, m)
+		idents = append(idents, id)
+	}
+	return handles, idents
+}
+
+// migProfileName prefers the profile NVML puts in a MIG device's name
+// ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and falls back to the attributes.
+func migProfileName(name string, a nvml.DeviceAttributes) string {
+	if i := strings.LastIndex(name, "MIG "); i >= 0 {
+		return strings.TrimSpace(name[i+4:])
+	}
+	if a.GpuInstanceSliceCount == 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%dg.%dgb", a.GpuInstanceSliceCount, (a.MemorySizeMB+1023)/1024)
+}
+
+func pciBusID(p nvml.PciInfo) string {
+	b := make([]byte, 0, len(p.BusId))
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	if len(b) > 0 {
+		return strings.ToLower(string(b))
+	}
+	return fmt.Sprintf("%08x:%02x:%02x.0", p.Domain, p.Bus, p.Device)
+}
+
+// read samples the GPU and its MIG instances. It runs in its own goroutine.
+func (w *gpuWorker) read() GPUState {
+	w.samples++
+	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 {
+		w.discover()
+	}
+	g := GPUState{DeviceState: w.ident}
+	if w.handle == nil {
+		w.failures++
+		return w.staleState()
+	}
+	up, err := readDevice(w.handle, &g.DeviceState, true)
+	g.Up = up
+	if !up {
+		w.failures++
+		if !w.lostLogged {
+			w.log.Error().Err(err).Str("uuid", g.UUID).Msg("GPU does not answer NVML; reporting gpu_up 0 until it does")
+			w.lostLogged = true
+		}
+		return w.staleState()
+	}
+	if w.lostLogged {
+		w.log.Info().Str("uuid", g.UUID).Msg("GPU answers NVML again")
+		w.lostLogged = false
+	}
+	w.failures = 0
+	for i, m := range w.migHandles {
+		ms := w.migIdent[i]
+		ms.Up, _ = readDevice(m, &ms, false)
+		g.MIG = append(g.MIG, ms)
+	}
+	return g
+}
+
+// readDevice reads one device's fields. Memory is the field every device has:
+// if it cannot be read the device is down. Other fields are skipped when NVML
+// says they are not supported, and on any other error.
+func readDevice(d Device, s *DeviceState, whole bool) (bool, error) {
+	mem, ret := d.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return false, fmt.Errorf("memory info: %w", ret)
+	}
+	v := &s.Values
+	lost := false
+	ok := func(ret nvml.Return) bool {
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			lost = true
+		}
+		return ret == nvml.SUCCESS
+	}
+	defer func() {
+		if lost {
+			*v = Values{}
+		}
+	}()
+	v.Set(FieldMemoryUsed, float64(mem.Used))
+	v.Set(FieldMemoryTotal, float64(mem.Total))
+	if u, ret := d.GetUtilizationRates(); ok(ret) {
+		v.Set(FieldUtilization, float64(u.Gpu)/100)
+		v.Set(FieldMemoryUtilization, float64(u.Memory)/100)
+	}
+	if !whole {
+		return !lost, nil // the rest is per board, read on the parent GPU
+	}
+	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
+		v.Set(FieldTemperature, float64(t))
+	}
+	if p, ret := d.GetPowerUsage(); ok(ret) {
+		v.Set(FieldPower, float64(p)/1000)
+	}
+	if e, ret := d.GetTotalEnergyConsumption(); ok(ret) {
+		v.Set(FieldEnergy, float64(e)/1000)
+	}
+	if c, ret := d.GetClockInfo(nvml.CLOCK_SM); ok(ret) {
+		v.Set(FieldSMClock, float64(c)*1e6)
+	}
+	if c, ret := d.GetClockInfo(nvml.CLOCK_MEM); ok(ret) {
+		v.Set(FieldMemoryClock, float64(c)*1e6)
+	}
+	if g, ret := d.GetCurrPcieLinkGeneration(); ok(ret) {
+		v.Set(FieldPCIeLinkGeneration, float64(g))
+	}
+	if wd, ret := d.GetCurrPcieLinkWidth(); ok(ret) {
+		v.Set(FieldPCIeLinkWidth, float64(wd))
+	}
+	if lost {
+		return false, nvml.ERROR_GPU_IS_LOST
+	}
+	return true, nil
+}

@@ -1,0 +1,395 @@
+package simnode
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Scenario describes a simulated GPU node: its GPUs, MIG layouts and workload
+// curves. Later sections (pods, faults) extend the same file.
+type Scenario struct {
+	Seed int64     `yaml:"seed"`
+	Node NodeSpec  `yaml:"node"`
+	GPUs []GPUSpec `yaml:"gpus"`
+
+	// Source file, for error messages.
+	file string
+	root *yaml.Node
+}
+
+// NodeSpec is the node as a whole.
+type NodeSpec struct {
+	Name              string `yaml:"name"`
+	Model             string `yaml:"model"`
+	Count             int    `yaml:"count"`
+	DriverVersion     string `yaml:"driverVersion"`
+	CUDADriverVersion string `yaml:"cudaDriverVersion"`
+}
+
+// GPUSpec overrides one GPU, by index.
+type GPUSpec struct {
+	Index    int       `yaml:"index"`
+	Workload *Workload `yaml:"workload"`
+	// MIG, when set, enables MIG mode with these instances, created in order
+	// at the first free placement.
+	MIG []MIGSpec `yaml:"mig"`
+}
+
+// MIGSpec is one MIG instance.
+type MIGSpec struct {
+	Profile  string    `yaml:"profile"`
+	Workload *Workload `yaml:"workload"`
+}
+
+// Workload is what runs on a device over time.
+type Workload struct {
+	// Preset fills utilization and memory: busy, training, inference, idle,
+	// idle-held (VRAM held, nothing running), free (almost all VRAM free).
+	Preset      string `yaml:"preset"`
+	Utilization *Curve `yaml:"utilization"`
+	// Memory is the fraction of the device's memory in use.
+	Memory *Curve `yaml:"memory"`
+	// Phases replace the curves from a point in time on.
+	Phases []Phase `yaml:"phases"`
+}
+
+// Phase is a workload that starts after a delay from the node's start.
+type Phase struct {
+	After       Duration `yaml:"after"`
+	Preset      string   `yaml:"preset"`
+	Utilization *Curve   `yaml:"utilization"`
+	Memory      *Curve   `yaml:"memory"`
+}
+
+// Curve is mean + amplitude*sin(2πt/period) + noise, clamped to [0,1].
+type Curve struct {
+	Mean      float64  `yaml:"mean"`
+	Amplitude float64  `yaml:"amplitude"`
+	Period    Duration `yaml:"period"`
+	Noise     float64  `yaml:"noise"`
+}
+
+// Duration is a time.Duration written as "30s" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (write it like 30s or 5m)", n.Line, n.Value)
+	}
+	if v < 0 {
+		return fmt.Errorf("line %d: duration %q is negative", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+var presets = map[string]Workload{
+	"busy":      {Utilization: &Curve{Mean: 0.93, Amplitude: 0.04, Period: Duration(97 * time.Second), Noise: 0.02}, Memory: &Curve{Mean: 0.88, Noise: 0.005}},
+	"training":  {Utilization: &Curve{Mean: 0.78, Amplitude: 0.15, Period: Duration(3 * time.Minute), Noise: 0.05}, Memory: &Curve{Mean: 0.72, Amplitude: 0.03, Period: Duration(10 * time.Minute), Noise: 0.005}},
+	"inference": {Utilization: &Curve{Mean: 0.35, Amplitude: 0.25, Period: Duration(5 * time.Minute), Noise: 0.08}, Memory: &Curve{Mean: 0.45, Noise: 0.002}},
+	"idle":      {Utilization: &Curve{}, Memory: &Curve{}},
+	"idle-held": {Utilization: &Curve{Mean: 0, Noise: 0.003}, Memory: &Curve{Mean: 0.62}},
+	"free":      {Utilization: &Curve{Mean: 0.04, Noise: 0.01}, Memory: &Curve{Mean: 0.015}},
+}
+
+// Presets lists the workload preset names.
+func Presets() []string {
+	return []string{"busy", "training", "inference", "idle", "idle-held", "free"}
+}
+
+// LoadScenario reads and validates a scenario file.
+func LoadScenario(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("scenario: %w", err)
+	}
+	return ParseScenario(path, data)
+}
+
+// ParseScenario parses and validates a scenario. name is used in errors.
+func ParseScenario(name string, data []byte) (*Scenario, error) {
+	s := &Scenario{file: name}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("scenario %s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	s.root = &root
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) { // an empty file is the default node
+		return nil, decodeError(name, err)
+	}
+	s.applyDefaults()
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// DefaultScenario is the built-in node: 8 x H100 80GB with busy, idle and
+// nearly free GPUs, and one GPU in MIG mode.
+func DefaultScenario() *Scenario {
+	s, err := ParseScenario("built-in", []byte(defaultScenarioYAML))
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+const defaultScenarioYAML = `
+seed: 1
+node:
+  name: sim-gpu-node-0
+  model: H100-SXM5-80GB
+  count: 8
+gpus:
+  - index: 0
+    workload: {preset: busy}
+  - index: 1
+    workload: {preset: busy}
+  - index: 2
+    workload: {preset: training}
+  - index: 3
+    workload: {preset: training}
+  - index: 4
+    workload: {preset: idle-held}
+  - index: 5
+    workload: {preset: free}
+  - index: 6
+    workload: {preset: inference}
+  - index: 7
+    mig:
+      - {profile: 3g.40gb, workload: {preset: training}}
+      - {profile: 2g.20gb, workload: {preset: inference}}
+      - {profile: 1g.10gb, workload: {preset: idle-held}}
+      - {profile: 1g.10gb}
+`
+
+var yamlLineRE = regexp.MustCompile(`line (\d+): `)
+var yamlTypeRE = regexp.MustCompile(` in type simnode\.(\w+)`)
+
+// decodeError rewrites yaml.v3's errors as "file:line: what".
+func decodeError(name string, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("scenario %s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	var msgs []string
+	for _, e := range te.Errors {
+		e = yamlTypeRE.ReplaceAllString(e, " (not a field of $1; check its spelling and indentation)")
+		e = yamlLineRE.ReplaceAllString(e, name+":$1: ")
+		msgs = append(msgs, "scenario "+e)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+func (s *Scenario) applyDefaults() {
+	if s.Node.Name == "" {
+		s.Node.Name = "sim-gpu-node-0"
+	}
+	if s.Node.Model == "" {
+		s.Node.Model = "H100-SXM5-80GB"
+	}
+	if s.Node.Count == 0 {
+		s.Node.Count = 8
+	}
+	if s.Node.DriverVersion == "" {
+		s.Node.DriverVersion = "550.54.15"
+	}
+	if s.Node.CUDADriverVersion == "" {
+		s.Node.CUDADriverVersion = "12.4"
+	}
+}
+
+// errorAt formats a validation error with the file, line and field.
+func (s *Scenario) errorAt(path []any, format string, args ...any) error {
+	line := s.lineOf(path)
+	field := formatPath(path)
+	loc := s.file
+	if line > 0 {
+		loc += ":" + strconv.Itoa(line)
+	}
+	return fmt.Errorf("scenario %s: field %s: %s", loc, field, fmt.Sprintf(format, args...))
+}
+
+func formatPath(path []any) string {
+	var b strings.Builder
+	for _, p := range path {
+		switch v := p.(type) {
+		case string:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(v)
+		case int:
+			fmt.Fprintf(&b, "[%d]", v)
+		}
+	}
+	return b.String()
+}
+
+// lineOf finds the line of a path like {"gpus", 2, "mig", 0, "profile"}; it
+// returns the line of the deepest node that exists.
+func (s *Scenario) lineOf(path []any) int {
+	n := s.root
+	if n == nil {
+		return 0
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := n.Line
+	for _, p := range path {
+		var next *yaml.Node
+		switch v := p.(type) {
+		case string:
+			if n.Kind == yaml.MappingNode {
+				for i := 0; i+1 < len(n.Content); i += 2 {
+					if n.Content[i].Value == v {
+						next = n.Content[i+1]
+						line = n.Content[i].Line
+					}
+				}
+			}
+		case int:
+			if n.Kind == yaml.SequenceNode && v < len(n.Content) {
+				next = n.Content[v]
+				line = next.Line
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		if n.Kind == yaml.ScalarNode {
+			line = n.Line
+		}
+	}
+	return line
+}
+
+func (s *Scenario) validate() error {
+	if _, ok := models[s.Node.Model]; !ok {
+		return s.errorAt([]any{"node", "model"}, "unknown GPU model %q; known models: %s", s.Node.Model, strings.Join(ModelNames(), ", "))
+	}
+	if s.Node.Count < 1 || s.Node.Count > 64 {
+		return s.errorAt([]any{"node", "count"}, "%d GPUs: a node has 1 to 64", s.Node.Count)
+	}
+	if _, err := parseCUDAVersion(s.Node.CUDADriverVersion); err != nil {
+		return s.errorAt([]any{"node", "cudaDriverVersion"}, "%v", err)
+	}
+	seen := map[int]bool{}
+	for i, g := range s.GPUs {
+		p := []any{"gpus", i}
+		if g.Index < 0 || g.Index >= s.Node.Count {
+			return s.errorAt(append(p, "index"), "GPU index %d is outside 0..%d (node.count is %d)", g.Index, s.Node.Count-1, s.Node.Count)
+		}
+		if seen[g.Index] {
+			return s.errorAt(append(p, "index"), "GPU %d is described twice", g.Index)
+		}
+		seen[g.Index] = true
+		if err := s.validateWorkload(g.Workload, append(p, "workload")); err != nil {
+			return err
+		}
+		if len(g.MIG) > 0 {
+			if g.Workload != nil {
+				return s.errorAt(append(p, "workload"), "a GPU in MIG mode has per-instance workloads only; move it under mig[]")
+			}
+			if _, err := planMIG(models[s.Node.Model], g.MIG); err != nil {
+				var me *migError
+				if errors.As(err, &me) {
+					return s.errorAt(append(p, "mig", me.index, "profile"), "%s", me.msg)
+				}
+				return s.errorAt(append(p, "mig"), "%v", err)
+			}
+			for j, m := range g.MIG {
+				if err := s.validateWorkload(m.Workload, append(p, "mig", j, "workload")); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Scenario) validateWorkload(w *Workload, path []any) error {
+	if w == nil {
+		return nil
+	}
+	if err := s.validatePreset(w.Preset, append(path, "preset")); err != nil {
+		return err
+	}
+	if err := s.validateCurve(w.Utilization, append(path, "utilization")); err != nil {
+		return err
+	}
+	if err := s.validateCurve(w.Memory, append(path, "memory")); err != nil {
+		return err
+	}
+	var last time.Duration = -1
+	for i, ph := range w.Phases {
+		pp := append(path, "phases", i)
+		if time.Duration(ph.After) <= last {
+			return s.errorAt(append(pp, "after"), "phases must be in increasing order of 'after'")
+		}
+		last = time.Duration(ph.After)
+		if err := s.validatePreset(ph.Preset, append(pp, "preset")); err != nil {
+			return err
+		}
+		if err := s.validateCurve(ph.Utilization, append(pp, "utilization")); err != nil {
+			return err
+		}
+		if err := s.validateCurve(ph.Memory, append(pp, "memory")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Scenario) validatePreset(name string, path []any) error {
+	if name == "" {
+		return nil
+	}
+	if _, ok := presets[name]; !ok {
+		return s.errorAt(path, "unknown preset %q; presets: %s", name, strings.Join(Presets(), ", "))
+	}
+	return nil
+}
+
+func (s *Scenario) validateCurve(c *Curve, path []any) error {
+	if c == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"mean", c.Mean}, {"amplitude", c.Amplitude}, {"noise", c.Noise}} {
+		if f.v < 0 || f.v > 1 {
+			return s.errorAt(append(path, f.name), "%v is outside 0..1 (values are fractions)", f.v)
+		}
+	}
+	if c.Amplitude > 0 && c.Period == 0 {
+		return s.errorAt(append(path, "period"), "an amplitude needs a period, such as 5m")
+	}
+	return nil
+}
+
+func parseCUDAVersion(v string) (int, error) {
+	maj, min, ok := strings.Cut(v, ".")
+	a, err1 := strconv.Atoi(maj)
+	b, err2 := strconv.Atoi(min)
+	if !ok || err1 != nil || err2 != nil || a < 1 || b < 0 || b > 99 {
+		return 0, fmt.Errorf("%q is not a CUDA version like 12.4", v)
+	}
+	return a*1000 + b*10, nil
+}

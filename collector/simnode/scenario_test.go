@@ -1,0 +1,128 @@
+package simnode
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultScenario(t *testing.T) {
+	s := DefaultScenario()
+	if s.Node.Count != 8 || s.Node.Model != "H100-SXM5-80GB" {
+		t.Fatalf("default node: %+v", s.Node)
+	}
+	n, err := New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(n.Devices()[7].MIG()); got != 4 {
+		t.Errorf("GPU 7 has %d MIG instances, want 4", got)
+	}
+}
+
+func TestScenarioErrorsNameFileLineField(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown field", "node:\n  modle: H100-SXM5-80GB\n", "scenario bad.yaml:2: field modle not found (not a field of NodeSpec"},
+		{"bad model", "node:\n  model: H101\n", "bad.yaml:2: field node.model: unknown GPU model \"H101\""},
+		{"count", "node:\n  count: 0\n  model: A30-PCIE-24GB\n", ""}, // 0 means default 8
+		{"count too big", "node:\n  count: 65\n", "bad.yaml:2: field node.count: 65 GPUs"},
+		{"index", "gpus:\n  - index: 8\n", "bad.yaml:2: field gpus[0].index: GPU index 8 is outside 0..7"},
+		{"twice", "gpus:\n  - index: 1\n  - index: 1\n", "bad.yaml:3: field gpus[1].index: GPU 1 is described twice"},
+		{"preset", "gpus:\n  - index: 0\n    workload:\n      preset: bsy\n", "bad.yaml:4: field gpus[0].workload.preset: unknown preset \"bsy\""},
+		{"curve", "gpus:\n  - index: 0\n    workload:\n      utilization: {mean: 1.5}\n", "bad.yaml:4: field gpus[0].workload.utilization.mean: 1.5 is outside 0..1"},
+		{"period", "gpus:\n  - index: 0\n    workload:\n      utilization: {mean: 0.5, amplitude: 0.2}\n", "field gpus[0].workload.utilization.period: an amplitude needs a period"},
+		{"duration", "gpus:\n  - index: 0\n    workload:\n      phases:\n        - after: soon\n", "line 5: \"soon\" is not a duration"},
+		{"phase order", "gpus:\n  - index: 0\n    workload:\n      phases:\n        - after: 2m\n        - after: 1m\n", "bad.yaml:6: field gpus[0].workload.phases[1].after: phases must be in increasing order"},
+		{"mig profile", "gpus:\n  - index: 0\n    mig:\n      - profile: 9g.99gb\n", "bad.yaml:4: field gpus[0].mig[0].profile: unknown MIG profile \"9g.99gb\""},
+		{"mig overflow", "gpus:\n  - index: 0\n    mig:\n      - profile: 4g.40gb\n      - profile: 4g.40gb\n", "bad.yaml:5: field gpus[0].mig[1].profile: 4g.40gb does not fit"},
+		{"mig on A30 ok", "node: {model: A30-PCIE-24GB, count: 1}\ngpus:\n  - index: 0\n    mig:\n      - profile: 1g.6gb\n", ""},
+		{"no MIG model", "node: {model: A100-PCIE-40GB, count: 1}\ngpus:\n  - index: 0\n    mig:\n      - profile: 1g.5gb\n", ""},
+		{"cuda", "node:\n  cudaDriverVersion: twelve\n", "bad.yaml:2: field node.cudaDriverVersion: \"twelve\" is not a CUDA version"},
+		{"yaml syntax", "node: [\n", "bad.yaml"},
+	} {
+		_, err := ParseScenario("bad.yaml", []byte(tc.yaml))
+		if tc.want == "" {
+			if err != nil && !strings.Contains(tc.name, "no MIG") {
+				t.Errorf("%s: unexpected error %v", tc.name, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %q does not contain %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestLoadScenarioFile(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "s.yaml")
+	os.WriteFile(f, []byte("seed: 3\nnode: {model: A100-SXM4-80GB, count: 2}\n"), 0o644)
+	s, err := LoadScenario(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Seed != 3 || s.Node.Count != 2 {
+		t.Errorf("loaded %+v", s)
+	}
+	if _, err := LoadScenario(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("missing file error: %v", err)
+	}
+}
+
+func TestTelemetryDeterministicAndMoving(t *testing.T) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := base
+	clock := func() time.Time { return now }
+	a, _ := New(nil, WithClock(clock))
+	b, _ := New(nil, WithClock(clock))
+	now = base.Add(42 * time.Second)
+	ua, _ := a.Devices()[2].GetUtilizationRates()
+	ub, _ := b.Devices()[2].GetUtilizationRates()
+	if ua != ub {
+		t.Errorf("same seed and time, different telemetry: %v vs %v", ua, ub)
+	}
+	if a.Devices()[0].UUID() != b.Devices()[0].UUID() {
+		t.Error("UUIDs differ for the same seed")
+	}
+	seen := map[uint32]bool{}
+	for i := 0; i < 20; i++ {
+		now = base.Add(time.Duration(i) * 13 * time.Second)
+		u, _ := a.Devices()[2].GetUtilizationRates()
+		seen[u.Gpu] = true
+	}
+	if len(seen) < 5 {
+		t.Errorf("training GPU telemetry barely moves: %v", seen)
+	}
+	// Busy GPUs are busy, idle ones idle, the free one has its memory free.
+	busy, _ := a.Devices()[0].GetUtilizationRates()
+	idle, _ := a.Devices()[4].GetUtilizationRates()
+	free, _ := a.Devices()[5].GetMemoryInfo()
+	if busy.Gpu < 80 || idle.Gpu > 2 || float64(free.Used)/float64(free.Total) > 0.05 {
+		t.Errorf("presets off: busy %d%%, idle %d%%, free GPU uses %d of %d bytes", busy.Gpu, idle.Gpu, free.Used, free.Total)
+	}
+	c, _ := New(&Scenario{Seed: 9, Node: a.Scenario.Node}, WithClock(clock))
+	if c.Devices()[0].UUID() == a.Devices()[0].UUID() {
+		t.Error("another seed gives the same UUIDs")
+	}
+}
+
+func TestEnergyOnlyGrows(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	n, _ := New(nil, WithClock(func() time.Time { return now }))
+	var last uint64
+	for i := 0; i < 10; i++ {
+		now = now.Add(5 * time.Second)
+		e, _ := n.Devices()[1].GetTotalEnergyConsumption()
+		if e <= last {
+			t.Fatalf("energy went from %d to %d", last, e)
+		}
+		last = e
+	}
+}

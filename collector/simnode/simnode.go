@@ -1,0 +1,704 @@
+// Package simnode is a simulated GPU node for demos, tests and benchmarks, in
+// the style of httptest: go-nvml's mock server supplies the GPU models, MIG
+// profiles and placements, a Scenario drives telemetry that moves over time.
+package simnode
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+)
+
+var models = map[string]gpus.Config{
+	"A100-SXM4-40GB":  gpus.A100_SXM4_40GB,
+	"A100-SXM4-80GB":  gpus.A100_SXM4_80GB,
+	"A100-PCIE-40GB":  gpus.A100_PCIE_40GB,
+	"A30-PCIE-24GB":   gpus.A30_PCIE_24GB,
+	"H100-SXM5-80GB":  gpus.H100_SXM5_80GB,
+	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
+	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
+}
+
+// ModelNames lists the GPU models a scenario can name.
+func ModelNames() []string {
+	var n []string
+	for k := range models {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// boardSpecs are the telemetry ranges of a model: idle and max power, TDP.
+type boardSpec struct {
+	idleW, maxW        float64
+	smMHz, memMHz      uint32
+	pcieGen, pcieWidth int
+}
+
+func boardFor(cfg gpus.Config) boardSpec {
+	switch cfg.Architecture {
+	case nvml.DEVICE_ARCH_AMPERE:
+		return boardSpec{idleW: 55, maxW: 400, smMHz: 1410, memMHz: 1593, pcieGen: 4, pcieWidth: 16}
+	case nvml.DEVICE_ARCH_BLACKWELL:
+		return boardSpec{idleW: 140, maxW: 1000, smMHz: 1965, memMHz: 3996, pcieGen: 5, pcieWidth: 16}
+	default:
+		return boardSpec{idleW: 70, maxW: 700, smMHz: 1980, memMHz: 2619, pcieGen: 5, pcieWidth: 16}
+	}
+}
+
+// Node is a simulated GPU node. It implements collector.NVML.
+type Node struct {
+	Scenario *Scenario
+	mock     *server.Server
+	devices  []*Device
+	start    time.Time
+	now      func() time.Time
+	calls    atomic.Int64
+	driver   string
+	cuda     int
+}
+
+// Option changes a Node.
+type Option func(*Node)
+
+// WithClock replaces time.Now, for deterministic tests.
+func WithClock(now func() time.Time) Option { return func(n *Node) { n.now = now } }
+
+// New builds a node from a scenario (DefaultScenario when nil).
+func New(sc *Scenario, opts ...Option) (*Node, error) {
+	if sc == nil {
+		sc = DefaultScenario()
+	}
+	cfg := models[sc.Node.Model]
+	cuda, _ := parseCUDAVersion(sc.Node.CUDADriverVersion)
+	n := &Node{Scenario: sc, now: time.Now, driver: sc.Node.DriverVersion, cuda: cuda}
+	for _, o := range opts {
+		o(n)
+	}
+	n.start = n.now()
+	mock, err := server.New(
+		server.WithGPUs(gpus.Multiple(sc.Node.Count, cfg)...),
+		server.WithDriverVersion(sc.Node.DriverVersion),
+		server.WithNVMLVersion("12."+sc.Node.DriverVersion),
+		server.WithCUDADriverVersion(cuda),
+	)
+	if err != nil {
+		return nil, err
+	}
+	n.mock = mock
+	specs := map[int]GPUSpec{}
+	for _, g := range sc.GPUs {
+		specs[g.Index] = g
+	}
+	for i, md := range mock.Devices {
+		sd := md.(*server.Device)
+		// Pin identities: the mock draws random UUIDs.
+		sd.UUID = stableUUID("GPU", sc.Seed, i, -1)
+		sd.PciBusID = fmt.Sprintf("00000000:%02X:00.0", 0x18+i*0x10)
+		d := &Device{node: n, mock: sd, index: i, board: boardFor(cfg), cfg: cfg}
+		d.minor = i
+		spec := specs[i]
+		d.workload = resolveWorkload(spec.Workload, i)
+		if len(spec.MIG) > 0 {
+			if err := d.enableMIG(spec.MIG); err != nil {
+				return nil, fmt.Errorf("GPU %d: %w", i, err)
+			}
+		}
+		n.devices = append(n.devices, d)
+	}
+	return n, nil
+}
+
+// Calls is the number of NVML calls made on the node so far.
+func (n *Node) Calls() int64 { return n.calls.Load() }
+
+func (n *Node) count() { n.calls.Add(1) }
+
+func (n *Node) elapsed() time.Duration { return n.now().Sub(n.start) }
+
+// Devices returns the simulated GPUs.
+func (n *Node) Devices() []*Device { return n.devices }
+
+// Init implements collector.NVML.
+func (n *Node) Init() nvml.Return { n.count(); return nvml.SUCCESS }
+
+// Shutdown implements collector.NVML.
+func (n *Node) Shutdown() nvml.Return { n.count(); return nvml.SUCCESS }
+
+// SystemGetDriverVersion implements collector.NVML.
+func (n *Node) SystemGetDriverVersion() (string, nvml.Return) {
+	n.count()
+	return n.driver, nvml.SUCCESS
+}
+
+// SystemGetNVMLVersion implements collector.NVML.
+func (n *Node) SystemGetNVMLVersion() (string, nvml.Return) {
+	n.count()
+	return n.mock.NvmlVersion, nvml.SUCCESS
+}
+
+// SystemGetCudaDriverVersion implements collector.NVML.
+func (n *Node) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	n.count()
+	return n.cuda, nvml.SUCCESS
+}
+
+// DeviceGetCount implements collector.NVML.
+func (n *Node) DeviceGetCount() (int, nvml.Return) {
+	n.count()
+	return len(n.devices), nvml.SUCCESS
+}
+
+// DeviceGetHandleByIndex implements collector.NVML.
+func (n *Node) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+	n.count()
+	if i < 0 || i >= len(n.devices) {
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return n.devices[i], nvml.SUCCESS
+}
+
+// stableUUID derives a UUID from the seed so golden files stay put.
+func stableUUID(prefix string, seed int64, gpu, mig int) string {
+	b := sha256.Sum256([]byte(fmt.Sprintf("%d/%d/%d", seed, gpu, mig)))
+	b[6] = (b[6] & 0x0f) | 0x40
+	b[8] = (b[8] & 0x3f) | 0x80
+	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// noise is a deterministic value in [-1, 1] for (seed, device, field, second).
+func noise(seed int64, key string, t time.Duration) float64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s/%d", seed, key, int64(t/time.Second))
+	return float64(h.Sum64()%20001)/10000 - 1
+}
+
+func (c *Curve) at(seed int64, key string, t time.Duration) float64 {
+	if c == nil {
+		return 0
+	}
+	v := c.Mean
+	if c.Amplitude > 0 && c.Period > 0 {
+		v += c.Amplitude * math.Sin(2*math.Pi*float64(t)/float64(c.Period))
+	}
+	if c.Noise > 0 {
+		v += c.Noise * noise(seed, key, t)
+	}
+	return math.Max(0, math.Min(1, v))
+}
+
+// activeWorkload is a resolved workload: curves per phase.
+type activeWorkload struct {
+	phases []resolvedPhase
+}
+
+type resolvedPhase struct {
+	after        time.Duration
+	util, memory *Curve
+}
+
+func (w *activeWorkload) at(t time.Duration) resolvedPhase {
+	cur := w.phases[0]
+	for _, p := range w.phases[1:] {
+		if t >= p.after {
+			cur = p
+		}
+	}
+	return cur
+}
+
+func resolveWorkload(w *Workload, _ int) *activeWorkload {
+	if w == nil {
+		w = &Workload{Preset: "idle"}
+	}
+	base := resolvePhase(0, w.Preset, w.Utilization, w.Memory)
+	aw := &activeWorkload{phases: []resolvedPhase{base}}
+	for _, p := range w.Phases {
+		rp := resolvePhase(time.Duration(p.After), p.Preset, p.Utilization, p.Memory)
+		if rp.util == nil {
+			rp.util = base.util
+		}
+		if rp.memory == nil {
+			rp.memory = base.memory
+		}
+		aw.phases = append(aw.phases, rp)
+	}
+	return aw
+}
+
+func resolvePhase(after time.Duration, preset string, util, mem *Curve) resolvedPhase {
+	p := resolvedPhase{after: after}
+	if pr, ok := presets[preset]; ok {
+		p.util, p.memory = pr.Utilization, pr.Memory
+	}
+	if util != nil {
+		p.util = util
+	}
+	if mem != nil {
+		p.memory = mem
+	}
+	if preset == "" && util == nil && mem == nil && after == 0 {
+		p.util, p.memory = presets["idle"].Utilization, presets["idle"].Memory
+	}
+	return p
+}
+
+// migPlan is one planned MIG instance.
+type migPlan struct {
+	profileID int
+	info      nvml.GpuInstanceProfileInfo
+	name      string
+	placement nvml.GpuInstancePlacement
+}
+
+// profileName is the name NVIDIA gives a GPU instance profile, e.g. 1g.10gb.
+func profileName(id int, info nvml.GpuInstanceProfileInfo) string {
+	n := fmt.Sprintf("%dg.%dgb", info.SliceCount, (info.MemorySizeMB+1023)/1024)
+	if id == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || id == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
+		n += "+me"
+	}
+	return n
+}
+
+// ProfileNames lists the MIG profiles of a model, smallest first.
+func ProfileNames(cfg gpus.Config) []string {
+	var ids []int
+	for id := range cfg.MIGProfiles.GpuInstanceProfiles {
+		ids = append(ids, id)
+	}
+	sort.Ints(ids)
+	var out []string
+	for _, id := range ids {
+		out = append(out, profileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+	}
+	return out
+}
+
+// migError says which instance of a MIG layout is wrong.
+type migError struct {
+	index int
+	msg   string
+}
+
+func (e *migError) Error() string { return fmt.Sprintf("instance %d: %s", e.index, e.msg) }
+
+// planMIG places the instances in order at their first free placement.
+func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
+	if len(cfg.MIGProfiles.GpuInstanceProfiles) == 0 {
+		return nil, fmt.Errorf("model %s does not support MIG", cfg.Name)
+	}
+	byName := map[string]int{}
+	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
+		byName[profileName(id, info)] = id
+	}
+	var used [8]bool
+	var plans []migPlan
+	for i, s := range specs {
+		id, ok := byName[s.Profile]
+		if !ok {
+			return nil, &migError{i, fmt.Sprintf("unknown MIG profile %q for %s; profiles: %s", s.Profile, cfg.Name, strings.Join(ProfileNames(cfg), ", "))}
+		}
+		placed := false
+		for _, pl := range cfg.MIGProfiles.GpuInstancePlacements[id] {
+			free := true
+			for k := pl.Start; k < pl.Start+pl.Size; k++ {
+				if k >= uint32(len(used)) || used[k] {
+					free = false
+				}
+			}
+			if free {
+				for k := pl.Start; k < pl.Start+pl.Size; k++ {
+					used[k] = true
+				}
+				plans = append(plans, migPlan{profileID: id, info: cfg.MIGProfiles.GpuInstanceProfiles[id], name: s.Profile, placement: pl})
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			return nil, &migError{i, fmt.Sprintf("%s does not fit: the instances before it leave no free placement for it", s.Profile)}
+		}
+	}
+	return plans, nil
+}
+
+// Device is a simulated GPU or MIG instance. It implements collector.Device.
+type Device struct {
+	node     *Node
+	mock     *server.Device
+	cfg      gpus.Config
+	board    boardSpec
+	index    int
+	minor    int
+	workload *activeWorkload
+
+	mu      sync.Mutex
+	migMode int
+	migs    []*MIGDevice
+	energy  float64 // joules
+	lastE   time.Duration
+}
+
+// UUID returns the device's UUID.
+func (d *Device) UUID() string { return d.mock.UUID }
+
+// Minor returns the device's NVML minor number.
+func (d *Device) Minor() int { return d.minor }
+
+// MIG returns the simulated MIG instances.
+func (d *Device) MIG() []*MIGDevice { return d.migs }
+
+func (d *Device) enableMIG(specs []MIGSpec) error {
+	plans, err := planMIG(d.cfg, specs)
+	if err != nil {
+		return err
+	}
+	d.migMode = nvml.DEVICE_MIG_ENABLE
+	d.mock.SetMigModeFunc(nvml.DEVICE_MIG_ENABLE)
+	for i, p := range plans {
+		info := p.info
+		pl := p.placement
+		gi, ret := d.mock.CreateGpuInstanceWithPlacement(&info, &pl)
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("create GPU instance %s: %v", p.name, ret)
+		}
+		giInfo, _ := gi.GetInfo()
+		m := &MIGDevice{
+			parent: d, slot: i, profile: p.name, info: p.info,
+			gi: int(giInfo.Id), ci: 0,
+			uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, i),
+			workload: resolveWorkload(specs[i].Workload, d.index),
+		}
+		d.migs = append(d.migs, m)
+	}
+	return nil
+}
+
+func (d *Device) key(f string) string { return fmt.Sprintf("%d/%s", d.index, f) }
+
+func (d *Device) utilAt(t time.Duration) float64 {
+	if len(d.migs) > 0 {
+		// A MIG GPU is as busy as its instances, weighted by slices.
+		var u float64
+		for _, m := range d.migs {
+			u += m.utilAt(t) * float64(m.info.SliceCount) / 7
+		}
+		return u
+	}
+	return d.workload.at(t).util.at(d.node.Scenario.Seed, d.key("util"), t)
+}
+
+func (d *Device) memUsedAt(t time.Duration) uint64 {
+	total := d.cfg.MemoryMB << 20
+	if len(d.migs) > 0 {
+		var used uint64
+		for _, m := range d.migs {
+			used += m.memUsedAt(t)
+		}
+		return used
+	}
+	f := d.workload.at(t).memory.at(d.node.Scenario.Seed, d.key("mem"), t)
+	// The driver holds a little memory on every GPU.
+	return uint64(f*float64(total-(512<<20))) + 512<<20
+}
+
+func (d *Device) powerAt(t time.Duration) float64 {
+	return d.board.idleW + (d.board.maxW-d.board.idleW)*d.utilAt(t)*0.92
+}
+
+// GetUUID implements collector.Device.
+func (d *Device) GetUUID() (string, nvml.Return) { d.node.count(); return d.mock.UUID, nvml.SUCCESS }
+
+// GetName implements collector.Device.
+func (d *Device) GetName() (string, nvml.Return) { d.node.count(); return d.cfg.Name, nvml.SUCCESS }
+
+// GetIndex implements collector.Device.
+func (d *Device) GetIndex() (int, nvml.Return) { d.node.count(); return d.index, nvml.SUCCESS }
+
+// GetMinorNumber implements collector.Device.
+func (d *Device) GetMinorNumber() (int, nvml.Return) { d.node.count(); return d.minor, nvml.SUCCESS }
+
+// GetPciInfo implements collector.Device.
+func (d *Device) GetPciInfo() (nvml.PciInfo, nvml.Return) {
+	d.node.count()
+	var p nvml.PciInfo
+	for i, c := range []byte(d.mock.PciBusID) {
+		p.BusId[i] = int8(c)
+	}
+	p.PciDeviceId = d.cfg.PciDeviceId
+	return p, nvml.SUCCESS
+}
+
+// GetMigMode implements collector.Device.
+func (d *Device) GetMigMode() (int, int, nvml.Return) {
+	d.node.count()
+	if len(d.cfg.MIGProfiles.GpuInstanceProfiles) == 0 {
+		return 0, 0, nvml.ERROR_NOT_SUPPORTED
+	}
+	return d.migMode, d.migMode, nvml.SUCCESS
+}
+
+// GetMaxMigDeviceCount implements collector.Device.
+func (d *Device) GetMaxMigDeviceCount() (int, nvml.Return) {
+	d.node.count()
+	if d.migMode != nvml.DEVICE_MIG_ENABLE {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
+	return 7, nvml.SUCCESS
+}
+
+// GetMigDeviceHandleByIndex implements collector.Device.
+func (d *Device) GetMigDeviceHandleByIndex(i int) (collector.Device, nvml.Return) {
+	d.node.count()
+	if i < 0 || i >= len(d.migs) {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return d.migs[i], nvml.SUCCESS
+}
+
+// GetGpuInstanceId implements collector.Device.
+func (d *Device) GetGpuInstanceId() (int, nvml.Return) {
+	d.node.count()
+	return 0, nvml.ERROR_INVALID_ARGUMENT
+}
+
+// GetComputeInstanceId implements collector.Device.
+func (d *Device) GetComputeInstanceId() (int, nvml.Return) {
+	d.node.count()
+	return 0, nvml.ERROR_INVALID_ARGUMENT
+}
+
+// GetAttributes implements collector.Device.
+func (d *Device) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
+	d.node.count()
+	return nvml.DeviceAttributes{MemorySizeMB: d.cfg.MemoryMB}, nvml.SUCCESS
+}
+
+// GetMemoryInfo implements collector.Device.
+func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	d.node.count()
+	total := d.cfg.MemoryMB << 20
+	used := d.memUsedAt(d.node.elapsed())
+	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+}
+
+// GetUtilizationRates implements collector.Device.
+func (d *Device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	d.node.count()
+	if d.migMode == nvml.DEVICE_MIG_ENABLE {
+		return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED // as on real MIG GPUs
+	}
+	t := d.node.elapsed()
+	u := d.utilAt(t)
+	return nvml.Utilization{Gpu: uint32(math.Round(u * 100)), Memory: uint32(math.Round(u * 55))}, nvml.SUCCESS
+}
+
+// GetTemperature implements collector.Device.
+func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
+	d.node.count()
+	t := d.node.elapsed()
+	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
+}
+
+// GetPowerUsage implements collector.Device (milliwatts).
+func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
+	d.node.count()
+	return uint32(d.powerAt(d.node.elapsed()) * 1000), nvml.SUCCESS
+}
+
+// GetTotalEnergyConsumption implements collector.Device (millijoules since
+// the driver loaded). Integrated from the power curve, so it only grows.
+func (d *Device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
+	d.node.count()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := d.node.elapsed()
+	if t > d.lastE {
+		d.energy += d.powerAt(t) * (t - d.lastE).Seconds()
+		d.lastE = t
+	}
+	// The driver was loaded a day before the simulation started.
+	return uint64((d.energy + d.board.idleW*86400) * 1000), nvml.SUCCESS
+}
+
+// GetClockInfo implements collector.Device (MHz).
+func (d *Device) GetClockInfo(c nvml.ClockType) (uint32, nvml.Return) {
+	d.node.count()
+	switch c {
+	case nvml.CLOCK_SM:
+		u := d.utilAt(d.node.elapsed())
+		if u < 0.01 {
+			return 345, nvml.SUCCESS
+		}
+		return d.board.smMHz, nvml.SUCCESS
+	case nvml.CLOCK_MEM:
+		return d.board.memMHz, nvml.SUCCESS
+	}
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetCurrPcieLinkGeneration implements collector.Device.
+func (d *Device) GetCurrPcieLinkGeneration() (int, nvml.Return) {
+	d.node.count()
+	return d.board.pcieGen, nvml.SUCCESS
+}
+
+// GetCurrPcieLinkWidth implements collector.Device.
+func (d *Device) GetCurrPcieLinkWidth() (int, nvml.Return) {
+	d.node.count()
+	return d.board.pcieWidth, nvml.SUCCESS
+}
+
+// MIGDevice is a simulated MIG instance handle.
+type MIGDevice struct {
+	parent   *Device
+	slot     int
+	profile  string
+	info     nvml.GpuInstanceProfileInfo
+	gi, ci   int
+	uuid     string
+	workload *activeWorkload
+}
+
+// UUID returns the MIG instance's UUID.
+func (m *MIGDevice) UUID() string { return m.uuid }
+
+// GPUInstance returns the GPU instance ID.
+func (m *MIGDevice) GPUInstance() int { return m.gi }
+
+// Profile returns the MIG profile name.
+func (m *MIGDevice) Profile() string { return m.profile }
+
+func (m *MIGDevice) key(f string) string {
+	return fmt.Sprintf("%d/mig%d/%s", m.parent.index, m.slot, f)
+}
+
+func (m *MIGDevice) utilAt(t time.Duration) float64 {
+	return m.workload.at(t).util.at(m.parent.node.Scenario.Seed, m.key("util"), t)
+}
+
+func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
+	total := m.info.MemorySizeMB << 20
+	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
+	return uint64(f*float64(total-(64<<20))) + 64<<20
+}
+
+func (m *MIGDevice) count() { m.parent.node.count() }
+
+// GetUUID implements collector.Device.
+func (m *MIGDevice) GetUUID() (string, nvml.Return) { m.count(); return m.uuid, nvml.SUCCESS }
+
+// GetName implements collector.Device.
+func (m *MIGDevice) GetName() (string, nvml.Return) {
+	m.count()
+	return m.parent.cfg.Name + " MIG " + m.profile, nvml.SUCCESS
+}
+
+// GetIndex implements collector.Device.
+func (m *MIGDevice) GetIndex() (int, nvml.Return) { m.count(); return m.slot, nvml.SUCCESS }
+
+// GetMinorNumber implements collector.Device.
+func (m *MIGDevice) GetMinorNumber() (int, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetPciInfo implements collector.Device.
+func (m *MIGDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) { return m.parent.GetPciInfo() }
+
+// GetMigMode implements collector.Device.
+func (m *MIGDevice) GetMigMode() (int, int, nvml.Return) {
+	m.count()
+	return 0, 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetMaxMigDeviceCount implements collector.Device.
+func (m *MIGDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetMigDeviceHandleByIndex implements collector.Device.
+func (m *MIGDevice) GetMigDeviceHandleByIndex(int) (collector.Device, nvml.Return) {
+	m.count()
+	return nil, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetGpuInstanceId implements collector.Device.
+func (m *MIGDevice) GetGpuInstanceId() (int, nvml.Return) { m.count(); return m.gi, nvml.SUCCESS }
+
+// GetComputeInstanceId implements collector.Device.
+func (m *MIGDevice) GetComputeInstanceId() (int, nvml.Return) { m.count(); return m.ci, nvml.SUCCESS }
+
+// GetAttributes implements collector.Device.
+func (m *MIGDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
+	m.count()
+	return nvml.DeviceAttributes{
+		MultiprocessorCount:   m.info.MultiprocessorCount,
+		GpuInstanceSliceCount: m.info.SliceCount,
+		MemorySizeMB:          m.info.MemorySizeMB,
+	}, nvml.SUCCESS
+}
+
+// GetMemoryInfo implements collector.Device.
+func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	m.count()
+	total := m.info.MemorySizeMB << 20
+	used := m.memUsedAt(m.parent.node.elapsed())
+	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+}
+
+// GetUtilizationRates implements collector.Device: not on MIG instances.
+func (m *MIGDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	m.count()
+	return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetTemperature implements collector.Device: per board only.
+func (m *MIGDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetPowerUsage implements collector.Device: per board only.
+func (m *MIGDevice) GetPowerUsage() (uint32, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetTotalEnergyConsumption implements collector.Device: per board only.
+func (m *MIGDevice) GetTotalEnergyConsumption() (uint64, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetClockInfo implements collector.Device: per board only.
+func (m *MIGDevice) GetClockInfo(nvml.ClockType) (uint32, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetCurrPcieLinkGeneration implements collector.Device: per board only.
+func (m *MIGDevice) GetCurrPcieLinkGeneration() (int, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetCurrPcieLinkWidth implements collector.Device: per board only.
+func (m *MIGDevice) GetCurrPcieLinkWidth() (int, nvml.Return) {
+	m.count()
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
