@@ -83,12 +83,16 @@ func lookupLibrary(lib nvml.Interface) (err error) {
 
 type realNVML struct{ lib nvml.Interface }
 
-func (r *realNVML) Init() nvml.Return                              { return r.lib.Init() }
-func (r *realNVML) Shutdown() nvml.Return                          { return r.lib.Shutdown() }
-func (r *realNVML) SystemGetDriverVersion() (string, nvml.Return)  { return r.lib.SystemGetDriverVersion() }
-func (r *realNVML) SystemGetNVMLVersion() (string, nvml.Return)    { return r.lib.SystemGetNVMLVersion() }
-func (r *realNVML) SystemGetCudaDriverVersion() (int, nvml.Return) { return r.lib.SystemGetCudaDriverVersion() }
-func (r *realNVML) DeviceGetCount() (int, nvml.Return)             { return r.lib.DeviceGetCount() }
+func (r *realNVML) Init() nvml.Return     { return r.lib.Init() }
+func (r *realNVML) Shutdown() nvml.Return { return r.lib.Shutdown() }
+func (r *realNVML) SystemGetDriverVersion() (string, nvml.Return) {
+	return r.lib.SystemGetDriverVersion()
+}
+func (r *realNVML) SystemGetNVMLVersion() (string, nvml.Return) { return r.lib.SystemGetNVMLVersion() }
+func (r *realNVML) SystemGetCudaDriverVersion() (int, nvml.Return) {
+	return r.lib.SystemGetCudaDriverVersion()
+}
+func (r *realNVML) DeviceGetCount() (int, nvml.Return) { return r.lib.DeviceGetCount() }
 func (r *realNVML) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
 	d, ret := r.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
