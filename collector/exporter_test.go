@@ -63,6 +63,10 @@ var deterministicMetrics = []string{
 	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
 	"gpu_memory_clock_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_width",
 	"gpu_exporter_collector_up", "gpu_exporter_last_sample_timestamp_seconds",
+	"gpu_power_limit_watts", "gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
+	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
+	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action", "gpu_nvlink_active_links",
+	"gpu_numa_node", "gpu_nvlink_errors_total",
 }
 
 func TestGoldenExposition(t *testing.T) {

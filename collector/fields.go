@@ -19,6 +19,9 @@ const (
 	FieldMemoryClock
 	FieldPCIeLinkGeneration
 	FieldPCIeLinkWidth
+	FieldPowerLimit
+	FieldSlowdownTemperature
+	FieldShutdownTemperature
 	numFields
 )
 
@@ -45,17 +48,20 @@ type fieldSpec struct {
 var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
 
 var fieldSpecs = [numFields]fieldSpec{
-	FieldMemoryUsed:         {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
-	FieldMemoryTotal:        {"gpu_memory_total_bytes", "Framebuffer memory in total, in bytes.", prometheus.GaugeValue, SourceNVML},
-	FieldUtilization:        {"gpu_utilization_ratio", "Fraction of the last sample period during which one or more kernels ran on the GPU (NVML busy time, 0-1).", prometheus.GaugeValue, SourceNVML},
-	FieldMemoryUtilization:  {"gpu_memory_utilization_ratio", "Fraction of the last sample period during which device memory was read or written (0-1).", prometheus.GaugeValue, SourceNVML},
-	FieldTemperature:        {"gpu_temperature_celsius", "GPU die temperature in degrees Celsius.", prometheus.GaugeValue, SourceNVML},
-	FieldPower:              {"gpu_power_watts", "Power draw of the GPU board in watts.", prometheus.GaugeValue, SourceNVML},
-	FieldEnergy:             {"gpu_energy_joules_total", "Energy consumed by the GPU since the driver was loaded, in joules.", prometheus.CounterValue, SourceNVML},
-	FieldSMClock:            {"gpu_sm_clock_hertz", "Current SM clock in hertz.", prometheus.GaugeValue, SourceNVML},
-	FieldMemoryClock:        {"gpu_memory_clock_hertz", "Current memory clock in hertz.", prometheus.GaugeValue, SourceNVML},
-	FieldPCIeLinkGeneration: {"gpu_pcie_link_generation", "Current PCIe link generation.", prometheus.GaugeValue, SourceNVML},
-	FieldPCIeLinkWidth:      {"gpu_pcie_link_width", "Current PCIe link width in lanes.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryUsed:          {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryTotal:         {"gpu_memory_total_bytes", "Framebuffer memory in total, in bytes.", prometheus.GaugeValue, SourceNVML},
+	FieldUtilization:         {"gpu_utilization_ratio", "Fraction of the last sample period during which one or more kernels ran on the GPU (NVML busy time, 0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryUtilization:   {"gpu_memory_utilization_ratio", "Fraction of the last sample period during which device memory was read or written (0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldTemperature:         {"gpu_temperature_celsius", "GPU die temperature in degrees Celsius.", prometheus.GaugeValue, SourceNVML},
+	FieldPower:               {"gpu_power_watts", "Power draw of the GPU board in watts.", prometheus.GaugeValue, SourceNVML},
+	FieldEnergy:              {"gpu_energy_joules_total", "Energy consumed by the GPU since the driver was loaded, in joules.", prometheus.CounterValue, SourceNVML},
+	FieldSMClock:             {"gpu_sm_clock_hertz", "Current SM clock in hertz.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryClock:         {"gpu_memory_clock_hertz", "Current memory clock in hertz.", prometheus.GaugeValue, SourceNVML},
+	FieldPCIeLinkGeneration:  {"gpu_pcie_link_generation", "Current PCIe link generation.", prometheus.GaugeValue, SourceNVML},
+	FieldPCIeLinkWidth:       {"gpu_pcie_link_width", "Current PCIe link width in lanes.", prometheus.GaugeValue, SourceNVML},
+	FieldPowerLimit:          {"gpu_power_limit_watts", "Power management limit of the board in watts.", prometheus.GaugeValue, SourceNVML},
+	FieldSlowdownTemperature: {"gpu_slowdown_temperature_celsius", "Temperature at which the GPU slows its clocks.", prometheus.GaugeValue, SourceNVML},
+	FieldShutdownTemperature: {"gpu_shutdown_temperature_celsius", "Temperature at which the GPU shuts down.", prometheus.GaugeValue, SourceNVML},
 }
 
 var fieldDescs = func() [numFields]*prometheus.Desc {

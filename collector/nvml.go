@@ -41,6 +41,7 @@ type Device interface {
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
+	HealthDevice
 }
 
 // ErrNoNVML is returned when libnvidia-ml.so.1 cannot be loaded.

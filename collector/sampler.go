@@ -124,6 +124,10 @@ wait:
 	return out
 }
 
+// healthEvery: NVLink error counters (up to 18 links x 4 counters) are read
+// every healthEvery samples and carried in between.
+const healthEvery = 6
+
 // gpuWorker owns one physical GPU's handle and static facts.
 type gpuWorker struct {
 	index           int
@@ -139,6 +143,7 @@ type gpuWorker struct {
 	migHandles []Device
 	migIdent   []DeviceState
 	samples    int
+	prevHealth *Health
 	failures   int
 	lostLogged bool
 	result     GPUState
@@ -257,7 +262,8 @@ func (w *gpuWorker) read() GPUState {
 		w.failures++
 		return w.staleState()
 	}
-	up, err := readDevice(w.handle, &g.DeviceState, true)
+	full := w.samples%healthEvery == 1 || w.prevHealth == nil
+	up, err := readDevice(w.handle, &g.DeviceState, &g.Health, w.prevHealth, full)
 	g.Up = up
 	if !up {
 		w.failures++
@@ -272,9 +278,10 @@ func (w *gpuWorker) read() GPUState {
 		w.lostLogged = false
 	}
 	w.failures = 0
+	w.prevHealth = &g.Health
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
-		ms.Up, _ = readDevice(m, &ms, false)
+		ms.Up, _ = readDevice(m, &ms, nil, nil, false)
 		g.MIG = append(g.MIG, ms)
 	}
 	return g
@@ -283,7 +290,8 @@ func (w *gpuWorker) read() GPUState {
 // readDevice reads one device's fields. Memory is the field every device has:
 // if it cannot be read the device is down. Other fields are skipped when NVML
 // says they are not supported, and on any other error.
-func readDevice(d Device, s *DeviceState, whole bool) (bool, error) {
+func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth bool) (bool, error) {
+	whole := health != nil
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return false, fmt.Errorf("memory info: %w", ret)
@@ -330,6 +338,18 @@ func readDevice(d Device, s *DeviceState, whole bool) (bool, error) {
 	}
 	if wd, ret := d.GetCurrPcieLinkWidth(); ok(ret) {
 		v.Set(FieldPCIeLinkWidth, float64(wd))
+	}
+	if p, ret := d.GetPowerManagementLimit(); ok(ret) {
+		v.Set(FieldPowerLimit, float64(p)/1000)
+	}
+	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); ok(ret) {
+		v.Set(FieldSlowdownTemperature, float64(t))
+	}
+	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
+		v.Set(FieldShutdownTemperature, float64(t))
+	}
+	if health != nil {
+		readHealth(d, health, prevHealth, fullHealth, ok)
 	}
 	if lost {
 		return false, nvml.ERROR_GPU_IS_LOST

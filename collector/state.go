@@ -36,7 +36,8 @@ func (d *DeviceState) labelValues() []string {
 // GPUState is a physical GPU with its MIG instances, if any.
 type GPUState struct {
 	DeviceState
-	MIG []DeviceState
+	Health Health
+	MIG    []DeviceState
 }
 
 // DriverInfo is the node's driver stack.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -17,9 +18,10 @@ import (
 // Scenario describes a simulated GPU node: its GPUs, MIG layouts and workload
 // curves. Later sections (pods, faults) extend the same file.
 type Scenario struct {
-	Seed int64     `yaml:"seed"`
-	Node NodeSpec  `yaml:"node"`
-	GPUs []GPUSpec `yaml:"gpus"`
+	Seed   int64       `yaml:"seed"`
+	Node   NodeSpec    `yaml:"node"`
+	GPUs   []GPUSpec   `yaml:"gpus"`
+	Faults []FaultSpec `yaml:"faults"`
 
 	// Source file, for error messages.
 	file string
@@ -34,6 +36,67 @@ type NodeSpec struct {
 	DriverVersion     string `yaml:"driverVersion"`
 	CUDADriverVersion string `yaml:"cudaDriverVersion"`
 }
+
+// FaultSpec injects a fault from At on (until Until, if set) on one GPU, or
+// on the node's device plugin.
+type FaultSpec struct {
+	At    Duration `yaml:"at"`
+	Until Duration `yaml:"until"`
+	GPU   *int     `yaml:"gpu"`
+	// XID raises an XID event with this code, Count times (default 1).
+	XID   int `yaml:"xid"`
+	Count int `yaml:"count"`
+	// ECC adds to the GPU's ECC error counters.
+	ECC *ECCFault `yaml:"ecc"`
+	// Lost: every NVML call on the GPU answers GPU_IS_LOST.
+	Lost bool `yaml:"lost"`
+	// Hang: every NVML call on the GPU blocks until the fault ends.
+	Hang bool `yaml:"hang"`
+	// Throttle sets clock event reasons, e.g. hw_thermal_slowdown.
+	Throttle []string `yaml:"throttle"`
+	// Remap sets the row remapper's state.
+	Remap *RemapFault `yaml:"remap"`
+	// RecoveryAction sets NVML's recovery action: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset.
+	RecoveryAction string `yaml:"recoveryAction"`
+	// DevicePlugin changes what the kubelet says is allocatable.
+	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
+}
+
+// ECCFault adds ECC errors.
+type ECCFault struct {
+	Corrected   uint64 `yaml:"corrected"`
+	Uncorrected uint64 `yaml:"uncorrected"`
+}
+
+// RemapFault sets remapped rows.
+type RemapFault struct {
+	Correctable   int  `yaml:"correctable"`
+	Uncorrectable int  `yaml:"uncorrectable"`
+	Pending       bool `yaml:"pending"`
+	Failed        bool `yaml:"failed"`
+}
+
+// DevicePluginFault makes the kubelet's allocatable devices drop to
+// Allocatable (0: the device plugin lost its capacity) while pods keep running.
+type DevicePluginFault struct {
+	Allocatable int `yaml:"allocatable"`
+}
+
+// ThrottleReasons maps scenario names to NVML clock event reason bits.
+var ThrottleReasons = map[string]uint64{
+	"gpu_idle":                    0x1,
+	"applications_clocks_setting": 0x2,
+	"sw_power_cap":                0x4,
+	"hw_slowdown":                 0x8,
+	"sync_boost":                  0x10,
+	"sw_thermal_slowdown":         0x20,
+	"hw_thermal_slowdown":         0x40,
+	"hw_power_brake_slowdown":     0x80,
+	"display_clock_setting":       0x100,
+}
+
+// RecoveryActions maps scenario names to NVML's recovery action values.
+var RecoveryActions = map[string]int{"none": 0, "gpu_reset": 1, "node_reboot": 2, "drain_p2p": 3, "drain_and_reset": 4}
 
 // GPUSpec overrides one GPU, by index.
 type GPUSpec struct {
@@ -320,7 +383,68 @@ func (s *Scenario) validate() error {
 			}
 		}
 	}
+	for i, f := range s.Faults {
+		if err := s.validateFault(f, []any{"faults", i}); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func (s *Scenario) validateFault(f FaultSpec, p []any) error {
+	kinds := 0
+	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin (found %d)", kinds)
+	}
+	if f.Until != 0 && f.Until <= f.At {
+		return s.errorAt(append(p, "until"), "until (%s) must come after at (%s)", time.Duration(f.Until), time.Duration(f.At))
+	}
+	if f.DevicePlugin != nil {
+		if f.GPU != nil {
+			return s.errorAt(append(p, "gpu"), "a devicePlugin fault is node-wide; remove gpu")
+		}
+		if f.DevicePlugin.Allocatable < 0 {
+			return s.errorAt(append(p, "devicePlugin", "allocatable"), "must be 0 or more")
+		}
+		return nil
+	}
+	if f.GPU == nil {
+		return s.errorAt(p, "this fault needs gpu: the index of the GPU it hits")
+	}
+	if *f.GPU < 0 || *f.GPU >= s.Node.Count {
+		return s.errorAt(append(p, "gpu"), "GPU index %d is outside 0..%d", *f.GPU, s.Node.Count-1)
+	}
+	if f.XID < 0 || f.XID > 10000 {
+		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
+	}
+	if f.Count < 0 || f.Count > 1000 {
+		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000", f.Count)
+	}
+	for j, r := range f.Throttle {
+		if _, ok := ThrottleReasons[r]; !ok {
+			return s.errorAt(append(p, "throttle", j), "unknown clock event reason %q; known: %s", r, strings.Join(sortedKeys(ThrottleReasons), ", "))
+		}
+	}
+	if f.RecoveryAction != "" {
+		if _, ok := RecoveryActions[f.RecoveryAction]; !ok {
+			return s.errorAt(append(p, "recoveryAction"), "unknown recovery action %q; known: %s", f.RecoveryAction, strings.Join(sortedKeys(RecoveryActions), ", "))
+		}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	var k []string
+	for x := range m {
+		k = append(k, x)
+	}
+	sort.Strings(k)
+	return k
 }
 
 func (s *Scenario) validateWorkload(w *Workload, path []any) error {

@@ -69,6 +69,9 @@ type Node struct {
 	calls    atomic.Int64
 	driver   string
 	cuda     int
+
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // Option changes a Node.
@@ -84,7 +87,7 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 	}
 	cfg := models[sc.Node.Model]
 	cuda, _ := parseCUDAVersion(sc.Node.CUDADriverVersion)
-	n := &Node{Scenario: sc, now: time.Now, driver: sc.Node.DriverVersion, cuda: cuda}
+	n := &Node{Scenario: sc, now: time.Now, driver: sc.Node.DriverVersion, cuda: cuda, closed: make(chan struct{})}
 	for _, o := range opts {
 		o(n)
 	}
@@ -489,7 +492,9 @@ func (d *Device) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 
 // GetMemoryInfo implements collector.Device.
 func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
-	d.node.count()
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Memory{}, ret
+	}
 	total := d.cfg.MemoryMB << 20
 	used := d.memUsedAt(d.node.elapsed())
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
@@ -497,7 +502,9 @@ func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 
 // GetUtilizationRates implements collector.Device.
 func (d *Device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
-	d.node.count()
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Utilization{}, ret
+	}
 	if d.migMode == nvml.DEVICE_MIG_ENABLE {
 		return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED // as on real MIG GPUs
 	}
@@ -508,14 +515,18 @@ func (d *Device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 
 // GetTemperature implements collector.Device.
 func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
-	d.node.count()
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
 	t := d.node.elapsed()
 	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
 }
 
 // GetPowerUsage implements collector.Device (milliwatts).
 func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
-	d.node.count()
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
 	return uint32(d.powerAt(d.node.elapsed()) * 1000), nvml.SUCCESS
 }
 

@@ -1,0 +1,226 @@
+package collector
+
+import (
+	"encoding/binary"
+	"strconv"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// HealthDevice is what the health reader needs beyond Device. It is part
+// of Device; split out to keep the list readable.
+type HealthDevice interface {
+	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
+	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
+	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
+	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)
+	GetPcieReplayCounter() (int, nvml.Return)
+	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
+	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+	GetPowerManagementLimit() (uint32, nvml.Return)
+	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
+	GetFieldValues([]nvml.FieldValue) nvml.Return
+	GetNumaNodeId() (int, nvml.Return)
+}
+
+// opt is a value NVML may not have given.
+type opt[T any] struct {
+	V  T
+	OK bool
+}
+
+func some[T any](v T) opt[T] { return opt[T]{V: v, OK: true} }
+
+// Health is a GPU's board-level health in one sample. Fields NVML does not
+// support on the device are left unset and not exported.
+type Health struct {
+	ECC            [2][2]opt[uint64] // [corrected, uncorrected][volatile, aggregate]
+	RetiredPages   [2]opt[int]       // [single bit, double bit]
+	RetiredPending opt[bool]
+	RemapCorr      opt[int]
+	RemapUncorr    opt[int]
+	RemapPending   opt[bool]
+	RemapFailed    opt[bool]
+	ClockReasons   opt[uint64]
+	PCIeReplay     opt[int]
+	NVLinkErrors   []NVLinkError
+	RecoveryAction opt[int]
+	NUMANode       opt[int]
+	NVLinkActive   int // number of active NVLinks
+}
+
+// NVLinkError is one NVLink error counter of one link.
+type NVLinkError struct {
+	Link  int
+	Type  int // index into nvlinkErrorTypes
+	Value uint64
+}
+
+var (
+	eccErrorNames  = [2]string{"corrected", "uncorrected"}
+	eccScopeNames  = [2]string{"volatile", "aggregate"}
+	retireCauses   = [2]string{"single_bit_ecc", "double_bit_ecc"}
+	remapTypeNames = [2]string{"correctable", "uncorrectable"}
+
+	nvlinkErrorTypes = []struct {
+		name    string
+		counter nvml.NvLinkErrorCounter
+	}{
+		{"replay", nvml.NVLINK_ERROR_DL_REPLAY},
+		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY},
+		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT},
+		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA},
+	}
+
+	// ClockEventReasons are NVML's clock event (throttle) reason bits.
+	ClockEventReasons = []struct {
+		Name string
+		Bit  uint64
+	}{
+		{"gpu_idle", 0x1},
+		{"applications_clocks_setting", 0x2},
+		{"sw_power_cap", 0x4},
+		{"hw_slowdown", 0x8},
+		{"sync_boost", 0x10},
+		{"sw_thermal_slowdown", 0x20},
+		{"hw_thermal_slowdown", 0x40},
+		{"hw_power_brake_slowdown", 0x80},
+		{"display_clock_setting", 0x100},
+	}
+
+	recoveryActionNames = []string{"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"}
+)
+
+// readHealth reads the board's health; slow-moving counters (NVLink errors)
+// only when full is set, otherwise they are carried from prev.
+func readHealth(d Device, h *Health, prev *Health, full bool, ok func(nvml.Return) bool) {
+	for e := 0; e < 2; e++ {
+		for sc := 0; sc < 2; sc++ {
+			if v, ret := d.GetTotalEccErrors(nvml.MemoryErrorType(e), nvml.EccCounterType(sc)); ok(ret) {
+				h.ECC[e][sc] = some(v)
+			}
+		}
+	}
+	for c := 0; c < 2; c++ {
+		if pages, ret := d.GetRetiredPages(nvml.PageRetirementCause(c)); ok(ret) {
+			h.RetiredPages[c] = some(len(pages))
+		}
+	}
+	if p, ret := d.GetRetiredPagesPendingStatus(); ok(ret) {
+		h.RetiredPending = some(p == nvml.FEATURE_ENABLED)
+	}
+	if corr, unc, pending, failed, ret := d.GetRemappedRows(); ok(ret) {
+		h.RemapCorr, h.RemapUncorr, h.RemapPending, h.RemapFailed = some(corr), some(unc), some(pending), some(failed)
+	}
+	if r, ret := d.GetCurrentClocksEventReasons(); ok(ret) {
+		h.ClockReasons = some(r)
+	}
+	if n, ret := d.GetPcieReplayCounter(); ok(ret) {
+		h.PCIeReplay = some(n)
+	}
+	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	if ret := d.GetFieldValues(fv); ok(ret) && nvml.Return(fv[0].NvmlReturn) == nvml.SUCCESS {
+		h.RecoveryAction = some(int(binary.LittleEndian.Uint32(fv[0].Value[:4])))
+	}
+	if !full && prev != nil {
+		h.NVLinkErrors, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.NVLinkActive, prev.NUMANode
+		return
+	}
+	if n, ret := d.GetNumaNodeId(); ok(ret) {
+		h.NUMANode = some(n)
+	}
+	for link := 0; link < nvml.NVLINK_MAX_LINKS; link++ {
+		st, ret := d.GetNvLinkState(link)
+		if ret != nvml.SUCCESS {
+			break // no NVLink, or past the last link
+		}
+		if st != nvml.FEATURE_ENABLED {
+			continue
+		}
+		h.NVLinkActive++
+		for t, et := range nvlinkErrorTypes {
+			if v, ret := d.GetNvLinkErrorCounter(link, et.counter); ok(ret) {
+				h.NVLinkErrors = append(h.NVLinkErrors, NVLinkError{Link: link, Type: t, Value: v})
+			}
+		}
+	}
+}
+
+var (
+	eccDesc = prometheus.NewDesc("gpu_ecc_errors_total",
+		"ECC errors counted by the driver: volatile since the last driver load, aggregate over the GPU's life.",
+		[]string{"gpu", "uuid", "error", "scope"}, nil)
+	retiredDesc = prometheus.NewDesc("gpu_retired_pages",
+		"Framebuffer pages retired, by cause (GPUs before Ampere).", []string{"gpu", "uuid", "cause"}, nil)
+	retiredPendingDesc = prometheus.NewDesc("gpu_retired_pages_pending",
+		"1 if a page retirement waits for the next driver reload.", []string{"gpu", "uuid"}, nil)
+	remappedDesc = prometheus.NewDesc("gpu_remapped_rows",
+		"Memory rows remapped, by the kind of error that caused it (Ampere and later).", []string{"gpu", "uuid", "type"}, nil)
+	remapPendingDesc = prometheus.NewDesc("gpu_remapped_rows_pending",
+		"1 if a row remap waits for a GPU reset to take effect.", []string{"gpu", "uuid"}, nil)
+	remapFailedDesc = prometheus.NewDesc("gpu_remapped_rows_failed",
+		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"}, nil)
+	clockEventDesc = prometheus.NewDesc("gpu_clock_event_active",
+		"1 while a clock event (throttle) reason holds the clocks down; a state set over reasons.", []string{"gpu", "uuid", "reason"}, nil)
+	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
+		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
+	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
+		"NVLink data-link errors by link and type.", []string{"gpu", "uuid", "link", "type"}, nil)
+	recoveryDesc = prometheus.NewDesc("gpu_recovery_action",
+		"The recovery action NVML asks for (XID 154); a state set, 1 for the current action.", []string{"gpu", "uuid", "action"}, nil)
+	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
+		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"}, nil)
+	numaDesc = prometheus.NewDesc("gpu_numa_node",
+		"NUMA node the GPU is attached to.", []string{"gpu", "uuid"}, nil)
+)
+
+func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
+	if !g.Up {
+		return
+	}
+	h := &g.Health
+	gpu, uuid := strconv.Itoa(g.GPU), g.UUID
+	for e := 0; e < 2; e++ {
+		for sc := 0; sc < 2; sc++ {
+			if v := h.ECC[e][sc]; v.OK {
+				ch <- prometheus.MustNewConstMetric(eccDesc, prometheus.CounterValue, float64(v.V), gpu, uuid, eccErrorNames[e], eccScopeNames[sc])
+			}
+		}
+	}
+	for c := 0; c < 2; c++ {
+		if v := h.RetiredPages[c]; v.OK {
+			ch <- prometheus.MustNewConstMetric(retiredDesc, prometheus.GaugeValue, float64(v.V), gpu, uuid, retireCauses[c])
+		}
+	}
+	if h.RetiredPending.OK {
+		ch <- prometheus.MustNewConstMetric(retiredPendingDesc, prometheus.GaugeValue, b2f(h.RetiredPending.V), gpu, uuid)
+	}
+	if h.RemapCorr.OK {
+		ch <- prometheus.MustNewConstMetric(remappedDesc, prometheus.GaugeValue, float64(h.RemapCorr.V), gpu, uuid, remapTypeNames[0])
+		ch <- prometheus.MustNewConstMetric(remappedDesc, prometheus.GaugeValue, float64(h.RemapUncorr.V), gpu, uuid, remapTypeNames[1])
+		ch <- prometheus.MustNewConstMetric(remapPendingDesc, prometheus.GaugeValue, b2f(h.RemapPending.V), gpu, uuid)
+		ch <- prometheus.MustNewConstMetric(remapFailedDesc, prometheus.GaugeValue, b2f(h.RemapFailed.V), gpu, uuid)
+	}
+	if h.ClockReasons.OK {
+		for _, r := range ClockEventReasons {
+			ch <- prometheus.MustNewConstMetric(clockEventDesc, prometheus.GaugeValue, b2f(h.ClockReasons.V&r.Bit != 0), gpu, uuid, r.Name)
+		}
+	}
+	if h.PCIeReplay.OK {
+		ch <- prometheus.MustNewConstMetric(pcieReplayDesc, prometheus.CounterValue, float64(h.PCIeReplay.V), gpu, uuid)
+	}
+	for _, e := range h.NVLinkErrors {
+		ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(e.Value), gpu, uuid, strconv.Itoa(e.Link), nvlinkErrorTypes[e.Type].name)
+	}
+	if h.RecoveryAction.OK {
+		for i, name := range recoveryActionNames {
+			ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, b2f(h.RecoveryAction.V == i), gpu, uuid, name)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(nvlinkActiveDesc, prometheus.GaugeValue, float64(h.NVLinkActive), gpu, uuid)
+	if h.NUMANode.OK {
+		ch <- prometheus.MustNewConstMetric(numaDesc, prometheus.GaugeValue, float64(h.NUMANode.V), gpu, uuid)
+	}
+}

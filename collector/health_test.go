@@ -1,0 +1,235 @@
+package collector_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+)
+
+func scenario(t *testing.T, y string) *simnode.Scenario {
+	t.Helper()
+	sc, err := simnode.ParseScenario("test.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// series returns the exposition lines of a metric whose labels contain all of want.
+func series(p *collector.Page, name string, want ...string) []string {
+	var out []string
+	for _, l := range strings.Split(string(p.Plain), "\n") {
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+			continue
+		}
+		ok := true
+		for _, w := range want {
+			if !strings.Contains(l, w) {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func value(t *testing.T, p *collector.Page, name string, want ...string) string {
+	t.Helper()
+	s := series(p, name, want...)
+	if len(s) != 1 {
+		t.Fatalf("%s%v: %d series, want 1: %v", name, want, len(s), s)
+	}
+	return s[0][strings.LastIndex(s[0], " ")+1:]
+}
+
+func TestHealthFaults(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 4}
+gpus: [{index: 0, workload: {preset: busy}}, {index: 1, workload: {preset: busy}}, {index: 2, workload: {preset: busy}}, {index: 3, workload: {preset: busy}}]
+faults:
+  - {at: 10s, gpu: 0, ecc: {corrected: 5, uncorrected: 2}}
+  - {at: 10s, gpu: 1, throttle: [hw_thermal_slowdown, sw_power_cap], until: 1m}
+  - {at: 10s, gpu: 2, remap: {uncorrectable: 3, pending: true}}
+  - {at: 10s, gpu: 3, recoveryAction: node_reboot}
+`)
+	clk := newClock()
+	e, _ := newExporter(t, sc, clk, nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	if v := value(t, p, "gpu_ecc_errors_total", `gpu="0"`, `error="uncorrected"`, `scope="volatile"`); v != "0" {
+		t.Errorf("uncorrected ECC before the fault: %s", v)
+	}
+	if v := value(t, p, "gpu_clock_event_active", `gpu="1"`, `reason="hw_thermal_slowdown"`); v != "0" {
+		t.Errorf("throttled before the fault: %s", v)
+	}
+	clk.Advance(15 * time.Second)
+	e.SampleOnce(context.Background())
+	p = e.Page()
+	for _, c := range []struct {
+		name  string
+		match []string
+		want  string
+	}{
+		{"gpu_ecc_errors_total", []string{`gpu="0"`, `error="uncorrected"`, `scope="volatile"`}, "2"},
+		{"gpu_ecc_errors_total", []string{`gpu="0"`, `error="corrected"`, `scope="volatile"`}, "5"},
+		{"gpu_ecc_errors_total", []string{`gpu="0"`, `error="uncorrected"`, `scope="aggregate"`}, "2"},
+		{"gpu_clock_event_active", []string{`gpu="1"`, `reason="hw_thermal_slowdown"`}, "1"},
+		{"gpu_clock_event_active", []string{`gpu="1"`, `reason="sw_power_cap"`}, "1"},
+		{"gpu_clock_event_active", []string{`gpu="1"`, `reason="hw_slowdown"`}, "0"},
+		{"gpu_clock_event_active", []string{`gpu="0"`, `reason="hw_thermal_slowdown"`}, "0"},
+		{"gpu_remapped_rows", []string{`gpu="2"`, `type="uncorrectable"`}, "3"},
+		{"gpu_remapped_rows_pending", []string{`gpu="2"`}, "1"},
+		{"gpu_remapped_rows_failed", []string{`gpu="2"`}, "0"},
+		{"gpu_recovery_action", []string{`gpu="3"`, `action="node_reboot"`}, "1"},
+		{"gpu_recovery_action", []string{`gpu="3"`, `action="none"`}, "0"},
+		{"gpu_recovery_action", []string{`gpu="2"`, `action="none"`}, "1"},
+		{"gpu_nvlink_active_links", []string{`gpu="0"`}, "18"},
+	} {
+		if v := value(t, p, c.name, c.match...); v != c.want {
+			t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
+		}
+	}
+	// Retired pages are not supported on Hopper: skipped, not zero.
+	if s := series(p, "gpu_retired_pages"); len(s) != 0 {
+		t.Errorf("retired pages exported on H100: %v", s)
+	}
+	// The throttle ends, the ECC errors stay counted.
+	clk.Advance(time.Minute)
+	e.SampleOnce(context.Background())
+	p = e.Page()
+	if v := value(t, p, "gpu_clock_event_active", `gpu="1"`, `reason="hw_thermal_slowdown"`); v != "0" {
+		t.Errorf("throttle did not end: %s", v)
+	}
+	if v := value(t, p, "gpu_ecc_errors_total", `gpu="0"`, `error="uncorrected"`, `scope="volatile"`); v != "2" {
+		t.Errorf("ECC count went to %s after the fault window", v)
+	}
+}
+
+func TestLostGPU(t *testing.T) {
+	sc := scenario(t, `
+node: {count: 8}
+faults:
+  - {at: 10s, until: 40s, gpu: 3, lost: true}
+`)
+	clk := newClock()
+	e, _ := newExporter(t, sc, clk, nil)
+	clk.Advance(15 * time.Second)
+	for i := 0; i < 4; i++ { // several failures in a row: the worker rediscovers
+		e.SampleOnce(context.Background())
+		clk.Advance(time.Second)
+	}
+	p := e.Page()
+	for gpu := 0; gpu < 8; gpu++ {
+		want := "1"
+		if gpu == 3 {
+			want = "0"
+		}
+		if v := value(t, p, "gpu_up", `gpu="`+string(rune('0'+gpu))+`"`, `gpu_instance=""`); v != want {
+			t.Errorf("gpu_up{gpu=%d} = %s, want %s", gpu, v, want)
+		}
+	}
+	if s := series(p, "gpu_memory_used_bytes", `gpu="3"`); len(s) != 0 {
+		t.Errorf("a lost GPU still reports memory: %v", s)
+	}
+	if s := series(p, "gpu_info", `gpu="3"`); len(s) != 1 {
+		t.Errorf("a lost GPU must keep its identity: %v", s)
+	}
+	if !p.State.Collectors[0].Up {
+		t.Error("the nvml collector is down because one GPU is lost")
+	}
+	clk.Advance(30 * time.Second) // NVML answers again
+	e.SampleOnce(context.Background())
+	if v := value(t, e.Page(), "gpu_up", `gpu="3"`, `gpu_instance=""`); v != "1" {
+		t.Errorf("GPU 3 did not come back: gpu_up %s", v)
+	}
+}
+
+func TestHangingGPUStallsNoScrape(t *testing.T) {
+	sc := scenario(t, `
+node: {count: 4}
+faults:
+  - {at: 10s, until: 50s, gpu: 1, hang: true}
+`)
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: 50 * time.Millisecond, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SampleOnce(context.Background())
+	if ok, why := e.Ready(); !ok {
+		t.Fatalf("not ready before the hang: %s", why)
+	}
+	clk.Advance(11 * time.Second)
+	for i := 0; i < 4; i++ {
+		start := time.Now()
+		e.SampleOnce(context.Background())
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("a sample took %s with one GPU hanging", d)
+		}
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		if rec.Code != 200 {
+			t.Fatalf("scrape answered %d during the hang", rec.Code)
+		}
+		clk.Advance(5 * time.Second)
+	}
+	p := e.Page()
+	if v := value(t, p, "gpu_up", `gpu="1"`, `gpu_instance=""`); v != "0" {
+		t.Errorf("hanging GPU gpu_up = %s, want 0", v)
+	}
+	if v := value(t, p, "gpu_up", `gpu="0"`, `gpu_instance=""`); v != "1" {
+		t.Errorf("healthy GPU gpu_up = %s, want 1", v)
+	}
+	age := value(t, p, "gpu_exporter_sample_age_seconds")
+	if age == "0" || strings.HasPrefix(age, "0.") || strings.HasPrefix(age, "1e-") {
+		t.Errorf("sample age %s does not grow during the hang", age)
+	}
+	if ok, _ := e.Ready(); ok {
+		t.Error("/readyz still ready with a GPU hanging for 20s")
+	}
+	clk.Advance(30 * time.Second) // the hang ends
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e.SampleOnce(context.Background())
+		if v := value(t, e.Page(), "gpu_up", `gpu="1"`, `gpu_instance=""`); v == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("GPU 1 did not recover after the hang ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok, why := e.Ready(); !ok {
+		t.Errorf("not ready after recovery: %s", why)
+	}
+}
+
+func TestHealthLint(t *testing.T) {
+	e, _ := newExporter(t, scenario(t, "faults: [{at: 0s, gpu: 0, ecc: {uncorrected: 1}}]"), newClock(), nil)
+	e.SampleOnce(context.Background())
+	problems, err := testutil.GatherAndLint(e.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}

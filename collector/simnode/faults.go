@@ -1,0 +1,321 @@
+package simnode
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// faultState is what the scenario's faults do to one GPU at one moment.
+type faultState struct {
+	lost, hang     bool
+	hangUntil      time.Duration // 0: until the node is closed
+	throttle       uint64
+	remap          RemapFault
+	recovery       int
+	eccCorrected   uint64
+	eccUncorrected uint64
+}
+
+func active(f FaultSpec, t time.Duration) bool {
+	return t >= time.Duration(f.At) && (f.Until == 0 || t < time.Duration(f.Until))
+}
+
+// faultsAt folds the scenario's faults on GPU gpu at elapsed time t.
+func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
+	var s faultState
+	for _, f := range n.Scenario.Faults {
+		if f.GPU == nil || *f.GPU != gpu {
+			continue
+		}
+		if f.ECC != nil && t >= time.Duration(f.At) {
+			// Errors that happened stay counted.
+			s.eccCorrected += f.ECC.Corrected
+			s.eccUncorrected += f.ECC.Uncorrected
+		}
+		if !active(f, t) {
+			continue
+		}
+		switch {
+		case f.Lost:
+			s.lost = true
+		case f.Hang:
+			s.hang, s.hangUntil = true, time.Duration(f.Until)
+		case len(f.Throttle) > 0:
+			for _, r := range f.Throttle {
+				s.throttle |= ThrottleReasons[r]
+			}
+		case f.Remap != nil:
+			s.remap = *f.Remap
+		case f.RecoveryAction != "":
+			s.recovery = RecoveryActions[f.RecoveryAction]
+		}
+	}
+	return s
+}
+
+// XIDEvent is an XID the simulated node raises.
+type XIDEvent struct {
+	GPU  int
+	UUID string
+	Code int
+	At   time.Duration
+}
+
+// XIDsBetween lists the XID events with from <= At < to, in time order, one
+// per occurrence (a fault with count 2 raises two events).
+func (n *Node) XIDsBetween(from, to time.Duration) []XIDEvent {
+	var out []XIDEvent
+	for _, f := range n.Scenario.Faults {
+		if f.XID == 0 || f.GPU == nil {
+			continue
+		}
+		at := time.Duration(f.At)
+		if at < from || at >= to {
+			continue
+		}
+		c := f.Count
+		if c == 0 {
+			c = 1
+		}
+		for i := 0; i < c; i++ {
+			out = append(out, XIDEvent{GPU: *f.GPU, UUID: n.devices[*f.GPU].UUID(), Code: f.XID, At: at})
+		}
+	}
+	return out
+}
+
+// Elapsed is the simulated time since the node started.
+func (n *Node) Elapsed() time.Duration { return n.elapsed() }
+
+// DevicePluginAllocatable says whether a device plugin fault is active, and
+// the allocatable device count it imposes.
+func (n *Node) DevicePluginAllocatable() (int, bool) {
+	t := n.elapsed()
+	for _, f := range n.Scenario.Faults {
+		if f.DevicePlugin != nil && active(f, t) {
+			return f.DevicePlugin.Allocatable, true
+		}
+	}
+	return 0, false
+}
+
+// Close releases NVML calls blocked by a hang fault.
+func (n *Node) Close() {
+	n.closeOnce.Do(func() { close(n.closed) })
+}
+
+// enter is called first by every device method that can fail: it counts the
+// call and applies lost and hang faults.
+func (d *Device) enter() nvml.Return {
+	d.node.count()
+	f := d.node.faultsAt(d.index, d.node.elapsed())
+	if f.hang {
+		for {
+			select {
+			case <-d.node.closed:
+				return nvml.ERROR_TIMEOUT
+			case <-time.After(10 * time.Millisecond):
+			}
+			f = d.node.faultsAt(d.index, d.node.elapsed())
+			if !f.hang {
+				break
+			}
+		}
+	}
+	if f.lost {
+		return nvml.ERROR_GPU_IS_LOST
+	}
+	return nvml.SUCCESS
+}
+
+func (d *Device) faults() faultState { return d.node.faultsAt(d.index, d.node.elapsed()) }
+
+// GetTotalEccErrors implements collector.Device.
+func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	f := d.faults()
+	var v uint64
+	if e == nvml.MEMORY_ERROR_TYPE_CORRECTED {
+		v = f.eccCorrected
+		if c == nvml.AGGREGATE_ECC {
+			v += uint64(d.index % 3) // a few old corrected errors over the board's life
+		}
+	} else {
+		v = f.eccUncorrected
+	}
+	return v, nvml.SUCCESS
+}
+
+// GetRetiredPages implements collector.Device: Ampere and later remap rows
+// instead, as real GPUs do.
+func (d *Device) GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	return nil, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetRetiredPagesPendingStatus implements collector.Device.
+func (d *Device) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetRemappedRows implements collector.Device.
+func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, 0, false, false, ret
+	}
+	r := d.faults().remap
+	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
+}
+
+// GetCurrentClocksEventReasons implements collector.Device.
+func (d *Device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	r := d.faults().throttle
+	if d.utilAt(d.node.elapsed()) < 0.01 {
+		r |= ThrottleReasons["gpu_idle"]
+	}
+	return r, nvml.SUCCESS
+}
+
+// GetPcieReplayCounter implements collector.Device.
+func (d *Device) GetPcieReplayCounter() (int, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, ret
+	}
+	return 0, nvml.SUCCESS
+}
+
+func (d *Device) nvlinks() int {
+	switch d.cfg.Architecture {
+	case nvml.DEVICE_ARCH_HOPPER, nvml.DEVICE_ARCH_BLACKWELL:
+		return 18
+	case nvml.DEVICE_ARCH_AMPERE:
+		if d.cfg.Name == "NVIDIA A100-PCIE-40GB" || d.cfg.Name == "NVIDIA A100-PCIE-80GB" || d.cfg.Name == "NVIDIA A30-PCIE-24GB" {
+			return 0
+		}
+		return 12
+	}
+	return 0
+}
+
+// GetNvLinkState implements collector.Device.
+func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
+	d.node.count()
+	if link >= d.nvlinks() {
+		return 0, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return nvml.FEATURE_ENABLED, nvml.SUCCESS
+}
+
+// GetNvLinkErrorCounter implements collector.Device.
+func (d *Device) GetNvLinkErrorCounter(link int, _ nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
+	d.node.count()
+	if link >= d.nvlinks() {
+		return 0, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return 0, nvml.SUCCESS
+}
+
+// GetPowerManagementLimit implements collector.Device (milliwatts).
+func (d *Device) GetPowerManagementLimit() (uint32, nvml.Return) {
+	d.node.count()
+	return uint32(d.board.maxW * 1000), nvml.SUCCESS
+}
+
+// GetTemperatureThreshold implements collector.Device.
+func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, nvml.Return) {
+	d.node.count()
+	switch t {
+	case nvml.TEMPERATURE_THRESHOLD_SLOWDOWN:
+		return 87, nvml.SUCCESS
+	case nvml.TEMPERATURE_THRESHOLD_SHUTDOWN:
+		return 92, nvml.SUCCESS
+	}
+	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetFieldValues implements collector.Device; only the recovery action.
+func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return ret
+	}
+	for i := range fv {
+		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			continue
+		}
+		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+		fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+		binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
+	}
+	return nvml.SUCCESS
+}
+
+// GetNumaNodeId implements collector.Device: two sockets, GPUs split evenly.
+func (d *Device) GetNumaNodeId() (int, nvml.Return) {
+	d.node.count()
+	return d.index * 2 / len(d.node.devices), nvml.SUCCESS
+}
+
+func (m *MIGDevice) unsupported() nvml.Return { m.count(); return nvml.ERROR_NOT_SUPPORTED }
+
+// The board-level health calls are not supported on MIG device handles.
+
+// GetTotalEccErrors implements collector.Device.
+func (m *MIGDevice) GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+	return 0, m.unsupported()
+}
+
+// GetRetiredPages implements collector.Device.
+func (m *MIGDevice) GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+	return nil, m.unsupported()
+}
+
+// GetRetiredPagesPendingStatus implements collector.Device.
+func (m *MIGDevice) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) {
+	return 0, m.unsupported()
+}
+
+// GetRemappedRows implements collector.Device.
+func (m *MIGDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
+	return 0, 0, false, false, m.unsupported()
+}
+
+// GetCurrentClocksEventReasons implements collector.Device.
+func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) { return 0, m.unsupported() }
+
+// GetPcieReplayCounter implements collector.Device.
+func (m *MIGDevice) GetPcieReplayCounter() (int, nvml.Return) { return 0, m.unsupported() }
+
+// GetNvLinkState implements collector.Device.
+func (m *MIGDevice) GetNvLinkState(int) (nvml.EnableState, nvml.Return) { return 0, m.unsupported() }
+
+// GetNvLinkErrorCounter implements collector.Device.
+func (m *MIGDevice) GetNvLinkErrorCounter(int, nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
+	return 0, m.unsupported()
+}
+
+// GetPowerManagementLimit implements collector.Device.
+func (m *MIGDevice) GetPowerManagementLimit() (uint32, nvml.Return) { return 0, m.unsupported() }
+
+// GetTemperatureThreshold implements collector.Device.
+func (m *MIGDevice) GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return) {
+	return 0, m.unsupported()
+}
+
+// GetFieldValues implements collector.Device.
+func (m *MIGDevice) GetFieldValues([]nvml.FieldValue) nvml.Return { return m.unsupported() }
+
+// GetNumaNodeId implements collector.Device.
+func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) { return 0, m.unsupported() }
