@@ -17,6 +17,9 @@ import (
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
 	"github.com/prometheus/common/expfmt"
 	"github.com/rs/zerolog"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
 // MinInterval is the shortest --collect-interval: NVML's busy-time counters
@@ -34,6 +37,10 @@ type Config struct {
 	RuntimeMetrics bool
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Pods, when set, maps devices to the pods holding them.
+	Pods PodSource
+	// XID, when set, counts XID events (its Run is the caller's to start).
+	XID *xid.Reader
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -45,8 +52,11 @@ type CollectorStatus struct {
 
 // State is everything one render shows.
 type State struct {
-	Sample     *NodeSample
-	Collectors []CollectorStatus
+	Sample      *NodeSample
+	Allocations *Allocations
+	XIDs        []xid.Count
+	XIDLast     []xid.DeviceLast
+	Collectors  []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
 	Rendered time.Time
@@ -71,10 +81,11 @@ type Exporter struct {
 	reg     *prometheus.Registry
 	page    atomic.Pointer[Page]
 
-	renderMu sync.Mutex // one render at a time; guards cur and lastGood
-	cur      *State
-	lastGood []time.Time
-	gz       *gzip.Writer
+	renderMu  sync.Mutex // one render at a time; guards cur and lastGood
+	cur       *State
+	lastGood  []time.Time
+	gz        *gzip.Writer
+	unmatched *podmap.UnmatchedLogger
 }
 
 // New builds an exporter over a sampler.
@@ -88,7 +99,8 @@ func New(cfg Config, sampler *NVMLSampler) (*Exporter, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry()}
+	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 1000)}
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
@@ -135,10 +147,20 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		}
 	}
 	st := &State{
-		Sample:     s,
-		Collectors: []CollectorStatus{{Name: "nvml", Up: anyUp(s), Duration: s.Duration}},
-		LastGood:   append([]time.Time(nil), e.lastGood...),
-		Rendered:   now,
+		Sample:      s,
+		Collectors:  []CollectorStatus{{Name: "nvml", Up: anyUp(s), Duration: s.Duration}},
+		LastGood:    append([]time.Time(nil), e.lastGood...),
+		Rendered:    now,
+		Allocations: &Allocations{},
+	}
+	if e.cfg.Pods != nil {
+		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
+	}
+	if r := e.cfg.XID; r != nil {
+		st.XIDs = r.Counter().Snapshot()
+		st.XIDLast = r.Counter().LastPerDevice()
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
 	}
 	if err := e.render(st); err != nil {
 		e.cfg.Log.Error().Err(err).Msg("rendering metrics failed; serving the previous page")

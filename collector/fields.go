@@ -22,6 +22,19 @@ const (
 	FieldPowerLimit
 	FieldSlowdownTemperature
 	FieldShutdownTemperature
+	// DCGM profiling fields.
+	FieldSMActive
+	FieldSMOccupancy
+	FieldTensorActive
+	FieldDRAMActive
+	FieldGraphicsActive
+	FieldFP64Active
+	FieldFP32Active
+	FieldFP16Active
+	FieldPCIeTxBytes
+	FieldPCIeRxBytes
+	FieldNVLinkTxBytes
+	FieldNVLinkRxBytes
 	numFields
 )
 
@@ -62,6 +75,18 @@ var fieldSpecs = [numFields]fieldSpec{
 	FieldPowerLimit:          {"gpu_power_limit_watts", "Power management limit of the board in watts.", prometheus.GaugeValue, SourceNVML},
 	FieldSlowdownTemperature: {"gpu_slowdown_temperature_celsius", "Temperature at which the GPU slows its clocks.", prometheus.GaugeValue, SourceNVML},
 	FieldShutdownTemperature: {"gpu_shutdown_temperature_celsius", "Temperature at which the GPU shuts down.", prometheus.GaugeValue, SourceNVML},
+	FieldSMActive:            {"gpu_sm_active_ratio", "Fraction of time at least one warp was active on an SM, averaged over SMs (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldSMOccupancy:         {"gpu_sm_occupancy_ratio", "Resident warps over the maximum, averaged over SMs (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldTensorActive:        {"gpu_tensor_active_ratio", "Fraction of cycles the tensor pipes were active (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldDRAMActive:          {"gpu_dram_active_ratio", "Fraction of cycles device memory was being read or written (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldGraphicsActive:      {"gpu_graphics_active_ratio", "Fraction of time the graphics or compute engine was active (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldFP64Active:          {"gpu_fp64_active_ratio", "Fraction of cycles the FP64 pipes were active (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldFP32Active:          {"gpu_fp32_active_ratio", "Fraction of cycles the FP32 pipes were active (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldFP16Active:          {"gpu_fp16_active_ratio", "Fraction of cycles the FP16 pipes were active (DCGM profiling).", prometheus.GaugeValue, SourceDCGM},
+	FieldPCIeTxBytes:         {"gpu_pcie_transmit_bytes_total", "Bytes sent over PCIe (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
+	FieldPCIeRxBytes:         {"gpu_pcie_receive_bytes_total", "Bytes received over PCIe (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
+	FieldNVLinkTxBytes:       {"gpu_nvlink_transmit_bytes_total", "Bytes sent over NVLink (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
+	FieldNVLinkRxBytes:       {"gpu_nvlink_receive_bytes_total", "Bytes received over NVLink (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
 }
 
 var fieldDescs = func() [numFields]*prometheus.Desc {

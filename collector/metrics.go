@@ -28,6 +28,11 @@ var (
 		"How long the collector's last run took.", []string{"collector"}, nil)
 	lastSampleDesc = prometheus.NewDesc("gpu_exporter_last_sample_timestamp_seconds",
 		"Unix time of the last sample; time() minus this is the age of what /metrics serves.", nil, nil)
+	xidDesc = prometheus.NewDesc("gpu_xid_errors_total",
+		"XID errors reported by the driver, by code, with the category and the immediate action of NVIDIA's Xid catalog. Every occurrence counts.",
+		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
+	lastXIDDesc = prometheus.NewDesc("gpu_last_xid_timestamp_seconds",
+		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"}, nil)
 	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
 		"Age, at render time, of the oldest device reading on the page: grows while a GPU's NVML calls hang.", nil, nil)
 )
@@ -79,6 +84,14 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 				strconv.Itoa(m.ComputeInstance), m.MIGUUID)
 			collectDevice(m, ch)
 		}
+	}
+	collectAllocations(st, ch)
+	for _, x := range st.XIDs {
+		ch <- prometheus.MustNewConstMetric(xidDesc, prometheus.CounterValue, float64(x.Total),
+			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)
+	}
+	for _, x := range st.XIDLast {
+		ch <- prometheus.MustNewConstMetric(lastXIDDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)
 	}
 	for _, c := range st.Collectors {
 		ch <- prometheus.MustNewConstMetric(collectorUpDesc, prometheus.GaugeValue, b2f(c.Up), c.Name)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
 // NVML is the part of the NVML library the exporter uses. The real library is
@@ -125,4 +127,16 @@ func nvmlErr(ret nvml.Return) error {
 // such a field is skipped, never an error.
 func unsupported(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND
+}
+
+// XIDSource returns the NVML event source behind lib: the real library's
+// event set, or whatever a simulated library provides.
+func XIDSource(lib NVML) (xid.EventSource, bool) {
+	switch l := lib.(type) {
+	case *realNVML:
+		return xid.NewNVMLEventSource(l.lib, nil), true
+	case interface{ XIDSource() xid.EventSource }:
+		return l.XIDSource(), true
+	}
+	return nil, false
 }

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +25,9 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
 // DefaultPort is registered to no other GPU exporter (dcgm-exporter: 9400,
@@ -43,6 +48,13 @@ type options struct {
 	nodeName        string
 	maxRequests     int
 	shutdownTimeout time.Duration
+
+	kubeletEnabled   bool
+	kubeletSocket    string
+	kubeletSocketSet bool
+	kubeletRefresh   time.Duration
+	kubeletTimeout   time.Duration
+	kubeletResources []string
 }
 
 func main() {
@@ -78,7 +90,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	o = &options{}
 	o.web = kingpinflag.AddFlags(app, ":"+DefaultPort)
 	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (at least 1s).").Default("5s")).DurationVar(&o.interval)
-	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval).").Default("2s")).DurationVar(&o.deviceTimeout)
+	var timeoutSet bool
+	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&timeoutSet)).DurationVar(&o.deviceTimeout)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
 	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
 	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs.").Default("1")).Int64Var(&o.simulateSeed)
@@ -88,11 +101,21 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM.").Default("5s")).DurationVar(&o.shutdownTimeout)
+	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
+	app.Flag("kubelet.pod-resources-socket", "The kubelet's PodResources socket. With --simulate, setting it maps the simulated GPUs through that kubelet instead of the built-in fake one.").
+		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
+	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background).").Default("10s")).DurationVar(&o.kubeletRefresh)
+	var kubeletTimeoutSet bool
+	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
 	}
 	if o.interval < collector.MinInterval {
 		return nil, exitUsage, fmt.Errorf("--collect-interval=%s is too short: it must be at least %s", o.interval, collector.MinInterval)
+	}
+	if !timeoutSet && o.deviceTimeout > o.interval {
+		o.deviceTimeout = o.interval
 	}
 	if o.deviceTimeout <= 0 || o.deviceTimeout > o.interval {
 		return nil, exitUsage, fmt.Errorf("--nvml.device-timeout=%s must be above 0 and at most --collect-interval (%s)", o.deviceTimeout, o.interval)
@@ -102,6 +125,15 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.simulateFile != "" {
 		o.simulate = true
+	}
+	if o.kubeletRefresh < time.Second {
+		return nil, exitUsage, fmt.Errorf("--kubelet.refresh-interval=%s is too short: it must be at least 1s", o.kubeletRefresh)
+	}
+	if !kubeletTimeoutSet && o.kubeletTimeout > o.kubeletRefresh {
+		o.kubeletTimeout = o.kubeletRefresh
+	}
+	if o.kubeletTimeout <= 0 || o.kubeletTimeout > o.kubeletRefresh {
+		return nil, exitUsage, fmt.Errorf("--kubelet.timeout=%s must be above 0 and at most --kubelet.refresh-interval (%s)", o.kubeletTimeout, o.kubeletRefresh)
 	}
 	return o, exitOK, nil
 }
@@ -157,10 +189,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	lib, err := openNVML(o, log)
+	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
+	}
+	if node != nil {
+		defer node.Close()
 	}
 	sampler, err := collector.NewNVMLSampler(lib, collector.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log})
 	if err != nil {
@@ -168,7 +203,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer sampler.Close()
-	exp, err := collector.New(collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true}, sampler)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true}
+	if src, ok := collector.XIDSource(lib); ok {
+		cfg.XID = xid.NewReader(src, nil)
+		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = cfg.XID.Run(runCtx) }()
+	}
+	if o.kubeletEnabled {
+		socket := o.kubeletSocket
+		if node != nil && !o.kubeletSocketSet {
+			fake, err := startFakeKubelet(runCtx, &wg, node, o.interval, log)
+			if err != nil {
+				fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+				return exitError
+			}
+			socket = fake
+		}
+		client, err := podmap.NewClient(podmap.Config{Socket: socket, RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
+			ExtraResourceNames: o.kubeletResources, Logger: log.With().Str("component", "podmap").Logger()})
+		if err != nil {
+			fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+			return exitUsage
+		}
+		defer client.Close()
+		cfg.Pods = client
+		wg.Add(1)
+		go func() { defer wg.Done(); client.Run(runCtx) }()
+	}
+	exp, err := collector.New(cfg, sampler)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitUsage
@@ -190,8 +259,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); exp.Run(runCtx) }()
 
@@ -236,15 +303,16 @@ func listen(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
-func openNVML(o *options, log zerolog.Logger) (collector.NVML, error) {
+func openNVML(o *options, log zerolog.Logger) (collector.NVML, *simnode.Node, error) {
 	if !o.simulate {
-		return collector.NewNVML(o.nvmlLibrary)
+		lib, err := collector.NewNVML(o.nvmlLibrary)
+		return lib, nil, err
 	}
 	sc := simnode.DefaultScenario()
 	if o.simulateFile != "" {
 		var err error
 		if sc, err = simnode.LoadScenario(o.simulateFile); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if o.simulateSeed != 1 || sc.Seed == 0 {
@@ -252,8 +320,47 @@ func openNVML(o *options, log zerolog.Logger) (collector.NVML, error) {
 	}
 	node, err := simnode.New(sc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Msg("running on a SIMULATED GPU node; no real GPU is read")
-	return node, nil
+	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Str("flavour", sc.Node.Flavour).Msg("running on a SIMULATED GPU node; no real GPU is read")
+	return node, node, nil
+}
+
+// startFakeKubelet serves the simulated node's pods on a private socket and
+// keeps them in step with the scenario (pods that start and stop, a device
+// plugin that loses its devices).
+func startFakeKubelet(ctx context.Context, wg *sync.WaitGroup, node *simnode.Node, every time.Duration, log zerolog.Logger) (string, error) {
+	dir, err := os.MkdirTemp("", "gpe-kubelet-")
+	if err != nil {
+		return "", fmt.Errorf("fake kubelet: %w", err)
+	}
+	socket := filepath.Join(dir, "kubelet.sock")
+	srv := fakekubelet.New(socket)
+	update := func() {
+		srv.SetPods(node.KubeletPods())
+		srv.SetAllocatable(node.KubeletAllocatable())
+	}
+	update()
+	if err := srv.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("fake kubelet: %w", err)
+	}
+	log.Info().Str("socket", socket).Msg("serving the simulated node's pods on a built-in fake kubelet")
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer os.RemoveAll(dir)
+		defer srv.Stop()
+		t := time.NewTicker(min(every, time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				update()
+			}
+		}
+	}()
+	return socket, nil
 }

@@ -38,7 +38,7 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 			continue
 		}
 		switch {
-		case f.Lost:
+		case f.Lost, f.XID == 79: // XID 79: the GPU fell off the bus
 			s.lost = true
 		case f.Hang:
 			s.hang, s.hangUntil = true, time.Duration(f.Until)

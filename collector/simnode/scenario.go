@@ -22,6 +22,9 @@ type Scenario struct {
 	Node   NodeSpec    `yaml:"node"`
 	GPUs   []GPUSpec   `yaml:"gpus"`
 	Faults []FaultSpec `yaml:"faults"`
+	// Pods hold the node's devices, as the kubelet reports them.
+	Pods    []PodSpec   `yaml:"pods"`
+	Sharing SharingSpec `yaml:"sharing"`
 
 	// Source file, for error messages.
 	file string
@@ -35,6 +38,48 @@ type NodeSpec struct {
 	Count             int    `yaml:"count"`
 	DriverVersion     string `yaml:"driverVersion"`
 	CUDADriverVersion string `yaml:"cudaDriverVersion"`
+	// Flavour is the device plugin whose device IDs the kubelet reports:
+	// "nvidia" (GPU-/MIG- UUIDs, nvidia.com/gpu.shared, nvidia.com/mig-*) or
+	// "gke" (nvidiaN, nvidiaN/vgpuK, nvidiaN/giM, all nvidia.com/gpu).
+	Flavour string `yaml:"flavour"`
+	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
+	// its index). Real nodes need not number /dev/nvidiaN in index order.
+	MinorNumbers []int `yaml:"minorNumbers"`
+}
+
+// PodSpec is a pod on the node. It exists from Start (default: the node's
+// start) until Stop (default: forever).
+type PodSpec struct {
+	Namespace  string          `yaml:"namespace"`
+	Name       string          `yaml:"name"`
+	Start      Duration        `yaml:"start"`
+	Stop       Duration        `yaml:"stop"`
+	Containers []ContainerSpec `yaml:"containers"`
+}
+
+// ContainerSpec is a container and the devices it holds.
+type ContainerSpec struct {
+	Name    string       `yaml:"name"`
+	Devices []DeviceSpec `yaml:"devices"`
+}
+
+// DeviceSpec names a simulated device: a GPU by index, a replica of a
+// time-sliced GPU, or a MIG instance by its position in the GPU's mig list.
+type DeviceSpec struct {
+	GPU     int  `yaml:"gpu"`
+	MIG     *int `yaml:"mig"`
+	Replica *int `yaml:"replica"`
+}
+
+// SharingSpec is the device plugin's time-slicing configuration.
+type SharingSpec struct {
+	TimeSlicing *TimeSlicingSpec `yaml:"timeSlicing"`
+}
+
+// TimeSlicingSpec shares GPUs between Replicas holders each.
+type TimeSlicingSpec struct {
+	GPUs     []int `yaml:"gpus"`
+	Replicas int   `yaml:"replicas"`
 }
 
 // FaultSpec injects a fault from At on (until Until, if set) on one GPU, or
@@ -237,6 +282,54 @@ gpus:
       - {profile: 2g.20gb, workload: {preset: inference}}
       - {profile: 1g.10gb, workload: {preset: idle-held}}
       - {profile: 1g.10gb}
+sharing:
+  timeSlicing: {gpus: [6], replicas: 4}
+pods:
+  - namespace: ml-training
+    name: llm-pretrain-0
+    containers:
+      - name: trainer
+        devices: [{gpu: 0}, {gpu: 1}]
+  - namespace: ml-training
+    name: llm-pretrain-1
+    containers:
+      - name: trainer
+        devices: [{gpu: 2}, {gpu: 3}]
+  - namespace: research
+    name: notebook-alice
+    containers:
+      - name: jupyter
+        devices: [{gpu: 4}]
+  - namespace: inference
+    name: chat-api-0
+    containers:
+      - name: server
+        devices: [{gpu: 6, replica: 0}]
+  - namespace: inference
+    name: chat-api-1
+    containers:
+      - name: server
+        devices: [{gpu: 6, replica: 1}]
+  - namespace: inference
+    name: chat-api-2
+    containers:
+      - name: server
+        devices: [{gpu: 6, replica: 2}]
+  - namespace: ml-training
+    name: finetune-small
+    containers:
+      - name: trainer
+        devices: [{gpu: 7, mig: 0}]
+  - namespace: inference
+    name: embeddings-0
+    containers:
+      - name: server
+        devices: [{gpu: 7, mig: 1}]
+  - namespace: research
+    name: dev-shell-bob
+    containers:
+      - name: shell
+        devices: [{gpu: 7, mig: 2}]
 `
 
 var yamlLineRE = regexp.MustCompile(`line (\d+): `)
@@ -269,6 +362,9 @@ func (s *Scenario) applyDefaults() {
 	}
 	if s.Node.DriverVersion == "" {
 		s.Node.DriverVersion = "550.54.15"
+	}
+	if s.Node.Flavour == "" {
+		s.Node.Flavour = "nvidia"
 	}
 	if s.Node.CUDADriverVersion == "" {
 		s.Node.CUDADriverVersion = "12.4"
@@ -349,6 +445,23 @@ func (s *Scenario) validate() error {
 	if s.Node.Count < 1 || s.Node.Count > 64 {
 		return s.errorAt([]any{"node", "count"}, "%d GPUs: a node has 1 to 64", s.Node.Count)
 	}
+	switch s.Node.Flavour {
+	case "nvidia", "gke":
+	default:
+		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
+	}
+	if len(s.Node.MinorNumbers) > 0 {
+		if len(s.Node.MinorNumbers) != s.Node.Count {
+			return s.errorAt([]any{"node", "minorNumbers"}, "%d minor numbers for %d GPUs", len(s.Node.MinorNumbers), s.Node.Count)
+		}
+		seenMinor := map[int]bool{}
+		for i, m := range s.Node.MinorNumbers {
+			if m < 0 || m > 255 || seenMinor[m] {
+				return s.errorAt([]any{"node", "minorNumbers", i}, "minor number %d is out of 0..255 or used twice", m)
+			}
+			seenMinor[m] = true
+		}
+	}
 	if _, err := parseCUDAVersion(s.Node.CUDADriverVersion); err != nil {
 		return s.errorAt([]any{"node", "cudaDriverVersion"}, "%v", err)
 	}
@@ -386,6 +499,96 @@ func (s *Scenario) validate() error {
 	for i, f := range s.Faults {
 		if err := s.validateFault(f, []any{"faults", i}); err != nil {
 			return err
+		}
+	}
+	if err := s.validateSharing(); err != nil {
+		return err
+	}
+	return s.validatePods()
+}
+
+func (s *Scenario) migCount(gpu int) int {
+	for _, g := range s.GPUs {
+		if g.Index == gpu {
+			return len(g.MIG)
+		}
+	}
+	return 0
+}
+
+func (s *Scenario) sharedGPU(gpu int) bool {
+	if ts := s.Sharing.TimeSlicing; ts != nil {
+		for _, g := range ts.GPUs {
+			if g == gpu {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (s *Scenario) validateSharing() error {
+	ts := s.Sharing.TimeSlicing
+	if ts == nil {
+		return nil
+	}
+	p := []any{"sharing", "timeSlicing"}
+	if ts.Replicas < 2 || ts.Replicas > 48 {
+		return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
+	}
+	for i, g := range ts.GPUs {
+		if g < 0 || g >= s.Node.Count {
+			return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+		}
+	}
+	return nil
+}
+
+func (s *Scenario) validatePods() error {
+	names := map[string]bool{}
+	for i, pod := range s.Pods {
+		p := []any{"pods", i}
+		if pod.Name == "" || pod.Namespace == "" {
+			return s.errorAt(p, "a pod needs a namespace and a name")
+		}
+		key := pod.Namespace + "/" + pod.Name
+		if names[key] {
+			return s.errorAt(append(p, "name"), "pod %s is listed twice", key)
+		}
+		names[key] = true
+		if pod.Stop != 0 && pod.Stop <= pod.Start {
+			return s.errorAt(append(p, "stop"), "stop (%s) must come after start (%s)", time.Duration(pod.Stop), time.Duration(pod.Start))
+		}
+		if len(pod.Containers) == 0 {
+			return s.errorAt(append(p, "containers"), "a pod needs at least one container")
+		}
+		for j, c := range pod.Containers {
+			cp := append(p, "containers", j)
+			if c.Name == "" {
+				return s.errorAt(append(cp, "name"), "a container needs a name")
+			}
+			for k, d := range c.Devices {
+				dp := append(cp, "devices", k)
+				if d.GPU < 0 || d.GPU >= s.Node.Count {
+					return s.errorAt(append(dp, "gpu"), "GPU index %d is outside 0..%d", d.GPU, s.Node.Count-1)
+				}
+				if n := s.migCount(d.GPU); n > 0 && d.MIG == nil {
+					return s.errorAt(append(dp, "mig"), "GPU %d is in MIG mode: name the instance (mig: 0..%d)", d.GPU, n-1)
+				}
+				if d.MIG != nil && (*d.MIG < 0 || *d.MIG >= s.migCount(d.GPU)) {
+					return s.errorAt(append(dp, "mig"), "GPU %d has no MIG instance %d (it has %d)", d.GPU, *d.MIG, s.migCount(d.GPU))
+				}
+				if d.Replica != nil {
+					if !s.sharedGPU(d.GPU) {
+						return s.errorAt(append(dp, "replica"), "GPU %d is not time-sliced: list it in sharing.timeSlicing.gpus", d.GPU)
+					}
+					if *d.Replica < 0 || *d.Replica >= s.Sharing.TimeSlicing.Replicas {
+						return s.errorAt(append(dp, "replica"), "replica %d is outside 0..%d", *d.Replica, s.Sharing.TimeSlicing.Replicas-1)
+					}
+				} else if s.sharedGPU(d.GPU) {
+					return s.errorAt(dp, "GPU %d is time-sliced: name the replica a container holds", d.GPU)
+				}
+			}
 		}
 	}
 	return nil

@@ -113,6 +113,9 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		sd.PciBusID = fmt.Sprintf("00000000:%02X:00.0", 0x18+i*0x10)
 		d := &Device{node: n, mock: sd, index: i, board: boardFor(cfg), cfg: cfg}
 		d.minor = i
+		if len(sc.Node.MinorNumbers) > 0 {
+			d.minor = sc.Node.MinorNumbers[i]
+		}
 		spec := specs[i]
 		d.workload = resolveWorkload(spec.Workload, i)
 		if len(spec.MIG) > 0 {

@@ -1,0 +1,201 @@
+package collector
+
+import (
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+)
+
+// PodSource gives the latest kubelet view without calling the kubelet.
+type PodSource interface {
+	Snapshot() *podmap.Snapshot
+}
+
+// staleAllocations: when the kubelet has not answered for this long, the
+// last known holders are dropped rather than shown as current.
+const staleAllocations = 5 * time.Minute
+
+// Holder is a container holding a device.
+type Holder struct {
+	Namespace, Pod, Container, Resource string
+}
+
+// DeviceKey names a schedulable unit: a whole GPU or a MIG instance.
+type DeviceKey struct {
+	GPU         int
+	GPUInstance int // -1 for a whole GPU
+}
+
+// Allocations is who holds what, resolved against one sample's devices.
+type Allocations struct {
+	Up       bool
+	Duration time.Duration
+	// Holders per device, sorted.
+	ByDevice    map[DeviceKey][]Holder
+	Allocatable map[string]int
+	Unmatched   map[string]int // resource -> device IDs matching no device
+}
+
+// inventory is the sample's devices as podmap wants them.
+func inventory(s *NodeSample) *podmap.Inventory {
+	inv := &podmap.Inventory{GPUs: make([]podmap.InventoryGPU, 0, len(s.GPUs))}
+	for _, g := range s.GPUs {
+		ig := podmap.InventoryGPU{Index: g.GPU, UUID: g.UUID, Minor: g.Minor}
+		for _, m := range g.MIG {
+			ig.MIG = append(ig.MIG, podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile})
+		}
+		inv.GPUs = append(inv.GPUs, ig)
+	}
+	return inv
+}
+
+// resolveAllocations matches the kubelet's holdings to the sample's devices.
+func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
+	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}}
+	if snap == nil {
+		return a
+	}
+	a.Up, a.Duration = snap.Up, snap.RefreshDuration
+	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
+		return a
+	}
+	a.Allocatable = snap.Allocatable
+	matched, unmatched := podmap.Match(snap, inventory(s))
+	for _, m := range matched {
+		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
+		h := Holder{Namespace: m.Namespace, Pod: m.Pod, Container: m.Container, Resource: m.Resource}
+		hs := a.ByDevice[k]
+		dup := false
+		for _, x := range hs { // two replicas of one GPU in one container are one holder
+			if x == h {
+				dup = true
+			}
+		}
+		if !dup {
+			a.ByDevice[k] = append(hs, h)
+		}
+	}
+	for k, hs := range a.ByDevice {
+		sort.Slice(hs, func(i, j int) bool { return holderLess(hs[i], hs[j]) })
+		a.ByDevice[k] = hs
+	}
+	for _, h := range unmatched {
+		a.Unmatched[h.Resource]++
+	}
+	if unmatchedLog != nil {
+		unmatchedLog.Log(unmatched)
+	}
+	return a
+}
+
+func holderLess(a, b Holder) bool {
+	if a.Namespace != b.Namespace {
+		return a.Namespace < b.Namespace
+	}
+	if a.Pod != b.Pod {
+		return a.Pod < b.Pod
+	}
+	if a.Container != b.Container {
+		return a.Container < b.Container
+	}
+	return a.Resource < b.Resource
+}
+
+var (
+	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "namespace", "pod", "container", "resource"}
+	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
+		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
+		allocLabels, nil)
+	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
+	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes", "Framebuffer memory in use on a device the container holds alone.", containerLabels, nil)
+	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "Busy ratio of a device the container holds alone (NVML; DCGM SM activity on MIG instances).", containerLabels, nil)
+	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
+	allocatableDesc   = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
+		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
+		[]string{"resource"}, nil)
+	devicesDesc = prometheus.NewDesc("gpu_devices",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (GPU down).",
+		[]string{"state"}, nil)
+	healthyDesc = prometheus.NewDesc("gpu_healthy_devices",
+		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil, nil)
+	unmatchedDesc = prometheus.NewDesc("gpu_kubelet_unmatched_device_ids",
+		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
+)
+
+// unitState is the state of each schedulable unit of the sample.
+func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)) {
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		if len(g.MIG) == 0 {
+			f(&g.DeviceState, DeviceKey{g.GPU, -1}, g.Up)
+			continue
+		}
+		for j := range g.MIG {
+			m := &g.MIG[j]
+			f(m, DeviceKey{g.GPU, m.GPUInstance}, g.Up && m.Up)
+		}
+	}
+}
+
+func collectAllocations(st *State, ch chan<- prometheus.Metric) {
+	a := st.Allocations
+	s := st.Sample
+	var free, allocated, unhealthy, healthy int
+	eachUnit(s, func(d *DeviceState, key DeviceKey, ok bool) {
+		holders := a.ByDevice[key]
+		switch {
+		case !ok:
+			unhealthy++
+		case len(holders) > 0:
+			allocated++
+		default:
+			free++
+		}
+		if ok {
+			healthy++
+		}
+		lv := d.labelValues()
+		for _, h := range holders {
+			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], h.Namespace, h.Pod, h.Container, h.Resource)
+		}
+		if len(holders) != 1 || !d.Up {
+			return // shared devices: per-container use is unknown, so absent rather than duplicated
+		}
+		h := holders[0]
+		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3]}
+		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
+			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
+		}
+		if v, ok := activity(d); ok {
+			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, cl...)
+		}
+		if v, ok := d.Values.Get(FieldSMActive); ok {
+			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
+		}
+	})
+	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
+	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
+	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
+	for r, n := range a.Allocatable {
+		ch <- prometheus.MustNewConstMetric(allocatableDesc, prometheus.GaugeValue, float64(n), r)
+	}
+	for r, n := range a.Unmatched {
+		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
+	}
+}
+
+// activity is a device's busy figure: NVML's busy ratio, or on a MIG
+// instance (where NVML has none) DCGM's SM activity.
+func activity(d *DeviceState) (float64, bool) {
+	if v, ok := d.Values.Get(FieldUtilization); ok {
+		return v, true
+	}
+	return d.Values.Get(FieldSMActive)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

@@ -1,0 +1,276 @@
+package collector_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+)
+
+// podNode is a simulated node with its fake kubelet and a real podmap client
+// talking gRPC over a unix socket.
+type podNode struct {
+	e      *collector.Exporter
+	node   *simnode.Node
+	kube   *fakekubelet.Server
+	client *podmap.Client
+	clk    *fixedClock
+}
+
+func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gpe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
+	kube.SetPods(node.KubeletPods())
+	kube.SetAllocatable(node.KubeletAllocatable())
+	if err := kube.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kube.Stop)
+	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Pods: client}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &podNode{e: e, node: node, kube: kube, client: client, clk: clk}
+}
+
+// step moves the scenario clock, updates the fake kubelet, refreshes the
+// client and takes a sample.
+func (p *podNode) step(t *testing.T, d time.Duration) *collector.Page {
+	t.Helper()
+	p.clk.Advance(d)
+	p.kube.SetPods(p.node.KubeletPods())
+	p.kube.SetAllocatable(p.node.KubeletAllocatable())
+	_ = p.client.Refresh(context.Background())
+	p.e.SampleOnce(context.Background())
+	return p.e.Page()
+}
+
+// holders lists gpu_allocation_info as "gpu/gi ns/pod/container" strings.
+func holders(p *collector.Page) []string {
+	var out []string
+	for _, l := range series(p, "gpu_allocation_info") {
+		lab := parseLabels(l)
+		out = append(out, lab["gpu"]+"/"+lab["gpu_instance"]+" "+lab["namespace"]+"/"+lab["pod"]+"/"+lab["container"])
+	}
+	sort.Strings(out)
+	return out
+}
+
+func parseLabels(line string) map[string]string {
+	m := map[string]string{}
+	i, j := strings.Index(line, "{"), strings.LastIndex(line, "}")
+	if i < 0 || j < i {
+		return m
+	}
+	for _, kv := range strings.Split(line[i+1:j], "\",") {
+		k, v, _ := strings.Cut(kv, "=\"")
+		m[k] = strings.TrimSuffix(v, "\"")
+	}
+	return m
+}
+
+func TestAllocationsOnSimulatedNode(t *testing.T) {
+	p := newPodNode(t, nil).step(t, time.Second)
+	got := strings.Join(holders(p), "\n")
+	want := strings.Join([]string{
+		"0/ ml-training/llm-pretrain-0/trainer",
+		"1/ ml-training/llm-pretrain-0/trainer",
+		"2/ ml-training/llm-pretrain-1/trainer",
+		"3/ ml-training/llm-pretrain-1/trainer",
+		"4/ research/notebook-alice/jupyter",
+		"6/ inference/chat-api-0/server",
+		"6/ inference/chat-api-1/server",
+		"6/ inference/chat-api-2/server",
+		"7/0 ml-training/finetune-small/trainer",
+		"7/1 inference/embeddings-0/server",
+		"7/2 research/dev-shell-bob/shell",
+	}, "\n")
+	if got != want {
+		t.Errorf("holders:\n%s\nwant:\n%s", got, want)
+	}
+	for _, c := range []struct {
+		name  string
+		match []string
+		want  string
+	}{
+		{"gpu_devices", []string{`state="allocated"`}, "9"},
+		{"gpu_devices", []string{`state="free"`}, "2"},
+		{"gpu_devices", []string{`state="unhealthy"`}, "0"},
+		{"gpu_healthy_devices", nil, "11"},
+		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/gpu"`}, "6"},
+		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/gpu.shared"`}, "4"},
+		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/mig-1g.10gb"`}, "2"},
+		{"gpu_exporter_collector_up", []string{`collector="podmap"`}, "1"},
+	} {
+		if v := value(t, p, c.name, c.match...); v != c.want {
+			t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
+		}
+	}
+	// Per-container series only for devices held alone: not the time-sliced GPU 6.
+	if s := series(p, "gpu_container_memory_used_bytes", `gpu="6"`); len(s) != 0 {
+		t.Errorf("a shared GPU's memory is credited to containers: %v", s)
+	}
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="finetune-small"`, `gpu_instance="0"`, `mig_profile="3g.40gb"`); len(s) != 1 {
+		t.Errorf("MIG holder lacks its memory series: %v", s)
+	}
+	if s := series(p, "gpu_container_utilization_ratio", `pod="llm-pretrain-0"`); len(s) != 2 {
+		t.Errorf("exclusive holder's utilisation series: %v", s)
+	}
+	// Device series keep identity labels only.
+	for _, l := range series(p, "gpu_memory_used_bytes") {
+		if strings.Contains(l, "pod=") || strings.Contains(l, "namespace=") {
+			t.Errorf("device series carries pod labels: %s", l)
+		}
+	}
+}
+
+func TestGKEFlavourMapsToSamePods(t *testing.T) {
+	uuidFlavour := holders(newPodNode(t, nil).step(t, time.Second))
+	gke := simnode.DefaultScenario()
+	gke.Node.Flavour = "gke"
+	gke.Node.MinorNumbers = []int{3, 2, 1, 0, 7, 6, 5, 4} // minor numbers are not indices
+	pn := newPodNode(t, gke)
+	p := pn.step(t, time.Second)
+	if got := holders(p); strings.Join(got, "\n") != strings.Join(uuidFlavour, "\n") {
+		t.Errorf("GKE flavour holders:\n%s\nUUID flavour:\n%s", strings.Join(got, "\n"), strings.Join(uuidFlavour, "\n"))
+	}
+	ids := ""
+	for _, pod := range pn.node.KubeletPods() {
+		for _, c := range pod.Containers {
+			for _, d := range c.Devices {
+				ids += strings.Join(d.IDs, ",") + " "
+			}
+		}
+	}
+	for _, want := range []string{"nvidia3", "nvidia5/vgpu1", "nvidia4/gi0"} { // GPU 0 is nvidia3, GPU 6 nvidia5, GPU 7 nvidia4
+		if !strings.Contains(ids, want) {
+			t.Errorf("GKE device IDs %q lack %s", ids, want)
+		}
+	}
+	if s := series(p, "gpu_kubelet_unmatched_device_ids"); len(s) != 0 {
+		t.Errorf("unmatched IDs on the GKE flavour: %v", s)
+	}
+}
+
+func TestPodLeavingListLeavesNextRender(t *testing.T) {
+	sc := scenario(t, `
+node: {count: 2}
+pods:
+  - {namespace: a, name: short-job, stop: 30s, containers: [{name: c, devices: [{gpu: 0}]}]}
+  - {namespace: a, name: next-job, start: 30s, containers: [{name: c, devices: [{gpu: 0}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if got := holders(p); len(got) != 1 || !strings.Contains(got[0], "short-job") {
+		t.Fatalf("before: %v", got)
+	}
+	p = pn.step(t, 40*time.Second)
+	if got := holders(p); len(got) != 1 || !strings.Contains(got[0], "next-job") {
+		t.Errorf("after the pod left: %v", got)
+	}
+	if strings.Contains(string(p.Plain), "short-job") {
+		t.Error("a series of the gone pod lingers")
+	}
+}
+
+func TestKubeletGoneKeepsDeviceMetrics(t *testing.T) {
+	pn := newPodNode(t, nil)
+	pn.step(t, time.Second)
+	pn.kube.Stop()
+	p := pn.step(t, 5*time.Second)
+	if v := value(t, p, "gpu_exporter_collector_up", `collector="podmap"`); v != "0" {
+		t.Errorf("podmap up = %s with the kubelet gone", v)
+	}
+	if n := len(series(p, "gpu_memory_used_bytes")); n != 12 {
+		t.Errorf("%d memory series with the kubelet gone, want 12", n)
+	}
+	rec := httptest.NewRecorder()
+	pn.e.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Errorf("scrape answered %d", rec.Code)
+	}
+	if err := pn.kube.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p = pn.step(t, time.Second)
+		if value(t, p, "gpu_exporter_collector_up", `collector="podmap"`) == "1" && len(holders(p)) == 11 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pod mapping did not recover after the kubelet came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNoKubeletCallOnScrapePath(t *testing.T) {
+	pn := newPodNode(t, nil)
+	pn.step(t, time.Second)
+	before := pn.kube.Calls()
+	if before == 0 {
+		t.Fatal("the fake kubelet counted no calls; the counter is broken")
+	}
+	srv := httptest.NewServer(pn.e)
+	defer srv.Close()
+	for i := 0; i < 50; i++ {
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if after := pn.kube.Calls(); after != before {
+		t.Errorf("50 scrapes made %d kubelet calls; want 0", after-before)
+	}
+}
+
+func TestDevicePluginCapacityLoss(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(20 * time.Second), DevicePlugin: &simnode.DevicePluginFault{Allocatable: 0}})
+	pn := newPodNode(t, sc)
+	pn.step(t, time.Second)
+	p := pn.step(t, 30*time.Second)
+	for _, l := range series(p, "gpu_kubelet_allocatable_devices") {
+		if !strings.HasSuffix(l, " 0") {
+			t.Errorf("allocatable not 0 after the device plugin lost its devices: %s", l)
+		}
+	}
+	if v := value(t, p, "gpu_healthy_devices"); v != "11" {
+		t.Errorf("healthy devices %s, want 11", v)
+	}
+	if n := len(holders(p)); n != 11 {
+		t.Errorf("pods keep running: %d holders, want 11", n)
+	}
+}

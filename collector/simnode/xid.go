@@ -1,0 +1,55 @@
+package simnode
+
+import (
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+)
+
+// XIDSource is the node's NVML event set: it delivers the scenario's XID
+// faults as events when their time comes. Like a real event set, one that is
+// re-created sees only events raised after it.
+func (n *Node) XIDSource() xid.EventSource { return &xidSource{n: n} }
+
+type xidSource struct {
+	n      *Node
+	mu     sync.Mutex
+	cursor time.Duration // events before this were delivered
+	queue  []XIDEvent
+}
+
+func (s *xidSource) Open() (xid.Waiter, error) { return s, nil }
+
+func (s *xidSource) Close() error { return nil }
+
+// Wait returns the next event, or xid.ErrTimeout after timeout.
+func (s *xidSource) Wait(timeout time.Duration) (xid.Event, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s.mu.Lock()
+		now := s.n.elapsed()
+		if now > s.cursor {
+			s.queue = append(s.queue, s.n.XIDsBetween(s.cursor, now)...)
+			s.cursor = now
+		}
+		if len(s.queue) > 0 {
+			e := s.queue[0]
+			s.queue = s.queue[1:]
+			s.mu.Unlock()
+			s.n.count()
+			return xid.Event{GPU: e.GPU, UUID: e.UUID, Type: nvml.EventTypeXidCriticalError, Data: uint64(e.Code), Time: s.n.start.Add(e.At)}, nil
+		}
+		s.mu.Unlock()
+		if time.Now().After(deadline) {
+			return xid.Event{}, xid.ErrTimeout
+		}
+		select {
+		case <-s.n.closed:
+			return xid.Event{}, xid.ErrTimeout
+		case <-time.After(min(20*time.Millisecond, time.Until(deadline)+time.Millisecond)):
+		}
+	}
+}

@@ -1,0 +1,444 @@
+package xid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// ErrTimeout is what Waiter.Wait returns when no event arrived in time. It is
+// not a failure.
+var ErrTimeout = errors.New("xid: no event before the timeout")
+
+// ErrNoDevices is returned by an EventSource whose Open could register no
+// device for any event type it watches.
+var ErrNoDevices = errors.New("xid: no device supports Xid or ECC events")
+
+// EventSource opens a stream of device events. The real one is
+// NewNVMLEventSource; the simulator and tests provide their own.
+type EventSource interface {
+	// Open creates an event set and registers the devices; it returns a
+	// Waiter on that set.
+	Open() (Waiter, error)
+}
+
+// Waiter waits on one event set. Wait and Close are called from one
+// goroutine, never concurrently.
+type Waiter interface {
+	// Wait returns the next event, or ErrTimeout when nothing happened for
+	// timeout. Any other error means the set is broken: the Reader closes it
+	// and opens a new one.
+	Wait(timeout time.Duration) (Event, error)
+	// Close frees the set.
+	Close() error
+}
+
+// Event is one device event.
+type Event struct {
+	// GPU is the NVML index, -1 when the device could not be identified.
+	GPU  int
+	UUID string
+	// Type is the NVML event type bit: nvml.EventTypeXidCriticalError,
+	// nvml.EventTypeSingleBitEccError or nvml.EventTypeDoubleBitEccError.
+	Type uint64
+	// Data is the Xid code for an Xid event (999: unknown Xid), else 0.
+	Data uint64
+	// Time is when the event was received; zero means "now" to the Reader.
+	Time time.Time
+}
+
+// WatchedEventTypes are the NVML event types the NVML event source registers,
+// on each device masked by what the device supports.
+const WatchedEventTypes uint64 = nvml.EventTypeXidCriticalError |
+	nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError
+
+// Reader defaults.
+const (
+	DefaultWaitTimeout = time.Second
+	DefaultMinBackoff  = time.Second
+	DefaultMaxBackoff  = time.Minute
+)
+
+// Reader reads events from an EventSource in its own goroutine (Run) and
+// counts them: Xid events into a Counter (source "nvml"), ECC events into
+// per-GPU single- and double-bit counters. When the set fails (any Wait error
+// other than ErrTimeout, or a failed Open) it is closed and re-opened with
+// exponential backoff; the counts live in the Reader and its Counter, not in
+// the set, so they stay monotonic across re-creation.
+//
+// Set the exported fields before Run.
+type Reader struct {
+	// WaitTimeout bounds each Wait. A Wait on the real library blocks in C
+	// and cannot be interrupted, so this is also how long Run may take to
+	// notice that its context ended. Zero means DefaultWaitTimeout.
+	WaitTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait before re-opening a failed
+	// set; the wait doubles on each consecutive failure and resets after a
+	// Wait succeeds or times out normally. Zero means the defaults.
+	MinBackoff, MaxBackoff time.Duration
+	// Logf, when set, is told about failures and recoveries.
+	Logf func(format string, args ...any)
+
+	src     EventSource
+	counter *Counter
+
+	up        atomic.Bool
+	recreated atomic.Int64
+	failures  atomic.Uint64
+	events    atomic.Uint64
+
+	mu      sync.Mutex
+	ecc     map[int]*eccCount
+	lastErr error
+}
+
+type eccCount struct{ single, double uint64 }
+
+// NewReader returns a Reader of src that counts Xids into counter (a new
+// Counter when nil).
+func NewReader(src EventSource, counter *Counter) *Reader {
+	if counter == nil {
+		counter = NewCounter()
+	}
+	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}}
+}
+
+// Counter returns the Counter the Reader counts Xids into.
+func (r *Reader) Counter() *Counter { return r.counter }
+
+// Up reports whether an event set is open and its last Wait succeeded or
+// timed out normally.
+func (r *Reader) Up() bool { return r.up.Load() }
+
+// Recreated returns how many times the event set was opened again after a
+// failure (the first successful Open is not counted).
+func (r *Reader) Recreated() int { return int(r.recreated.Load()) }
+
+// Failures returns how many Open or Wait failures Run has seen.
+func (r *Reader) Failures() uint64 { return r.failures.Load() }
+
+// Events returns how many events (of any type) Run has received.
+func (r *Reader) Events() uint64 { return r.events.Load() }
+
+// LastError returns the latest Open or Wait failure, nil if none.
+func (r *Reader) LastError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// ECCEvents returns the single- and double-bit ECC error events received for
+// a GPU since the process started. Both never decrease.
+func (r *Reader) ECCEvents(gpu int) (single, double uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.ecc[gpu]; c != nil {
+		return c.single, c.double
+	}
+	return 0, 0
+}
+
+// Run reads events until ctx ends, then closes the set and returns ctx's
+// error. It returns within about WaitTimeout of ctx ending.
+func (r *Reader) Run(ctx context.Context) error {
+	waitTimeout := r.WaitTimeout
+	if waitTimeout <= 0 {
+		waitTimeout = DefaultWaitTimeout
+	}
+	minB, maxB := r.MinBackoff, r.MaxBackoff
+	if minB <= 0 {
+		minB = DefaultMinBackoff
+	}
+	if maxB < minB {
+		maxB = max(DefaultMaxBackoff, minB)
+	}
+	defer r.up.Store(false)
+
+	backoff := minB
+	opened := false // whether Open ever succeeded
+	var w Waiter
+	closeSet := func() {
+		if w != nil {
+			if err := w.Close(); err != nil {
+				r.logf("xid: closing the event set: %v", err)
+			}
+			w = nil
+		}
+	}
+	defer closeSet()
+
+	for ctx.Err() == nil {
+		if w == nil {
+			var err error
+			w, err = r.src.Open()
+			if err != nil {
+				w = nil
+				r.fail(fmt.Errorf("opening the event set: %w", err))
+				sleep(ctx, backoff)
+				backoff = min(backoff*2, maxB)
+				continue
+			}
+			if opened {
+				r.recreated.Add(1)
+				r.logf("xid: event set re-created")
+			}
+			opened = true
+		}
+
+		ev, err := w.Wait(waitTimeout)
+		switch {
+		case err == nil:
+			r.up.Store(true)
+			backoff = minB
+			r.handle(ev)
+		case errors.Is(err, ErrTimeout):
+			r.up.Store(true)
+			backoff = minB
+		default:
+			r.fail(fmt.Errorf("waiting for events: %w", err))
+			closeSet()
+			sleep(ctx, backoff)
+			backoff = min(backoff*2, maxB)
+		}
+	}
+	return ctx.Err()
+}
+
+func (r *Reader) fail(err error) {
+	r.up.Store(false)
+	r.failures.Add(1)
+	r.mu.Lock()
+	r.lastErr = err
+	r.mu.Unlock()
+	r.logf("xid: %v", err)
+}
+
+func (r *Reader) handle(ev Event) {
+	r.events.Add(1)
+	at := ev.Time
+	if at.IsZero() {
+		at = time.Now()
+	}
+	switch {
+	case ev.Type&nvml.EventTypeXidCriticalError != 0:
+		r.counter.Add(ev.GPU, ev.UUID, int(ev.Data), at)
+	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:
+		r.mu.Lock()
+		c := r.ecc[ev.GPU]
+		if c == nil {
+			c = &eccCount{}
+			r.ecc[ev.GPU] = c
+		}
+		if ev.Type&nvml.EventTypeSingleBitEccError != 0 {
+			c.single++
+		}
+		if ev.Type&nvml.EventTypeDoubleBitEccError != 0 {
+			c.double++
+		}
+		r.mu.Unlock()
+	}
+}
+
+func (r *Reader) logf(format string, args ...any) {
+	if r.Logf != nil {
+		r.Logf(format, args...)
+	}
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// NVMLLibrary is the part of the NVML library the NVML event source uses.
+// nvml.Interface (the real library, or go-nvml's mock) satisfies it. NVML
+// must be initialised (Init) before Open and stay so while the set is used.
+type NVMLLibrary interface {
+	EventSetCreate() (nvml.EventSet, nvml.Return)
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(index int) (nvml.Device, nvml.Return)
+}
+
+// NVMLDevice is the part of an NVML device handle the NVML event source
+// uses; nvml.Device satisfies it, and so does any type embedding one.
+type NVMLDevice interface {
+	GetIndex() (int, nvml.Return)
+	GetUUID() (string, nvml.Return)
+	GetSupportedEventTypes() (uint64, nvml.Return)
+	RegisterEvents(eventTypes uint64, set nvml.EventSet) nvml.Return
+}
+
+// NVMLEventSource is the EventSource over the real NVML library.
+type NVMLEventSource struct {
+	lib     NVMLLibrary
+	devices []NVMLDevice
+	// Logf, when set, is told about devices skipped at Open.
+	Logf func(format string, args ...any)
+}
+
+// NewNVMLEventSource returns an EventSource on lib. With devices nil, every
+// Open enumerates all devices afresh (DeviceGetCount, DeviceGetHandleByIndex);
+// otherwise it registers the given devices. On each device it registers the
+// WatchedEventTypes the device supports: a device that supports none of them
+// (NOT_SUPPORTED) is skipped, and so is one that fails (for example a GPU
+// lost from the bus), so one bad GPU does not stop the others; the skipped
+// device is tried again when the set is next re-created. Open fails only
+// when the set cannot be created or no device could be registered.
+func NewNVMLEventSource(lib NVMLLibrary, devices []NVMLDevice) *NVMLEventSource {
+	return &NVMLEventSource{lib: lib, devices: devices}
+}
+
+type registered struct {
+	dev  NVMLDevice
+	gpu  int
+	uuid string
+}
+
+// Open creates an NVML event set and registers the devices on it.
+func (s *NVMLEventSource) Open() (Waiter, error) {
+	devices := s.devices
+	if devices == nil {
+		n, ret := s.lib.DeviceGetCount()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("counting devices: %w", ret)
+		}
+		for i := 0; i < n; i++ {
+			d, ret := s.lib.DeviceGetHandleByIndex(i)
+			if ret != nvml.SUCCESS || d == nil {
+				s.logf("xid: skipping GPU %d: getting its handle: %v", i, ret)
+				continue
+			}
+			devices = append(devices, d)
+		}
+	}
+
+	set, ret := s.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
+	}
+	var regs []registered
+	for _, d := range devices {
+		gpu, ret := d.GetIndex()
+		if ret != nvml.SUCCESS {
+			s.logf("xid: skipping a device: getting its index: %v", ret)
+			continue
+		}
+		uuid, ret := d.GetUUID()
+		if ret != nvml.SUCCESS {
+			s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
+			continue
+		}
+		supported, ret := d.GetSupportedEventTypes()
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			s.logf("xid: skipping GPU %d: getting its event types: %v", gpu, ret)
+			continue
+		}
+		types := supported & WatchedEventTypes
+		if types == 0 {
+			continue
+		}
+		if ret := d.RegisterEvents(types, set); ret != nvml.SUCCESS {
+			if ret != nvml.ERROR_NOT_SUPPORTED {
+				s.logf("xid: skipping GPU %d: registering events: %v", gpu, ret)
+			}
+			continue
+		}
+		regs = append(regs, registered{dev: d, gpu: gpu, uuid: uuid})
+	}
+	if len(regs) == 0 {
+		set.Free()
+		return nil, ErrNoDevices
+	}
+	return &nvmlWaiter{set: set, regs: regs}, nil
+}
+
+func (s *NVMLEventSource) logf(format string, args ...any) {
+	if s.Logf != nil {
+		s.Logf(format, args...)
+	}
+}
+
+type nvmlWaiter struct {
+	set  nvml.EventSet
+	regs []registered
+}
+
+// Wait blocks in NVML for up to timeout (rounded up to a millisecond).
+func (w *nvmlWaiter) Wait(timeout time.Duration) (Event, error) {
+	ms := timeout.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	if ms > int64(^uint32(0)) {
+		ms = int64(^uint32(0))
+	}
+	data, ret := w.set.Wait(uint32(ms))
+	switch ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_TIMEOUT:
+		return Event{}, ErrTimeout
+	default:
+		return Event{}, fmt.Errorf("NVML event set wait: %w", ret)
+	}
+	ev := Event{GPU: -1, Type: data.EventType, Data: data.EventData, Time: time.Now()}
+	if r, ok := w.lookup(data.Device); ok {
+		ev.GPU, ev.UUID = r.gpu, r.uuid
+	}
+	return ev, nil
+}
+
+// lookup finds the registered device an event came from: by handle, or, when
+// the handle's type differs from the registered one (a wrapped device), by
+// UUID.
+func (w *nvmlWaiter) lookup(d nvml.Device) (registered, bool) {
+	if d == nil {
+		return registered{}, false
+	}
+	for _, r := range w.regs {
+		if sameHandle(d, r.dev) {
+			return r, true
+		}
+	}
+	uuid, ret := d.GetUUID()
+	if ret != nvml.SUCCESS {
+		return registered{}, false
+	}
+	for _, r := range w.regs {
+		if r.uuid == uuid {
+			return r, true
+		}
+	}
+	return registered{}, false
+}
+
+// sameHandle compares two device handles; a handle type that is not
+// comparable compares unequal instead of panicking.
+func sameHandle(a, b any) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}
+
+// Close frees the NVML event set.
+func (w *nvmlWaiter) Close() error {
+	if ret := w.set.Free(); ret != nvml.SUCCESS {
+		return fmt.Errorf("freeing the NVML event set: %w", ret)
+	}
+	return nil
+}

@@ -1,0 +1,438 @@
+package xid
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+)
+
+// fakeSource is an EventSource driven by a script: Open number i fails with
+// openErrs[i] when that is set; successful opens hand out the waiter scripts
+// in turn. A waiter plays its steps and then times out forever.
+type fakeSource struct {
+	mu       sync.Mutex
+	openErrs map[int]error
+	scripts  [][]step
+	opens    int
+	used     int
+	closes   int
+	timeouts []time.Duration
+}
+
+type step struct {
+	ev  Event
+	err error
+}
+
+func (s *fakeSource) Open() (Waiter, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := s.opens
+	s.opens++
+	if err := s.openErrs[i]; err != nil {
+		return nil, err
+	}
+	var steps []step
+	if s.used < len(s.scripts) {
+		steps = s.scripts[s.used]
+	}
+	s.used++
+	return &fakeWaiter{src: s, steps: steps}, nil
+}
+
+func (s *fakeSource) stats() (opens, closes int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opens, s.closes
+}
+
+type fakeWaiter struct {
+	src    *fakeSource
+	steps  []step
+	closed bool
+}
+
+func (w *fakeWaiter) Wait(timeout time.Duration) (Event, error) {
+	if w.closed {
+		panic("Wait on a closed set")
+	}
+	w.src.mu.Lock()
+	w.src.timeouts = append(w.src.timeouts, timeout)
+	w.src.mu.Unlock()
+	if len(w.steps) > 0 {
+		st := w.steps[0]
+		w.steps = w.steps[1:]
+		return st.ev, st.err
+	}
+	time.Sleep(timeout) // like NVML: blocks for the whole timeout
+	return Event{}, ErrTimeout
+}
+
+func (w *fakeWaiter) Close() error {
+	if w.closed {
+		panic("double Close")
+	}
+	w.closed = true
+	w.src.mu.Lock()
+	w.src.closes++
+	w.src.mu.Unlock()
+	return nil
+}
+
+func xidEvent(gpu, code int) step {
+	return step{ev: Event{GPU: gpu, UUID: "GPU-" + string(rune('a'+gpu)), Type: nvml.EventTypeXidCriticalError, Data: uint64(code)}}
+}
+
+func eccEvent(gpu int, typ uint64) step {
+	return step{ev: Event{GPU: gpu, Type: typ}}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func fastReader(src EventSource) *Reader {
+	r := NewReader(src, nil)
+	r.WaitTimeout = 10 * time.Millisecond
+	r.MinBackoff = time.Millisecond
+	r.MaxBackoff = 5 * time.Millisecond
+	return r
+}
+
+func start(t *testing.T, r *Reader) (cancel func() error) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() error {
+		stop()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run did not return after cancel")
+			return nil
+		}
+	}
+}
+
+func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
+	lost := errors.New("GPU is lost")
+	src := &fakeSource{
+		openErrs: map[int]error{0: errors.New("driver not loaded yet"), 2: errors.New("still broken")},
+		scripts: [][]step{
+			{xidEvent(0, 13), xidEvent(0, 13), xidEvent(1, 79), {err: lost}},
+			{xidEvent(0, 13), eccEvent(1, nvml.EventTypeDoubleBitEccError), {err: lost}},
+			{xidEvent(1, 79), eccEvent(1, nvml.EventTypeSingleBitEccError), eccEvent(1, nvml.EventTypeSingleBitEccError)},
+		},
+	}
+	r := fastReader(src)
+	var logs []string
+	var logMu sync.Mutex
+	r.Logf = func(f string, a ...any) { logMu.Lock(); logs = append(logs, f); logMu.Unlock() }
+	cancel := start(t, r)
+
+	var prev uint64
+	eventually(t, "all events counted", func() bool {
+		var sum uint64
+		for _, s := range r.Counter().Snapshot() {
+			sum += s.Total
+		}
+		if sum < prev {
+			t.Fatalf("count went down: %d -> %d", prev, sum)
+		}
+		prev = sum
+		single, _ := r.ECCEvents(1)
+		return sum == 5 && single == 2 && r.Up()
+	})
+	if err := cancel(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run returned %v", err)
+	}
+
+	c := r.Counter()
+	if got := total(c, 0, 13); got != 3 {
+		t.Errorf("GPU 0 Xid 13: %d, want 3", got)
+	}
+	if got := total(c, 1, 79); got != 2 {
+		t.Errorf("GPU 1 Xid 79: %d, want 2", got)
+	}
+	if s, d := r.ECCEvents(1); s != 2 || d != 1 {
+		t.Errorf("ECCEvents(1) = %d, %d; want 2, 1", s, d)
+	}
+	if s, d := r.ECCEvents(0); s != 0 || d != 0 {
+		t.Errorf("ECCEvents(0) = %d, %d", s, d)
+	}
+	if r.Recreated() != 2 {
+		t.Errorf("Recreated = %d, want 2", r.Recreated())
+	}
+	if r.Failures() != 4 {
+		t.Errorf("Failures = %d, want 4 (2 opens, 2 waits)", r.Failures())
+	}
+	if r.LastError() == nil {
+		t.Error("LastError is nil")
+	}
+	if r.Up() {
+		t.Error("Up after Run returned")
+	}
+	opens, closes := src.stats()
+	if opens != 5 || closes != 3 {
+		t.Errorf("opens %d closes %d, want 5 and 3 (every opened set closed)", opens, closes)
+	}
+	src.mu.Lock()
+	for _, to := range src.timeouts {
+		if to != r.WaitTimeout {
+			t.Errorf("Wait timeout %v, want %v", to, r.WaitTimeout)
+			break
+		}
+	}
+	src.mu.Unlock()
+	if len(logs) == 0 {
+		t.Error("nothing logged")
+	}
+}
+
+func TestReaderUpGoesDownWhileBroken(t *testing.T) {
+	src := &fakeSource{openErrs: map[int]error{}}
+	for i := 1; i < 1000; i++ {
+		src.openErrs[i] = errors.New("broken")
+	}
+	src.scripts = [][]step{{xidEvent(0, 13), {err: errors.New("lost")}}}
+	r := fastReader(src)
+	cancel := start(t, r)
+	eventually(t, "a failed re-open", func() bool { return r.Failures() >= 3 })
+	if r.Up() {
+		t.Error("Up while the set cannot be opened")
+	}
+	if total(r.Counter(), 0, 13) != 1 {
+		t.Error("count lost while broken")
+	}
+	cancel()
+}
+
+func TestReaderCancelIsPrompt(t *testing.T) {
+	src := &fakeSource{}
+	r := NewReader(src, NewCounter())
+	r.WaitTimeout = 50 * time.Millisecond
+	cancel := start(t, r)
+	eventually(t, "up", r.Up)
+	began := time.Now()
+	cancel()
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("Run took %v to return after cancel", d)
+	}
+	if _, closes := src.stats(); closes != 1 {
+		t.Errorf("set closed %d times on exit, want 1", closes)
+	}
+}
+
+func TestReaderCancelDuringBackoff(t *testing.T) {
+	src := &fakeSource{openErrs: map[int]error{0: errors.New("no driver")}}
+	r := NewReader(src, nil)
+	r.MinBackoff, r.MaxBackoff = time.Hour, time.Hour
+	cancel := start(t, r)
+	eventually(t, "first failure", func() bool { return r.Failures() == 1 })
+	began := time.Now()
+	cancel()
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("Run took %v to return during backoff", d)
+	}
+}
+
+// --- the NVML event source, over go-nvml's mock ---
+
+type mockGPU struct {
+	*mock.Device
+	registered uint64
+}
+
+func newMockGPU(index int, uuid string, supported uint64, supRet, regRet nvml.Return) *mockGPU {
+	g := &mockGPU{}
+	g.Device = &mock.Device{
+		GetIndexFunc: func() (int, nvml.Return) { return index, nvml.SUCCESS },
+		GetUUIDFunc:  func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+		GetSupportedEventTypesFunc: func() (uint64, nvml.Return) {
+			return supported, supRet
+		},
+		RegisterEventsFunc: func(types uint64, _ nvml.EventSet) nvml.Return {
+			if regRet == nvml.SUCCESS {
+				g.registered = types
+			}
+			return regRet
+		},
+	}
+	return g
+}
+
+func TestNVMLEventSource(t *testing.T) {
+	gpus := []*mockGPU{
+		// Supports everything, including types we do not watch.
+		newMockGPU(0, "GPU-0", nvml.EventTypeAll, nvml.SUCCESS, nvml.SUCCESS),
+		// No ECC events on this one.
+		newMockGPU(1, "GPU-1", nvml.EventTypeXidCriticalError|nvml.EventTypePState, nvml.SUCCESS, nvml.SUCCESS),
+		// Events not supported at all.
+		newMockGPU(2, "GPU-2", 0, nvml.ERROR_NOT_SUPPORTED, nvml.SUCCESS),
+		// Fell off the bus: registration fails, the others carry on.
+		newMockGPU(3, "GPU-3", nvml.EventTypeAll, nvml.SUCCESS, nvml.ERROR_GPU_IS_LOST),
+	}
+	queue := []nvml.EventData{
+		{Device: gpus[1].Device, EventType: nvml.EventTypeXidCriticalError, EventData: 79},
+		{Device: gpus[0].Device, EventType: nvml.EventTypeDoubleBitEccError},
+	}
+	var waits []uint32
+	freed := 0
+	set := &mock.EventSet{
+		WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+			waits = append(waits, ms)
+			if len(queue) == 0 {
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+			d := queue[0]
+			queue = queue[1:]
+			if d.Device == nil {
+				return d, nvml.ERROR_GPU_IS_LOST
+			}
+			return d, nvml.SUCCESS
+		},
+		FreeFunc: func() nvml.Return { freed++; return nvml.SUCCESS },
+	}
+	lib := &mock.Interface{
+		EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) { return len(gpus), nvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
+			return gpus[i].Device, nvml.SUCCESS
+		},
+	}
+	src := NewNVMLEventSource(lib, nil)
+	w, err := src.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus[0].registered != WatchedEventTypes {
+		t.Errorf("GPU 0 registered %#x, want %#x", gpus[0].registered, WatchedEventTypes)
+	}
+	if gpus[1].registered != nvml.EventTypeXidCriticalError {
+		t.Errorf("GPU 1 registered %#x, want Xid only", gpus[1].registered)
+	}
+	if len(gpus[2].RegisterEventsCalls()) != 0 {
+		t.Error("GPU 2 (NOT_SUPPORTED) was registered")
+	}
+
+	ev, err := w.Wait(1500 * time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.GPU != 1 || ev.UUID != "GPU-1" || ev.Type != nvml.EventTypeXidCriticalError || ev.Data != 79 || ev.Time.IsZero() {
+		t.Errorf("first event %+v", ev)
+	}
+	ev, err = w.Wait(time.Second)
+	if err != nil || ev.GPU != 0 || ev.Type != nvml.EventTypeDoubleBitEccError {
+		t.Errorf("second event %+v, %v", ev, err)
+	}
+	if _, err := w.Wait(time.Millisecond / 2); !errors.Is(err, ErrTimeout) {
+		t.Errorf("empty set: %v, want ErrTimeout", err)
+	}
+	queue = append(queue, nvml.EventData{})
+	if _, err := w.Wait(time.Second); err == nil || errors.Is(err, ErrTimeout) || !errors.Is(err, nvml.ERROR_GPU_IS_LOST) {
+		t.Errorf("GPU lost: %v", err)
+	}
+	if len(waits) != 4 || waits[0] != 1500 || waits[2] != 1 {
+		t.Errorf("Wait timeouts in ms: %v", waits)
+	}
+	if err := w.Close(); err != nil || freed != 1 {
+		t.Errorf("Close: %v, freed %d", err, freed)
+	}
+}
+
+// wrapped is a device handle wrapped in another type (as the collector's
+// adapter does); events carry the raw handle, matched back by UUID.
+type wrapped struct{ nvml.Device }
+
+func TestNVMLEventSourceExplicitWrappedDevices(t *testing.T) {
+	g := newMockGPU(5, "GPU-5", nvml.EventTypeXidCriticalError, nvml.SUCCESS, nvml.SUCCESS)
+	set := &mock.EventSet{
+		WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
+			return nvml.EventData{Device: g.Device, EventType: nvml.EventTypeXidCriticalError, EventData: 31}, nvml.SUCCESS
+		},
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+	}
+	lib := &mock.Interface{EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS }}
+	w, err := NewNVMLEventSource(lib, []NVMLDevice{wrapped{g.Device}}).Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := w.Wait(time.Second)
+	if err != nil || ev.GPU != 5 || ev.UUID != "GPU-5" || ev.Data != 31 {
+		t.Errorf("event %+v, %v", ev, err)
+	}
+}
+
+func TestNVMLEventSourceNoDevices(t *testing.T) {
+	freed := 0
+	set := &mock.EventSet{FreeFunc: func() nvml.Return { freed++; return nvml.SUCCESS }}
+	g := newMockGPU(0, "GPU-0", 0, nvml.ERROR_NOT_SUPPORTED, nvml.SUCCESS)
+	lib := &mock.Interface{EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS }}
+	if _, err := NewNVMLEventSource(lib, []NVMLDevice{g.Device}).Open(); !errors.Is(err, ErrNoDevices) {
+		t.Errorf("Open = %v, want ErrNoDevices", err)
+	}
+	if freed != 1 {
+		t.Errorf("set freed %d times, want 1", freed)
+	}
+	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_UNINITIALIZED }
+	if _, err := NewNVMLEventSource(lib, []NVMLDevice{g.Device}).Open(); !errors.Is(err, nvml.ERROR_UNINITIALIZED) {
+		t.Errorf("Open = %v, want ERROR_UNINITIALIZED", err)
+	}
+}
+
+// The real source under the Reader: a lost GPU breaks the set, the Reader
+// re-creates it, and counts carry on.
+func TestReaderOverNVMLSource(t *testing.T) {
+	g := newMockGPU(0, "GPU-0", nvml.EventTypeAll, nvml.SUCCESS, nvml.SUCCESS)
+	var mu sync.Mutex
+	sets := 0
+	lib := &mock.Interface{
+		EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) {
+			mu.Lock()
+			defer mu.Unlock()
+			sets++
+			n, first := 0, sets == 1
+			return &mock.EventSet{
+				WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+					n++
+					switch n {
+					case 1:
+						return nvml.EventData{Device: g.Device, EventType: nvml.EventTypeXidCriticalError, EventData: 13}, nvml.SUCCESS
+					case 2:
+						if first { // only the first set breaks
+							return nvml.EventData{}, nvml.ERROR_UNKNOWN
+						}
+					}
+					time.Sleep(time.Duration(ms) * time.Millisecond)
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				},
+				FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+			}, nvml.SUCCESS
+		},
+	}
+	r := fastReader(NewNVMLEventSource(lib, []NVMLDevice{g.Device}))
+	cancel := start(t, r)
+	eventually(t, "two sets, two events", func() bool {
+		return total(r.Counter(), 0, 13) == 2 && r.Recreated() == 1 && r.Up()
+	})
+	cancel()
+	snap := r.Counter().Snapshot()
+	if len(snap) != 1 || snap[0].UUID != "GPU-0" || snap[0].Entry.Action != ActionRestartApp {
+		t.Errorf("Snapshot = %+v", snap)
+	}
+}
