@@ -41,6 +41,8 @@ type Config struct {
 	Pods PodSource
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
+	// DCGM, when set, adds DCGM's profiling fields and health watches.
+	DCGM DCGMSource
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -152,6 +154,17 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		LastGood:    append([]time.Time(nil), e.lastGood...),
 		Rendered:    now,
 		Allocations: &Allocations{},
+	}
+	if e.cfg.DCGM != nil {
+		snap := e.cfg.DCGM.Snapshot()
+		var counter *xid.Counter
+		if e.cfg.XID != nil {
+			counter = e.cfg.XID.Counter()
+		}
+		mergeDCGM(snap, s, counter)
+		if cs, ok := dcgmStatus(snap, now); ok {
+			st.Collectors = append(st.Collectors, cs)
+		}
 	}
 	if e.cfg.Pods != nil {
 		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,11 +24,24 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-// fixedClock starts at a fixed instant and moves only when told.
-type fixedClock struct{ t time.Time }
+// fixedClock starts at a fixed instant and moves only when told. Hung NVML
+// calls read it from their own goroutines, hence the lock.
+type fixedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
 
-func (c *fixedClock) Now() time.Time          { return c.t }
-func (c *fixedClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
+func (c *fixedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fixedClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
 
 func newClock() *fixedClock {
 	return &fixedClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}

@@ -70,6 +70,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 			strconv.Itoa(g.GPU), g.UUID, g.Model, g.PCIBusID, device, migMode)
 		collectDevice(&g.DeviceState, ch)
 		collectHealth(g, ch)
+		collectDCGMHealth(g, ch)
 		if i < len(st.LastGood) && !st.LastGood[i].IsZero() {
 			ch <- prometheus.MustNewConstMetric(gpuLastSampleDesc, prometheus.GaugeValue,
 				float64(st.LastGood[i].UnixNano())/1e9, strconv.Itoa(g.GPU), g.UUID)

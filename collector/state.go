@@ -36,8 +36,9 @@ func (d *DeviceState) labelValues() []string {
 // GPUState is a physical GPU with its MIG instances, if any.
 type GPUState struct {
 	DeviceState
-	Health Health
-	MIG    []DeviceState
+	Health     Health
+	DCGMHealth map[string]string // DCGM health watch: system -> pass|warn|fail
+	MIG        []DeviceState
 }
 
 // DriverInfo is the node's driver stack.

@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -48,6 +49,9 @@ type options struct {
 	nodeName        string
 	maxRequests     int
 	shutdownTimeout time.Duration
+
+	dcgmMode       string
+	dcgmHostEngine string
 
 	kubeletEnabled   bool
 	kubeletSocket    string
@@ -101,6 +105,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM.").Default("5s")).DurationVar(&o.shutdownTimeout)
+	app.Flag("dcgm.mode", "DCGM: auto (embedded when libdcgm.so.4 loads, else NVML alone), embedded, standalone (needs --dcgm.host-engine) or off.").Default("auto").StringVar(&o.dcgmMode)
+	app.Flag("dcgm.host-engine", "HOST:PORT of a DCGM host engine for standalone mode (the GPU Operator's nvidia-dcgm service listens on 5555). Setting it implies --dcgm.mode=standalone.").Default("").StringVar(&o.dcgmHostEngine)
 	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
 	app.Flag("kubelet.pod-resources-socket", "The kubelet's PodResources socket. With --simulate, setting it maps the simulated GPUs through that kubelet instead of the built-in fake one.").
 		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
@@ -126,6 +132,22 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	if o.simulateFile != "" {
 		o.simulate = true
 	}
+	mode, err := dcgm.ParseMode(o.dcgmMode)
+	if err != nil {
+		return nil, exitUsage, fmt.Errorf("--dcgm.mode=%s: %v", o.dcgmMode, err)
+	}
+	if o.dcgmHostEngine != "" {
+		if _, _, err := net.SplitHostPort(o.dcgmHostEngine); err != nil {
+			return nil, exitUsage, fmt.Errorf("--dcgm.host-engine=%s: want HOST:PORT, e.g. nvidia-dcgm.gpu-operator.svc:5555 (%v)", o.dcgmHostEngine, err)
+		}
+		if mode == dcgm.ModeAuto {
+			mode = dcgm.ModeStandalone
+		}
+	}
+	if mode == dcgm.ModeStandalone && o.dcgmHostEngine == "" {
+		return nil, exitUsage, fmt.Errorf("--dcgm.mode=standalone needs --dcgm.host-engine=HOST:PORT")
+	}
+	o.dcgmMode = string(mode)
 	if o.kubeletRefresh < time.Second {
 		return nil, exitUsage, fmt.Errorf("--kubelet.refresh-interval=%s is too short: it must be at least 1s", o.kubeletRefresh)
 	}
@@ -215,6 +237,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = cfg.XID.Run(runCtx) }()
+	}
+	if dm := dcgm.Mode(o.dcgmMode); dm != dcgm.ModeOff {
+		dcfg := dcgm.Config{Mode: dm, HostEngine: o.dcgmHostEngine, Interval: o.interval, Log: log.With().Str("component", "dcgm").Logger()}
+		open := dcgm.DefaultOpen
+		if node != nil {
+			open = node.DCGM().Open
+		}
+		ds := dcgm.NewSampler(dcfg, open)
+		cfg.DCGM = ds
+		wg.Add(1)
+		go func() { defer wg.Done(); ds.Run(runCtx) }()
 	}
 	if o.kubeletEnabled {
 		socket := o.kubeletSocket

@@ -1,0 +1,103 @@
+package collector
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+)
+
+// DCGMSource gives the latest DCGM values without calling DCGM.
+type DCGMSource interface {
+	Snapshot() *dcgm.Snapshot
+}
+
+// dcgmFields maps DCGM's fields to ours. Each of our fields has one
+// documented source (fieldSpecs): DCGM fields are never read from NVML, so
+// the merge never has two values to choose from.
+var dcgmFields = map[dcgm.Field]Field{
+	dcgm.SMActive:       FieldSMActive,
+	dcgm.SMOccupancy:    FieldSMOccupancy,
+	dcgm.TensorActive:   FieldTensorActive,
+	dcgm.DRAMActive:     FieldDRAMActive,
+	dcgm.GraphicsActive: FieldGraphicsActive,
+	dcgm.FP64Active:     FieldFP64Active,
+	dcgm.FP32Active:     FieldFP32Active,
+	dcgm.FP16Active:     FieldFP16Active,
+	dcgm.PCIeTxBytes:    FieldPCIeTxBytes,
+	dcgm.PCIeRxBytes:    FieldPCIeRxBytes,
+	dcgm.NVLinkTxBytes:  FieldNVLinkTxBytes,
+	dcgm.NVLinkRxBytes:  FieldNVLinkRxBytes,
+}
+
+// mergeDCGM adds DCGM's fields and health to the sample's devices and feeds
+// DCGM's last XID to the XID counter (which drops what NVML already counted).
+// A device NVML reports down gets nothing: DCGM values of a lost GPU would
+// be stale.
+func mergeDCGM(snap *dcgm.Snapshot, s *NodeSample, counter *xid.Counter) {
+	if snap == nil || !snap.Up {
+		return
+	}
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		if !g.Up {
+			continue
+		}
+		if dv, ok := snap.Find(g.UUID, -1); ok {
+			setDCGM(&g.DeviceState, dv)
+			g.DCGMHealth = dv.Health
+			if counter != nil && dv.LastXID != 0 && !dv.LastXIDTime.IsZero() {
+				counter.AddFrom(xid.SourceDCGM, g.GPU, g.UUID, dv.LastXID, dv.LastXIDTime)
+			}
+		}
+		for j := range g.MIG {
+			m := &g.MIG[j]
+			if dv, ok := snap.Find(g.UUID, m.GPUInstance); ok && m.Up {
+				setDCGM(m, dv)
+			}
+		}
+	}
+}
+
+func setDCGM(d *DeviceState, dv dcgm.DeviceValues) {
+	for df, f := range dcgmFields {
+		if v, ok := dv.Value(df); ok {
+			d.Values.Set(f, v)
+		}
+	}
+}
+
+var (
+	dcgmHealthDesc = prometheus.NewDesc("gpu_dcgm_health",
+		"DCGM health watch result per subsystem; a state set over pass, warn and fail.",
+		[]string{"gpu", "uuid", "system", "status"}, nil)
+	dcgmStatuses = []string{dcgm.HealthPass, dcgm.HealthWarn, dcgm.HealthFail}
+)
+
+func collectDCGMHealth(g *GPUState, ch chan<- prometheus.Metric) {
+	if g.DCGMHealth == nil {
+		return
+	}
+	gpu := strconv.Itoa(g.GPU)
+	for _, sys := range dcgm.HealthSystems {
+		cur, ok := g.DCGMHealth[sys]
+		if !ok {
+			cur = dcgm.HealthPass
+		}
+		for _, st := range dcgmStatuses {
+			ch <- prometheus.MustNewConstMetric(dcgmHealthDesc, prometheus.GaugeValue, b2f(cur == st), gpu, g.UUID, sys, st)
+		}
+	}
+}
+
+// dcgmStatus is the collector status of DCGM: absent when DCGM is off (auto
+// mode without libdcgm is a supported setup, not a failure).
+func dcgmStatus(snap *dcgm.Snapshot, now time.Time) (CollectorStatus, bool) {
+	if snap == nil || snap.Mode == dcgm.ModeOff {
+		return CollectorStatus{}, false
+	}
+	return CollectorStatus{Name: "dcgm", Up: snap.Up}, true
+}

@@ -1,0 +1,443 @@
+//go:build cgo && linux
+
+package dcgm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	godcgm "github.com/NVIDIA/go-dcgm/pkg/dcgm"
+	"github.com/rs/zerolog"
+)
+
+// go-dcgm keeps one process-wide handle and a reference count behind Init;
+// realMu makes sure this package holds at most one of it.
+var (
+	realMu   sync.Mutex
+	realOpen bool
+	groupSeq atomic.Uint64
+)
+
+// maxValuesPerQuery bounds entities x fields per dcgmEntitiesGetLatestValues
+// call: every value is a 4 KiB C struct, and go-dcgm reuses its buffers only
+// up to 256 values, so big MIG nodes are read in chunks rather than with
+// one multi-megabyte allocation per sample.
+const maxValuesPerQuery = 256
+
+// healthSystems are the DCGM health watches the sampler sets, and their
+// names.
+var healthSystems = []struct {
+	sys  godcgm.HealthSystem
+	name string
+}{
+	{godcgm.DCGM_HEALTH_WATCH_PCIE, HealthPCIe},
+	{godcgm.DCGM_HEALTH_WATCH_MEM, HealthMemory},
+	{godcgm.DCGM_HEALTH_WATCH_INFOROM, HealthInforom},
+	{godcgm.DCGM_HEALTH_WATCH_THERMAL, HealthThermal},
+	{godcgm.DCGM_HEALTH_WATCH_POWER, HealthPower},
+	{godcgm.DCGM_HEALTH_WATCH_NVLINK, HealthNVLink},
+	{godcgm.DCGM_HEALTH_WATCH_DRIVER, HealthDriver},
+}
+
+func openReal(cfg Config, standalone bool, addr, isSocket string) (c Client, err error) {
+	realMu.Lock()
+	defer realMu.Unlock()
+	if realOpen {
+		return nil, ErrBusy
+	}
+	defer func() {
+		// go-dcgm only panics on an invalid mode, but a panic inside cgo
+		// set-up must not take the exporter down.
+		if r := recover(); r != nil {
+			c, err = nil, fmt.Errorf("DCGM init panicked: %v", r)
+		}
+	}()
+	if standalone {
+		_, err = godcgm.Init(godcgm.Standalone, addr, isSocket)
+	} else {
+		_, err = godcgm.Init(godcgm.Embedded)
+	}
+	if err != nil {
+		return nil, classifyInitError(err, standalone, addr)
+	}
+	realOpen = true
+	return &realClient{log: cfg.Log}, nil
+}
+
+func classifyInitError(err error, standalone bool, addr string) error {
+	msg := err.Error()
+	if strings.Contains(msg, LibraryName) && strings.Contains(msg, "not found") {
+		return fmt.Errorf("%w (dlopen failed; install DCGM or add its lib directory to LD_LIBRARY_PATH)", ErrLibraryNotFound)
+	}
+	if standalone {
+		return fmt.Errorf("DCGM standalone %s: %w", addr, err)
+	}
+	return fmt.Errorf("DCGM embedded: %w", err)
+}
+
+// realClient is Client over go-dcgm's package functions.
+type realClient struct {
+	log zerolog.Logger
+
+	watchGroup  godcgm.GroupHandle
+	healthGroup godcgm.GroupHandle
+	fieldGroups []godcgm.FieldHandle
+	hasWatch    bool
+	hasHealth   bool
+
+	warnedProfiling bool
+	broken          bool // the connection failed: skip clean-up calls
+	closed          bool
+}
+
+// check turns a go-dcgm error into ours: connection losses wrap
+// ErrConnection and mark the client broken.
+func (r *realClient) check(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if isConnectionError(err) {
+		r.broken = true
+		return fmt.Errorf("%s: %w: %v", what, ErrConnection, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func isConnectionError(err error) bool {
+	var de *godcgm.Error
+	if errors.As(err, &de) {
+		switch int(de.Code) {
+		case godcgm.DCGM_ST_CONNECTION_NOT_VALID, godcgm.DCGM_ST_UNINITIALIZED:
+			return true
+		}
+	}
+	// Most go-dcgm functions return fmt errors with DCGM's message only.
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "host engine is not valid") ||
+		strings.Contains(m, "connection to the host engine") ||
+		strings.Contains(m, "not initialized")
+}
+
+func toEntityKind(g godcgm.Field_Entity_Group) (EntityKind, bool) {
+	switch g {
+	case godcgm.FE_GPU:
+		return EntityGPU, true
+	case godcgm.FE_GPU_I:
+		return EntityGPUInstance, true
+	}
+	return 0, false
+}
+
+func toEntityGroup(k EntityKind) godcgm.Field_Entity_Group {
+	if k == EntityGPUInstance {
+		return godcgm.FE_GPU_I
+	}
+	return godcgm.FE_GPU
+}
+
+func isBlankString(s string) bool {
+	return s == "" || strings.HasPrefix(s, "<<<")
+}
+
+func (r *realClient) Devices() ([]DeviceInfo, error) {
+	if r.closed {
+		return nil, ErrConnection
+	}
+	ids, err := godcgm.GetSupportedDevices()
+	if err != nil {
+		return nil, r.check(err, "list DCGM GPUs")
+	}
+	var out []DeviceInfo
+	index := map[uint]int{}
+	for _, id := range ids {
+		uuid, idx := r.gpuIdentity(id)
+		index[id] = len(out)
+		out = append(out, DeviceInfo{Entity: Entity{EntityGPU, id}, GPU: idx, UUID: uuid, GPUInstance: -1, Parent: id})
+	}
+	h, err := godcgm.GetGPUInstanceHierarchy()
+	if err != nil {
+		if isConnectionError(err) {
+			return nil, r.check(err, "read DCGM MIG hierarchy")
+		}
+		// No MIG support: whole GPUs only.
+		r.log.Debug().Err(err).Msg("DCGM MIG hierarchy unavailable")
+		return out, nil
+	}
+	for i := uint(0); i < h.Count && i < uint(len(h.EntityList)); i++ {
+		e := h.EntityList[i]
+		if e.Entity.EntityGroupId != godcgm.FE_GPU_I {
+			continue
+		}
+		d := DeviceInfo{
+			Entity:      Entity{EntityGPUInstance, e.Entity.EntityId},
+			GPU:         int(e.Info.NvmlGpuIndex),
+			UUID:        e.Info.GpuUuid,
+			GPUInstance: int(e.Info.NvmlInstanceId),
+			Parent:      e.Parent.EntityId,
+		}
+		if p, ok := index[d.Parent]; ok {
+			// The hierarchy knows the NVML index and UUID for sure.
+			out[p].GPU = d.GPU
+			if out[p].UUID == "" {
+				out[p].UUID = d.UUID
+			}
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// gpuIdentity reads a GPU's UUID and NVML index; DCGM's GPU ID stands in
+// for the index when DCGM does not give one.
+func (r *realClient) gpuIdentity(id uint) (string, int) {
+	uuid, idx := "", int(id)
+	vals, err := godcgm.EntityGetLatestValues(godcgm.FE_GPU, id, []godcgm.Short{godcgm.Short(FieldIDGPUUUID), godcgm.Short(FieldIDNVMLIndex)})
+	if err == nil && len(vals) == 2 {
+		if vals[0].Status == StatusOK && vals[0].FieldType == uint(FieldTypeString) {
+			if s := vals[0].String(); !isBlankString(s) {
+				uuid = s
+			}
+		}
+		if vals[1].Status == StatusOK && vals[1].FieldType == uint(FieldTypeInt64) {
+			if v := vals[1].Int64(); v >= 0 && !isBlankInt(v) {
+				idx = int(v)
+			}
+		}
+	}
+	if uuid == "" {
+		if d, err := godcgm.GetDeviceInfo(id); err == nil && !isBlankString(d.UUID) {
+			uuid = d.UUID
+		}
+	}
+	return uuid, idx
+}
+
+func (r *realClient) unwatch() {
+	if r.broken {
+		r.fieldGroups, r.hasWatch, r.hasHealth = nil, false, false
+		return
+	}
+	for _, fg := range r.fieldGroups {
+		if r.hasWatch {
+			_ = godcgm.UnwatchFields(fg, r.watchGroup)
+		}
+		_ = godcgm.FieldGroupDestroy(fg)
+	}
+	r.fieldGroups = nil
+	if r.hasWatch {
+		_ = godcgm.DestroyGroup(r.watchGroup)
+		r.hasWatch = false
+	}
+	if r.hasHealth {
+		_ = godcgm.DestroyGroup(r.healthGroup)
+		r.hasHealth = false
+	}
+}
+
+func groupName(kind string) string {
+	return fmt.Sprintf("gpu-pool-exporter-%d-%s-%d", os.Getpid(), kind, groupSeq.Add(1))
+}
+
+func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep time.Duration) error {
+	if r.closed {
+		return ErrConnection
+	}
+	r.unwatch()
+	if len(entities) == 0 || len(fieldIDs) == 0 {
+		return nil
+	}
+	g, err := godcgm.CreateGroup(groupName("watch"))
+	if err != nil {
+		return r.check(err, "create DCGM group")
+	}
+	r.watchGroup, r.hasWatch = g, true
+	var gpus []uint
+	for _, e := range entities {
+		if err := godcgm.AddEntityToGroup(g, toEntityGroup(e.Kind), e.ID); err != nil {
+			if isConnectionError(err) {
+				return r.check(err, "add DCGM entity")
+			}
+			r.log.Debug().Err(err).Stringer("entity", e).Msg("DCGM entity not added to the watch group")
+			continue
+		}
+		if e.Kind == EntityGPU {
+			gpus = append(gpus, e.ID)
+		}
+	}
+
+	// Device fields (XID) and profiling fields are watched through two
+	// field groups: a GPU without profiling support (or with the profiling
+	// module held by another client) must not cost the XID watch.
+	var dev, prof []godcgm.Short
+	for _, id := range fieldIDs {
+		if id >= FieldIDGrEngineActive && id <= FieldIDNVLinkRxBytes {
+			prof = append(prof, godcgm.Short(id))
+		} else {
+			dev = append(dev, godcgm.Short(id))
+		}
+	}
+	usec := every.Microseconds()
+	if usec <= 0 {
+		usec = 1
+	}
+	keepSec := keep.Seconds()
+	for i, fields := range [][]godcgm.Short{dev, prof} {
+		if len(fields) == 0 {
+			continue
+		}
+		kind := "dev"
+		if i == 1 {
+			kind = "prof"
+		}
+		fg, err := godcgm.FieldGroupCreate(groupName(kind), fields)
+		if err != nil {
+			return r.check(err, "create DCGM field group")
+		}
+		r.fieldGroups = append(r.fieldGroups, fg)
+		if err := godcgm.WatchFieldsWithGroupEx(fg, g, usec, keepSec, 0); err != nil {
+			if isConnectionError(err) || i == 0 {
+				return r.check(err, "watch DCGM fields")
+			}
+			if !r.warnedProfiling {
+				r.warnedProfiling = true
+				r.log.Warn().Err(err).Msg("DCGM profiling fields (SM active, occupancy, tensor, DRAM, PCIe/NVLink bytes) not watched; they will be absent")
+			}
+		}
+	}
+
+	if len(gpus) > 0 {
+		hg, err := godcgm.CreateGroup(groupName("health"))
+		if err != nil {
+			return r.check(err, "create DCGM health group")
+		}
+		r.healthGroup, r.hasHealth = hg, true
+		for _, id := range gpus {
+			if err := godcgm.AddToGroup(hg, id); err != nil {
+				return r.check(err, "add GPU to DCGM health group")
+			}
+		}
+		var systems godcgm.HealthSystem
+		for _, s := range healthSystems {
+			systems |= s.sys
+		}
+		if err := godcgm.HealthSet(hg, systems); err != nil {
+			if isConnectionError(err) {
+				return r.check(err, "set DCGM health watches")
+			}
+			r.log.Warn().Err(err).Msg("DCGM health watches not set; gpu_dcgm_health will be absent")
+			_ = godcgm.DestroyGroup(hg)
+			r.hasHealth = false
+		}
+	}
+	return nil
+}
+
+func (r *realClient) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) {
+	if r.closed {
+		return nil, ErrConnection
+	}
+	if len(entities) == 0 || len(fieldIDs) == 0 {
+		return nil, nil
+	}
+	fields := make([]godcgm.Short, len(fieldIDs))
+	for i, id := range fieldIDs {
+		fields[i] = godcgm.Short(id)
+	}
+	per := max(1, maxValuesPerQuery/len(fields))
+	out := make([]RawValue, 0, len(entities)*len(fields))
+	for start := 0; start < len(entities); start += per {
+		chunk := entities[start:min(len(entities), start+per)]
+		pairs := make([]godcgm.GroupEntityPair, len(chunk))
+		for i, e := range chunk {
+			pairs[i] = godcgm.GroupEntityPair{EntityGroupId: toEntityGroup(e.Kind), EntityId: e.ID}
+		}
+		vals, err := godcgm.EntitiesGetLatestValues(pairs, fields, 0)
+		if err != nil {
+			return nil, r.check(err, "read DCGM values")
+		}
+		for i := range vals {
+			v := &vals[i]
+			kind, ok := toEntityKind(v.EntityGroupId)
+			if !ok {
+				continue
+			}
+			rv := RawValue{
+				Entity:  Entity{kind, v.EntityID},
+				FieldID: uint16(v.FieldID),
+				Status:  v.Status,
+				Type:    byte(v.FieldType),
+			}
+			switch rv.Type {
+			case FieldTypeDouble:
+				rv.Float = v.Float64()
+			case FieldTypeInt64:
+				rv.Int = v.Int64()
+			}
+			if v.TS > 0 {
+				rv.Time = time.UnixMicro(v.TS)
+			}
+			out = append(out, rv)
+		}
+	}
+	return out, nil
+}
+
+func (r *realClient) HealthCheck() ([]HealthIncident, error) {
+	if r.closed {
+		return nil, ErrConnection
+	}
+	if !r.hasHealth {
+		return nil, errors.New("DCGM health watches not set")
+	}
+	resp, err := godcgm.HealthCheck(r.healthGroup)
+	if err != nil {
+		return nil, r.check(err, "DCGM health check")
+	}
+	var out []HealthIncident
+	for _, in := range resp.Incidents {
+		kind, ok := toEntityKind(in.EntityInfo.EntityGroupId)
+		if !ok {
+			continue
+		}
+		result := ""
+		switch in.Health {
+		case godcgm.DCGM_HEALTH_RESULT_WARN:
+			result = HealthWarn
+		case godcgm.DCGM_HEALTH_RESULT_FAIL:
+			result = HealthFail
+		default:
+			continue
+		}
+		for _, s := range healthSystems {
+			if in.System == s.sys {
+				out = append(out, HealthIncident{
+					Entity:  Entity{kind, in.EntityInfo.EntityId},
+					System:  s.name,
+					Result:  result,
+					Message: in.Error.Message,
+				})
+			}
+		}
+	}
+	return out, nil
+}
+
+func (r *realClient) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	r.unwatch()
+	realMu.Lock()
+	defer realMu.Unlock()
+	realOpen = false
+	if err := godcgm.Shutdown(); err != nil {
+		return fmt.Errorf("DCGM shutdown: %w", err)
+	}
+	return nil
+}

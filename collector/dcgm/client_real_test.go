@@ -1,0 +1,86 @@
+//go:build cgo && linux
+
+package dcgm
+
+import (
+	"errors"
+	"testing"
+
+	godcgm "github.com/NVIDIA/go-dcgm/pkg/dcgm"
+)
+
+// TestConstantsMatchGoDCGM keeps our copies of DCGM's numbers honest.
+func TestConstantsMatchGoDCGM(t *testing.T) {
+	ids := map[Field]godcgm.Short{
+		GraphicsActive: godcgm.DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+		SMActive:       godcgm.DCGM_FI_PROF_SM_ACTIVE,
+		SMOccupancy:    godcgm.DCGM_FI_PROF_SM_OCCUPANCY,
+		TensorActive:   godcgm.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+		DRAMActive:     godcgm.DCGM_FI_PROF_DRAM_ACTIVE,
+		FP64Active:     godcgm.DCGM_FI_PROF_PIPE_FP64_ACTIVE,
+		FP32Active:     godcgm.DCGM_FI_PROF_PIPE_FP32_ACTIVE,
+		FP16Active:     godcgm.DCGM_FI_PROF_PIPE_FP16_ACTIVE,
+		PCIeTxBytes:    godcgm.DCGM_FI_PROF_PCIE_TX_BYTES,
+		PCIeRxBytes:    godcgm.DCGM_FI_PROF_PCIE_RX_BYTES,
+		NVLinkTxBytes:  godcgm.DCGM_FI_PROF_NVLINK_TX_BYTES,
+		NVLinkRxBytes:  godcgm.DCGM_FI_PROF_NVLINK_RX_BYTES,
+	}
+	for f, id := range ids {
+		if f.ID() != uint16(id) {
+			t.Errorf("%s: %d, go-dcgm %d", f, f.ID(), id)
+		}
+	}
+	for name, pair := range map[string][2]int64{
+		"XID":           {int64(FieldIDXIDErrors), int64(godcgm.DCGM_FI_DEV_XID_ERRORS)},
+		"UUID":          {int64(FieldIDGPUUUID), int64(godcgm.DCGM_FI_DEV_UUID)},
+		"NVMLIndex":     {int64(FieldIDNVMLIndex), int64(godcgm.DCGM_FI_DEV_NVML_INDEX)},
+		"int32 blank":   {Int32Blank, godcgm.DCGM_FT_INT32_BLANK},
+		"int64 blank":   {Int64Blank, godcgm.DCGM_FT_INT64_BLANK},
+		"int64 not sup": {Int64NotSupported, godcgm.DCGM_FT_INT64_NOT_SUPPORTED},
+		"not supported": {StatusNotSupported, godcgm.DCGM_ST_NOT_SUPPORTED},
+		"no data":       {StatusNoData, godcgm.DCGM_ST_NO_DATA},
+		"not watched":   {StatusNotWatched, godcgm.DCGM_ST_NOT_WATCHED},
+		"conn":          {StatusConnectionNotValid, godcgm.DCGM_ST_CONNECTION_NOT_VALID},
+		"prof":          {StatusProfilingNotSupported, godcgm.DCGM_ST_PROFILING_NOT_SUPPORTED},
+		"double":        {int64(FieldTypeDouble), int64(godcgm.DCGM_FT_DOUBLE)},
+		"int64":         {int64(FieldTypeInt64), int64(godcgm.DCGM_FT_INT64)},
+		"string":        {int64(FieldTypeString), int64(godcgm.DCGM_FT_STRING)},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("%s: %d, go-dcgm %d", name, pair[0], pair[1])
+		}
+	}
+	if FP64Blank != godcgm.DCGM_FT_FP64_BLANK || FP64NotSupported != godcgm.DCGM_FT_FP64_NOT_SUPPORTED {
+		t.Error("FP64 sentinels differ from go-dcgm's")
+	}
+	if !isBlankFloat(godcgm.DCGM_FT_FP64_NOT_PERMISSIONED) || !isBlankInt(godcgm.DCGM_FT_INT64_NOT_FOUND) {
+		t.Error("a sentinel is not treated as blank")
+	}
+	if isBlankInt(int64(godcgm.DCGM_FT_INT32_BLANK)) {
+		t.Error("2.1 GB/s must not count as blank in an int64 field")
+	}
+}
+
+func TestConnectionErrorClassification(t *testing.T) {
+	if !isConnectionError(errors.New("error retrieving DCGM MIG hierarchy: The connection to the host engine is not valid any longer")) {
+		t.Error("connection loss not recognised")
+	}
+	if isConnectionError(errors.New("error watching fields: Profiling is not supported for this group of GPUs or GPU")) {
+		t.Error("profiling error taken for a connection loss")
+	}
+}
+
+// TestRealClientSingleton: a failed open leaves nothing held, so the next
+// attempt is not refused as busy.
+func TestRealClientSingleton(t *testing.T) {
+	for range 3 {
+		c, err := DefaultOpen(Config{Mode: ModeEmbedded})
+		if err == nil {
+			_ = c.Close()
+			t.Skip("DCGM is usable here")
+		}
+		if errors.Is(err, ErrBusy) {
+			t.Fatalf("open refused as busy after a failure: %v", err)
+		}
+	}
+}

@@ -1,0 +1,439 @@
+package dcgm
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// SimDevice is one GPU of a Fake: its NVML index, physical UUID and, for a
+// MIG-enabled GPU, the NVML GPU instance IDs of its MIG instances.
+type SimDevice struct {
+	GPU          int
+	UUID         string
+	GPUInstances []int
+}
+
+// ActivityFunc gives the SM active ratio (0-1) of a whole GPU (gpuInstance
+// -1) or of a MIG GPU instance at the moment the fake is read; ok false
+// means "no data" (DCGM returns blanks). The simulated node derives it from
+// its utilisation curves.
+type ActivityFunc func(gpu, gpuInstance int) (smActive float64, ok bool)
+
+// How a Fake derives the other fields from the SM active ratio a
+// (deterministic, so tests and the simulated node can predict them). The
+// byte fields are rates in bytes per second, as DCGM reports them.
+var simDerived = [NumFields]float64{
+	GraphicsActive: 1.1, // min(1, 1.1a)
+	SMActive:       1,
+	SMOccupancy:    0.5,
+	TensorActive:   0.3,
+	DRAMActive:     0.4,
+	FP64Active:     0.02,
+	FP32Active:     0.2,
+	FP16Active:     0.1,
+	PCIeTxBytes:    1e9, // B/s at a = 1
+	PCIeRxBytes:    2e9,
+	NVLinkTxBytes:  10e9,
+	NVLinkRxBytes:  10e9,
+}
+
+// SimValue returns the value a Fake built by NewSimulated gives field f for
+// SM active ratio a (for the byte fields: the rate in bytes/s).
+func SimValue(f Field, a float64) float64 {
+	if f < 0 || int(f) >= NumFields {
+		return 0
+	}
+	v := simDerived[f] * a
+	if !f.IsCounter() {
+		v = min(1, max(0, v))
+	}
+	return v
+}
+
+// fieldType is the DCGM type of each field: the ratios are doubles, the
+// byte rates and XIDs are int64.
+func fieldType(id uint16) byte {
+	switch id {
+	case FieldIDPCIeTxBytes, FieldIDPCIeRxBytes, FieldIDNVLinkTxBytes, FieldIDNVLinkRxBytes, FieldIDXIDErrors:
+		return FieldTypeInt64
+	}
+	return FieldTypeDouble
+}
+
+type fakeKey struct {
+	uuid string
+	gi   int
+	f    Field
+}
+
+type fakeValue struct {
+	kind   int // fakeSet, fakeBlank, fakeNotSupported
+	v      float64
+	frozen time.Time // non-zero: DCGM's timestamp stays here (a stale field)
+}
+
+const (
+	fakeSet = iota
+	fakeBlank
+	fakeNotSupported
+)
+
+type fakeEntity struct {
+	info DeviceInfo
+}
+
+type fakeXID struct {
+	code int
+	at   time.Time
+}
+
+// Fake is an in-memory Client for tests and the simulated node. Values
+// are set per device (UUID, GPU instance; -1 whole GPU) and field, or
+// derived from an ActivityFunc (NewSimulated); a field with neither comes
+// back blank. It can return blanks and not-supported fields, report health
+// incidents and XIDs, fail like a lost host engine (SetLost) and counts
+// every call. It is safe for concurrent use; Open hands out the Fake
+// itself, so pass f.Open to NewSampler.
+type Fake struct {
+	mu       sync.Mutex
+	ents     []fakeEntity
+	byEntity map[Entity]DeviceInfo
+	values   map[fakeKey]fakeValue
+	activity ActivityFunc
+	health   map[string]map[string]string // uuid -> system -> warn|fail
+	xids     map[string]fakeXID
+	lost     bool
+	closed   bool
+	failNext map[string]int
+	calls    map[string]int
+	watched  []Entity
+	every    time.Duration
+	now      func() time.Time
+}
+
+// NewFake returns a Fake with the given GPUs. With no values set every
+// field is blank.
+func NewFake(devices ...SimDevice) *Fake {
+	f := &Fake{
+		values:   map[fakeKey]fakeValue{},
+		health:   map[string]map[string]string{},
+		xids:     map[string]fakeXID{},
+		failNext: map[string]int{},
+		calls:    map[string]int{},
+		now:      time.Now,
+	}
+	f.setDevices(devices)
+	return f
+}
+
+// NewSimulated returns a Fake whose fields follow activity: SM active is
+// activity's value and the other fields are derived from it (SimValue),
+// per whole GPU and per MIG GPU instance. DCGM gives no PCIe or NVLink
+// values for MIG instances, and neither does the fake.
+func NewSimulated(devices []SimDevice, activity ActivityFunc) *Fake {
+	f := NewFake(devices...)
+	f.activity = activity
+	return f
+}
+
+// SetDevices replaces the GPUs (a MIG reconfiguration); the sampler picks
+// the change up at its next rediscovery or reconnect.
+func (f *Fake) SetDevices(devices []SimDevice) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.setDevices(devices)
+}
+
+func (f *Fake) setDevices(devices []SimDevice) {
+	f.ents = nil
+	f.byEntity = map[Entity]DeviceInfo{}
+	var giID uint
+	for i, d := range devices {
+		// DCGM's entity IDs are its own: GPUs by position, GPU instances
+		// numbered across the node, neither equal to NVML's numbers.
+		g := DeviceInfo{Entity: Entity{EntityGPU, uint(i)}, GPU: d.GPU, UUID: d.UUID, GPUInstance: -1, Parent: uint(i)}
+		f.ents = append(f.ents, fakeEntity{g})
+		f.byEntity[g.Entity] = g
+		for _, gi := range d.GPUInstances {
+			e := DeviceInfo{Entity: Entity{EntityGPUInstance, giID}, GPU: d.GPU, UUID: d.UUID, GPUInstance: gi, Parent: uint(i)}
+			giID++
+			f.ents = append(f.ents, fakeEntity{e})
+			f.byEntity[e.Entity] = e
+		}
+	}
+}
+
+// SetActivity replaces the activity function (nil: none).
+func (f *Fake) SetActivity(a ActivityFunc) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.activity = a
+}
+
+// SetClock replaces the clock the fake timestamps values with.
+func (f *Fake) SetClock(now func() time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = now
+}
+
+// SetValue sets a field of a whole GPU (gi -1) or MIG instance; for the
+// byte fields v is a rate in bytes/s. It overrides the activity function.
+func (f *Fake) SetValue(uuid string, gi int, field Field, v float64) {
+	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeSet, v: v})
+}
+
+// SetBlank makes a field come back as DCGM's blank sentinel.
+func (f *Fake) SetBlank(uuid string, gi int, field Field) {
+	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeBlank})
+}
+
+// SetNotSupported makes a field come back not supported (status and
+// sentinel value, as DCGM does).
+func (f *Fake) SetNotSupported(uuid string, gi int, field Field) {
+	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeNotSupported})
+}
+
+// Freeze sets a field's value with a DCGM timestamp that stays at `at`:
+// DCGM stopped updating it.
+func (f *Fake) Freeze(uuid string, gi int, field Field, v float64, at time.Time) {
+	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeSet, v: v, frozen: at})
+}
+
+// ClearValue removes what SetValue, SetBlank, SetNotSupported or Freeze
+// set for a field.
+func (f *Fake) ClearValue(uuid string, gi int, field Field) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.values, fakeKey{uuid, gi, field})
+}
+
+func (f *Fake) set(k fakeKey, v fakeValue) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.values[k] = v
+}
+
+// SetHealth sets a GPU's health result for a system (HealthPCIe, ...);
+// HealthPass clears it.
+func (f *Fake) SetHealth(uuid, system, result string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.health[uuid]
+	if m == nil {
+		m = map[string]string{}
+		f.health[uuid] = m
+	}
+	if result == HealthPass || result == "" {
+		delete(m, system)
+		return
+	}
+	m[system] = result
+}
+
+// SetXID records an XID on a GPU at time at (DCGM keeps the last one).
+func (f *Fake) SetXID(uuid string, xid int, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.xids[uuid] = fakeXID{xid, at}
+}
+
+// SetLost simulates a lost host engine: while lost, Open and every method
+// fail with an error wrapping ErrConnection.
+func (f *Fake) SetLost(lost bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lost = lost
+}
+
+// FailNext makes the next n calls of method ("Latest", "Devices", "Watch",
+// "HealthCheck", "Open") fail with a transient error (not ErrConnection).
+func (f *Fake) FailNext(method string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failNext[method] = n
+}
+
+// Calls returns how often a method ("Open", "Devices", "Watch", "Latest",
+// "HealthCheck", "Close") was called.
+func (f *Fake) Calls(method string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[method]
+}
+
+// Watched returns the entities and update period of the last Watch.
+func (f *Fake) Watched() ([]Entity, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Entity(nil), f.watched...), f.every
+}
+
+// ErrFakeTransient is the error FailNext injects.
+var ErrFakeTransient = errors.New("fake DCGM: transient error")
+
+// enter counts a call and returns the error it should fail with. f.mu held.
+func (f *Fake) enter(method string) error {
+	f.calls[method]++
+	if f.lost {
+		return errors.Join(ErrConnection, errors.New("fake DCGM: host engine lost"))
+	}
+	if n := f.failNext[method]; n > 0 {
+		f.failNext[method] = n - 1
+		return ErrFakeTransient
+	}
+	if f.closed && method != "Open" {
+		return errors.Join(ErrConnection, errors.New("fake DCGM: client closed"))
+	}
+	return nil
+}
+
+// Open is a func(Config) (Client, error) for NewSampler: it returns the
+// Fake itself, or fails while the host engine is lost.
+func (f *Fake) Open(Config) (Client, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Open"); err != nil {
+		return nil, err
+	}
+	f.closed = false
+	return f, nil
+}
+
+// Devices implements Client.
+func (f *Fake) Devices() ([]DeviceInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Devices"); err != nil {
+		return nil, err
+	}
+	out := make([]DeviceInfo, len(f.ents))
+	for i, e := range f.ents {
+		out[i] = e.info
+	}
+	return out, nil
+}
+
+// Watch implements Client.
+func (f *Fake) Watch(entities []Entity, fieldIDs []uint16, every, keep time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Watch"); err != nil {
+		return err
+	}
+	f.watched = append([]Entity(nil), entities...)
+	f.every = every
+	return nil
+}
+
+// Latest implements Client.
+func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Latest"); err != nil {
+		return nil, err
+	}
+	now := f.now()
+	out := make([]RawValue, 0, len(entities)*len(fieldIDs))
+	for _, e := range entities {
+		info, known := f.byEntity[e]
+		var act float64
+		actOK := false
+		if known && f.activity != nil {
+			act, actOK = f.activity(info.GPU, info.GPUInstance)
+		}
+		for _, id := range fieldIDs {
+			rv := RawValue{Entity: e, FieldID: id, Type: fieldType(id), Time: now}
+			if !known {
+				rv.Status = StatusNoData
+				out = append(out, rv)
+				continue
+			}
+			if id == FieldIDXIDErrors {
+				if e.Kind != EntityGPU {
+					setNotSupported(&rv)
+				} else if x, ok := f.xids[info.UUID]; ok {
+					rv.Int, rv.Time = int64(x.code), x.at
+				} else {
+					setBlank(&rv)
+				}
+				out = append(out, rv)
+				continue
+			}
+			field, ok := fieldByID(id)
+			if !ok {
+				rv.Status = StatusNotWatched
+				out = append(out, rv)
+				continue
+			}
+			fv, set := f.values[fakeKey{info.UUID, info.GPUInstance, field}]
+			switch {
+			case set && fv.kind == fakeBlank:
+				setBlank(&rv)
+			case set && fv.kind == fakeNotSupported:
+				setNotSupported(&rv)
+			case set:
+				setNumber(&rv, fv.v)
+				if !fv.frozen.IsZero() {
+					rv.Time = fv.frozen
+				}
+			case e.Kind == EntityGPUInstance && field.IsCounter():
+				setNotSupported(&rv) // no PCIe/NVLink per MIG instance
+			case actOK:
+				setNumber(&rv, SimValue(field, act))
+			default:
+				setBlank(&rv)
+			}
+			out = append(out, rv)
+		}
+	}
+	return out, nil
+}
+
+func setNumber(rv *RawValue, v float64) {
+	if rv.Type == FieldTypeInt64 {
+		rv.Int = int64(v)
+	} else {
+		rv.Float = v
+	}
+}
+
+func setBlank(rv *RawValue) {
+	rv.Int, rv.Float = Int64Blank, FP64Blank
+}
+
+func setNotSupported(rv *RawValue) {
+	rv.Status = StatusNotSupported
+	rv.Int, rv.Float = Int64NotSupported, FP64NotSupported
+}
+
+// HealthCheck implements Client.
+func (f *Fake) HealthCheck() ([]HealthIncident, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("HealthCheck"); err != nil {
+		return nil, err
+	}
+	var out []HealthIncident
+	for _, e := range f.ents {
+		if e.info.Entity.Kind != EntityGPU {
+			continue
+		}
+		for _, sys := range HealthSystems {
+			if r := f.health[e.info.UUID][sys]; r != "" {
+				out = append(out, HealthIncident{Entity: e.info.Entity, System: sys, Result: r, Message: "fake incident"})
+			}
+		}
+	}
+	return out, nil
+}
+
+// Close implements Client; the Fake can be opened again.
+func (f *Fake) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["Close"]++
+	f.closed = true
+	return nil
+}
