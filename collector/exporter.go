@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/rs/zerolog"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	XID *xid.Reader
 	// DCGM, when set, adds DCGM's profiling fields and health watches.
 	DCGM DCGMSource
+	// Derived configures idle allocations, prices and fragmentation; the
+	// zero value uses the defaults.
+	Derived DerivedConfig
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -58,6 +62,7 @@ type State struct {
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
+	Derived     *Derived
 	Collectors  []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
@@ -88,6 +93,7 @@ type Exporter struct {
 	lastGood  []time.Time
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
+	idle      *fragmentation.IdleTracker
 }
 
 // New builds an exporter over a sampler.
@@ -101,8 +107,21 @@ func New(cfg Config, sampler *NVMLSampler) (*Exporter, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Derived.Idle.Threshold == 0 {
+		cfg.Derived.Idle.Threshold = fragmentation.DefaultIdleThreshold
+	}
+	if cfg.Derived.Idle.Window == 0 {
+		cfg.Derived.Idle.Window = fragmentation.DefaultIdleWindow
+	}
+	if cfg.Derived.Shapes == nil {
+		cfg.Derived.Shapes = fragmentation.DefaultShapes
+	}
+	idle, err := fragmentation.NewIdleTracker(cfg.Derived.Idle)
+	if err != nil {
+		return nil, err
+	}
 	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
-		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 1000)}
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 1000), idle: idle}
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
@@ -170,6 +189,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
 	}
+	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, s.Time)
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()

@@ -87,6 +87,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		}
 	}
 	collectAllocations(st, ch)
+	collectDerived(st, ch)
 	for _, x := range st.XIDs {
 		ch <- prometheus.MustNewConstMetric(xidDesc, prometheus.CounterValue, float64(x.Total),
 			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)

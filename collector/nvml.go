@@ -44,6 +44,10 @@ type Device interface {
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
 	HealthDevice
+	// MIG layout, for fragmentation.
+	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
+	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
+	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return)
 }
 
 // ErrNoNVML is returned when libnvidia-ml.so.1 cannot be loaded.

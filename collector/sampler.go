@@ -143,6 +143,7 @@ type gpuWorker struct {
 	migHandles []Device
 	migIdent   []DeviceState
 	samples    int
+	layout     *MIGLayout
 	prevHealth *Health
 	failures   int
 	lostLogged bool
@@ -154,7 +155,7 @@ type gpuWorker struct {
 func (w *gpuWorker) staleState() GPUState {
 	w.identMu.Lock()
 	defer w.identMu.Unlock()
-	g := GPUState{DeviceState: w.ident}
+	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}
 	g.Up = false
 	g.Values = Values{}
 	for _, m := range w.migIdent {
@@ -186,11 +187,14 @@ func (w *gpuWorker) discover() {
 	}
 	var migHandles []Device
 	var migIdent []DeviceState
+	var layout *MIGLayout
 	if cur, _, ret := h.GetMigMode(); ret == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
 		id.MIGEnabled = true
 		migHandles, migIdent = discoverMIG(h, id)
+		layout = discoverMIGLayout(h)
 	}
 	w.setIdent(id, migHandles, migIdent)
+	w.layout = layout
 }
 
 func (w *gpuWorker) setIdent(id DeviceState, mh []Device, mi []DeviceState) {
@@ -257,7 +261,7 @@ func (w *gpuWorker) read() GPUState {
 	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 {
 		w.discover()
 	}
-	g := GPUState{DeviceState: w.ident}
+	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}
 	if w.handle == nil {
 		w.failures++
 		return w.staleState()

@@ -3,6 +3,8 @@ package collector
 import (
 	"strconv"
 	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // DeviceState is one device in one sample: a whole GPU, or a MIG instance of
@@ -39,6 +41,29 @@ type GPUState struct {
 	Health     Health
 	DCGMHealth map[string]string // DCGM health watch: system -> pass|warn|fail
 	MIG        []DeviceState
+	MIGLayout  *MIGLayout // nil unless MIG is enabled
+}
+
+// MIGLayout is a MIG GPU's profiles, their possible placements, and where
+// each existing GPU instance sits.
+type MIGLayout struct {
+	TotalSlices int
+	Profiles    []MIGProfileInfo
+	Instances   map[int]MIGPlacement // by GPU instance ID
+}
+
+// MIGProfileInfo is one GPU instance profile.
+type MIGProfileInfo struct {
+	Name        string
+	Slices      int
+	MemoryBytes float64
+	Placements  []nvml.GpuInstancePlacement
+}
+
+// MIGPlacement is where a GPU instance sits.
+type MIGPlacement struct {
+	Profile     string
+	Start, Size int
 }
 
 // DriverInfo is the node's driver stack.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -49,6 +50,12 @@ type options struct {
 	nodeName        string
 	maxRequests     int
 	shutdownTimeout time.Duration
+
+	idleThreshold float64
+	idleWindow    time.Duration
+	priceFile     string
+	priceFlag     string
+	shapes        string
 
 	dcgmMode       string
 	dcgmHostEngine string
@@ -105,6 +112,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM.").Default("5s")).DurationVar(&o.shutdownTimeout)
+	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
+	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (at least 10s). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
+	app.Flag("idle.price-file", "YAML price list (per GPU-hour by NVML model name; see deploy/prices-example.yaml). Nothing is priced without one.").Default("").StringVar(&o.priceFile)
+	app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").Default("").StringVar(&o.priceFlag)
+	app.Flag("fragmentation.shapes", "Task shapes and popularity weights for the fragmentation gauges: whole-GPU counts and mig-<profile>.").Default(fragmentation.DefaultShapesFlag).StringVar(&o.shapes)
 	app.Flag("dcgm.mode", "DCGM: auto (embedded when libdcgm.so.4 loads, else NVML alone), embedded, standalone (needs --dcgm.host-engine) or off.").Default("auto").StringVar(&o.dcgmMode)
 	app.Flag("dcgm.host-engine", "HOST:PORT of a DCGM host engine for standalone mode (the GPU Operator's nvidia-dcgm service listens on 5555). Setting it implies --dcgm.mode=standalone.").Default("").StringVar(&o.dcgmHostEngine)
 	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
@@ -131,6 +143,18 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.simulateFile != "" {
 		o.simulate = true
+	}
+	if o.idleThreshold <= 0 || o.idleThreshold > 1 {
+		return nil, exitUsage, fmt.Errorf("--idle.threshold=%v must be above 0 and at most 1 (a fraction, not a percentage)", o.idleThreshold)
+	}
+	if o.idleWindow < fragmentation.MinIdleWindow {
+		return nil, exitUsage, fmt.Errorf("--idle.window=%s must be at least %s", o.idleWindow, fragmentation.MinIdleWindow)
+	}
+	if _, err := fragmentation.ParseShapes(o.shapes); err != nil {
+		return nil, exitUsage, fmt.Errorf("--fragmentation.shapes=%s: %v", o.shapes, err)
+	}
+	if _, err := fragmentation.ParsePriceFlag(o.priceFlag); err != nil {
+		return nil, exitUsage, fmt.Errorf("--idle.price=%s: %v", o.priceFlag, err)
 	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {
@@ -231,7 +255,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true}
+	derived, err := derivedConfig(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitUsage
+	}
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
 	if src, ok := collector.XIDSource(lib); ok {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
@@ -319,6 +348,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cancel()
 	<-done
 	return exitOK
+}
+
+// derivedConfig reads the idle, price and fragmentation settings.
+func derivedConfig(o *options) (collector.DerivedConfig, error) {
+	shapes, _ := fragmentation.ParseShapes(o.shapes) // checked in parseFlags
+	dc := collector.DerivedConfig{
+		Idle:   fragmentation.IdleConfig{Threshold: o.idleThreshold, Window: o.idleWindow},
+		Shapes: shapes,
+	}
+	var prices *fragmentation.PriceList
+	if o.priceFile != "" {
+		var err error
+		if prices, err = fragmentation.LoadPriceList(o.priceFile); err != nil {
+			return dc, fmt.Errorf("--idle.price-file: %w", err)
+		}
+	}
+	extra, _ := fragmentation.ParsePriceFlag(o.priceFlag)
+	if len(extra) > 0 {
+		if prices == nil {
+			prices = &fragmentation.PriceList{PerGPUHour: map[string]float64{}}
+		}
+		for k, v := range extra {
+			prices.PerGPUHour[k] = v
+		}
+	}
+	dc.Prices = prices
+	return dc, nil
 }
 
 func listen(addrs []string) ([]net.Listener, error) {

@@ -53,6 +53,14 @@ func TestBadFlagsExit2(t *testing.T) {
 		{[]string{"--log.format=xml"}, "log.format"},
 		{[]string{"--nvml.device-timeout=10s", "--collect-interval=5s"}, "must be above 0 and at most --collect-interval"},
 		{[]string{"--web.max-requests=-1"}, "--web.max-requests=-1"},
+		{[]string{"--idle.threshold=5"}, "--idle.threshold=5 must be above 0 and at most 1"},
+		{[]string{"--idle.window=1s"}, "--idle.window=1s must be at least 10s"},
+		{[]string{"--fragmentation.shapes=1:x"}, "--fragmentation.shapes=1:x"},
+		{[]string{"--idle.price=H100"}, "--idle.price=H100"},
+		{[]string{"--dcgm.mode=always"}, "--dcgm.mode=always"},
+		{[]string{"--dcgm.mode=standalone"}, "needs --dcgm.host-engine"},
+		{[]string{"--dcgm.host-engine=nohost"}, "--dcgm.host-engine=nohost: want HOST:PORT"},
+		{[]string{"--kubelet.refresh-interval=10ms"}, "--kubelet.refresh-interval=10ms is too short"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), tc.args, &out, &errb)

@@ -383,7 +383,7 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 		}
 		giInfo, _ := gi.GetInfo()
 		m := &MIGDevice{
-			parent: d, slot: i, profile: p.name, info: p.info,
+			parent: d, slot: i, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
 			gi: int(giInfo.Id), ci: 0,
 			uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, i),
 			workload: resolveWorkload(specs[i].Workload, d.index),
@@ -578,13 +578,15 @@ func (d *Device) GetCurrPcieLinkWidth() (int, nvml.Return) {
 
 // MIGDevice is a simulated MIG instance handle.
 type MIGDevice struct {
-	parent   *Device
-	slot     int
-	profile  string
-	info     nvml.GpuInstanceProfileInfo
-	gi, ci   int
-	uuid     string
-	workload *activeWorkload
+	parent    *Device
+	profileID int
+	placement nvml.GpuInstancePlacement
+	slot      int
+	profile   string
+	info      nvml.GpuInstanceProfileInfo
+	gi, ci    int
+	uuid      string
+	workload  *activeWorkload
 }
 
 // UUID returns the MIG instance's UUID.

@@ -1,0 +1,219 @@
+package collector
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+)
+
+// DerivedConfig configures the gauges computed from a sample and its
+// allocations: idle allocations, their price, and fragmentation.
+type DerivedConfig struct {
+	Idle   fragmentation.IdleConfig
+	Prices *fragmentation.PriceList // nil: nothing is priced
+	Shapes []fragmentation.Shape
+}
+
+// Derived is what one sample's derived gauges are.
+type Derived struct {
+	Idle         []fragmentation.IdleStatus
+	IdleDevices  int
+	Frag         fragmentation.Result
+	Prices       map[DeviceKey]float64 // $/hour per schedulable unit
+	HasTopology  bool
+	IdleResource map[fragmentation.HolderKey]string
+}
+
+// idleActivity is what idleness is judged on: DCGM's SM activity where
+// present (it sees kernels that barely use the GPU), else NVML's busy ratio.
+func idleActivity(d *DeviceState) (float64, bool) {
+	if v, ok := d.Values.Get(FieldSMActive); ok {
+		return v, true
+	}
+	return d.Values.Get(FieldUtilization)
+}
+
+// computeDerived runs the idle tracker and the fragmentation model.
+func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, now time.Time) *Derived {
+	d := &Derived{Prices: map[DeviceKey]float64{}}
+	var obs []fragmentation.Observation
+	eachUnit(s, func(dev *DeviceState, key DeviceKey, healthy bool) {
+		act, known := idleActivity(dev)
+		if !dev.Up {
+			known = false
+		}
+		for _, h := range a.ByDevice[key] {
+			obs = append(obs, fragmentation.Observation{
+				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance},
+				Activity: act, Known: known,
+			})
+		}
+		if cfg.Prices != nil {
+			if price, ok := cfg.Prices.Lookup(dev.Model); ok {
+				if dev.IsMIG() {
+					if g := gpuOf(s, key.GPU); g != nil && g.MIGLayout != nil {
+						if pl, ok := g.MIGLayout.Instances[dev.GPUInstance]; ok {
+							price = fragmentation.SliceShare(price, pl.Size, g.MIGLayout.TotalSlices)
+						}
+					}
+				}
+				d.Prices[key] = price
+			}
+		}
+	})
+	if tracker != nil {
+		d.Idle = tracker.Observe(now, obs)
+		d.IdleDevices = fragmentation.IdleDevices(d.Idle)
+	}
+	d.Frag = fragmentation.Compute(fragInput(s, a), cfg.Shapes)
+	return d
+}
+
+func gpuOf(s *NodeSample, gpu int) *GPUState {
+	for i := range s.GPUs {
+		if s.GPUs[i].GPU == gpu {
+			return &s.GPUs[i]
+		}
+	}
+	return nil
+}
+
+// fragInput turns the sample and its allocations into the model's input.
+func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
+	out := make([]fragmentation.GPU, 0, len(s.GPUs))
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: g.Up, NVLinkDomain: -1, NUMANode: -1}
+		fg.MemoryTotal, _ = g.Values.Get(FieldMemoryTotal)
+		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
+		if g.Health.NVLinkActive > 0 {
+			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
+			// one domain. NVLink-bridged PCIe pairs would need topology
+			// queries this does not make; they count as one domain too.
+			fg.NVLinkDomain = 0
+		}
+		if g.Health.NUMANode.OK {
+			fg.NUMANode = g.Health.NUMANode.V
+		}
+		if g.MIGEnabled && g.MIGLayout != nil {
+			l := g.MIGLayout
+			ms := &fragmentation.MIGState{TotalSlices: l.TotalSlices}
+			for _, p := range l.Profiles {
+				mp := fragmentation.MIGProfile{Name: p.Name, Slices: p.Slices, MemoryBytes: p.MemoryBytes}
+				for _, pl := range p.Placements {
+					mp.Placements = append(mp.Placements, fragmentation.Placement{Start: int(pl.Start), Size: int(pl.Size)})
+				}
+				ms.Profiles = append(ms.Profiles, mp)
+			}
+			for _, m := range g.MIG {
+				pl, ok := l.Instances[m.GPUInstance]
+				if !ok {
+					continue
+				}
+				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
+					Allocated: len(a.ByDevice[DeviceKey{g.GPU, m.GPUInstance}]) > 0}
+				mi.MemoryTotal, _ = m.Values.Get(FieldMemoryTotal)
+				mi.MemoryUsed, _ = m.Values.Get(FieldMemoryUsed)
+				ms.Instances = append(ms.Instances, mi)
+			}
+			fg.MIG = ms
+		} else {
+			fg.Allocated = len(a.ByDevice[DeviceKey{g.GPU, -1}]) > 0
+		}
+		out = append(out, fg)
+	}
+	return out
+}
+
+var (
+	idleDesc = prometheus.NewDesc("gpu_allocation_idle",
+		"1 if the holder's device stayed below the idle threshold for the whole idle window (--idle.threshold, --idle.window).", allocLabels, nil)
+	idleSecondsDesc = prometheus.NewDesc("gpu_allocation_idle_seconds_total",
+		"Seconds the holder's device has been idle while held, counted once the idle window is met; starts afresh for a new holder.", allocLabels, nil)
+	idleDevicesDesc = prometheus.NewDesc("gpu_idle_allocated_devices",
+		"Allocated devices all of whose holders are idle.", nil, nil)
+	priceDesc = prometheus.NewDesc("gpu_price_dollars_per_hour",
+		"Configured on-demand price of the device per hour (a MIG instance by its share of slices); only when a price list is configured.",
+		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "model"}, nil)
+	strandedDesc = prometheus.NewDesc("gpu_memory_stranded_bytes",
+		"Free VRAM on allocated devices: under whole-device scheduling no other pod can use it.", nil, nil)
+	largestGroupDesc = prometheus.NewDesc("gpu_free_devices_largest_group",
+		"Largest set of free, healthy whole GPUs sharing one NVLink domain or NUMA node: the biggest multi-GPU job that still fits well.",
+		[]string{"domain"}, nil)
+	migFreeSlicesDesc = prometheus.NewDesc("gpu_mig_free_slices",
+		"MIG slices of the GPU not covered by any GPU instance.", []string{"gpu", "uuid"}, nil)
+	migPlaceableDesc = prometheus.NewDesc("gpu_mig_placeable_instances",
+		"How many more GPU instances of the profile fit in the free slices (each profile on its own).", []string{"gpu", "uuid", "mig_profile"}, nil)
+	migLargestDesc = prometheus.NewDesc("gpu_mig_largest_placeable_slices",
+		"Slices of the largest MIG profile that can still be placed on the GPU.", []string{"gpu", "uuid"}, nil)
+	fragDesc = prometheus.NewDesc("gpu_fragmentation_gpus",
+		"Weng et al. (ATC'23) fragmentation F_n(m): unallocated GPU capacity (in GPUs) that a task of this shape cannot use on this node.",
+		[]string{"shape"}, nil)
+	fragWeightedDesc = prometheus.NewDesc("gpu_fragmentation_weighted_gpus",
+		"Fragmentation F_n(M): F_n(m) weighted by the popularity of each task shape (--fragmentation.shapes).", nil, nil)
+	unallocatedDesc = prometheus.NewDesc("gpu_unallocated_capacity_gpus",
+		"Unallocated capacity of healthy GPUs, in GPUs (a free MIG slice counts its share).", nil, nil)
+)
+
+func collectDerived(st *State, ch chan<- prometheus.Metric) {
+	d := st.Derived
+	if d == nil {
+		return
+	}
+	s := st.Sample
+	for _, is := range d.Idle {
+		k := is.Key
+		lv := unitLabels(s, k.GPU, k.GPUInstance)
+		if lv == nil {
+			continue
+		}
+		labels := []string{lv[0], lv[1], lv[2], lv[3], k.Namespace, k.Pod, k.Container, k.Resource}
+		ch <- prometheus.MustNewConstMetric(idleDesc, prometheus.GaugeValue, b2f(is.Idle), labels...)
+		ch <- prometheus.MustNewConstMetric(idleSecondsDesc, prometheus.CounterValue, is.IdleSeconds, labels...)
+	}
+	ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
+		if p, ok := d.Prices[key]; ok {
+			lv := dev.labelValues()
+			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], dev.Model)
+		}
+	})
+	f := &d.Frag
+	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
+	for dom, n := range f.LargestFreeGroup {
+		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
+	}
+	for _, m := range f.MIG {
+		gpu := strconv.Itoa(m.GPU)
+		ch <- prometheus.MustNewConstMetric(migFreeSlicesDesc, prometheus.GaugeValue, float64(m.FreeSlices), gpu, m.UUID)
+		ch <- prometheus.MustNewConstMetric(migLargestDesc, prometheus.GaugeValue, float64(m.LargestPlaceableSlices), gpu, m.UUID)
+		for prof, n := range m.Placeable {
+			ch <- prometheus.MustNewConstMetric(migPlaceableDesc, prometheus.GaugeValue, float64(n), gpu, m.UUID, prof)
+		}
+	}
+	for shape, v := range f.PerShape {
+		ch <- prometheus.MustNewConstMetric(fragDesc, prometheus.GaugeValue, v, shape)
+	}
+	ch <- prometheus.MustNewConstMetric(fragWeightedDesc, prometheus.GaugeValue, f.Weighted)
+	ch <- prometheus.MustNewConstMetric(unallocatedDesc, prometheus.GaugeValue, f.UnallocatedGPUs)
+}
+
+// unitLabels are the device labels of a GPU or MIG instance of the sample.
+func unitLabels(s *NodeSample, gpu, gi int) []string {
+	g := gpuOf(s, gpu)
+	if g == nil {
+		return nil
+	}
+	if gi < 0 {
+		return g.labelValues()
+	}
+	for j := range g.MIG {
+		if g.MIG[j].GPUInstance == gi {
+			return g.MIG[j].labelValues()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,189 @@
+package collector_test
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+)
+
+// newDerivedNode is a pod node whose exporter has the given derived config.
+func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
+	t.Helper()
+	pn := newPodNode(t, sc)
+	s, err := collector.NewNVMLSampler(pn.node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pn
+}
+
+func num(t *testing.T, p *collector.Page, name string, match ...string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(value(t, p, name, match...), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-6*math.Max(1, math.Abs(b)) }
+
+// On the default node: GPUs 0-4 held alone, 5 free, 6 time-sliced by three
+// pods, 7 in MIG mode with 3g.40gb (slices 0-2), 2g.20gb (4-5) and 1g.10gb
+// (3) held and 1g.10gb (6) free. Every slice of GPU 7 is covered.
+func TestFragmentationOnSimulatedNode(t *testing.T) {
+	pn := newDerivedNode(t, nil, collector.DerivedConfig{})
+	p := pn.step(t, time.Second)
+
+	// Stranded: free VRAM of every allocated device, summed by hand.
+	var want float64
+	for _, dev := range [][2]string{{"0", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"4", ""}, {"6", ""}, {"7", "0"}, {"7", "1"}, {"7", "2"}} {
+		m := []string{`gpu="` + dev[0] + `"`, `gpu_instance="` + dev[1] + `"`}
+		want += num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
+	}
+	if got := num(t, p, "gpu_memory_stranded_bytes"); !near(got, want) {
+		t.Errorf("stranded %v, want %v", got, want)
+	}
+	// Only GPU 5 is free and whole: groups of one.
+	if v := num(t, p, "gpu_free_devices_largest_group", `domain="nvlink"`); v != 1 {
+		t.Errorf("largest free NVLink group %v, want 1", v)
+	}
+	if v := num(t, p, "gpu_free_devices_largest_group", `domain="numa"`); v != 1 {
+		t.Errorf("largest free NUMA group %v, want 1", v)
+	}
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="7"`); v != 0 {
+		t.Errorf("GPU 7 free slices %v, want 0", v)
+	}
+	if v := num(t, p, "gpu_mig_largest_placeable_slices", `gpu="7"`); v != 0 {
+		t.Errorf("GPU 7 largest placeable %v, want 0", v)
+	}
+	// Unallocated: GPU 5 whole, plus GPU 7's free 1g instance (1 of 7 slices).
+	if v := num(t, p, "gpu_unallocated_capacity_gpus"); !near(v, 1+1.0/7) {
+		t.Errorf("unallocated %v, want 8/7", v)
+	}
+	// Weng et al.: a 1-GPU task fits GPU 5, so only GPU 7's 1/7 is lost to it;
+	// 2-, 4- and 8-GPU tasks fit nowhere, so all 8/7 is fragmented for them;
+	// a 1g.10gb task fits GPU 7's free instance, and GPU 5 (not MIG) cannot
+	// serve it, so its 1 is lost.
+	for shape, want := range map[string]float64{"1": 1.0 / 7, "2": 8.0 / 7, "4": 8.0 / 7, "8": 8.0 / 7, "mig-1g.10gb": 1} {
+		if v := num(t, p, "gpu_fragmentation_gpus", `shape="`+shape+`"`); !near(v, want) {
+			t.Errorf("F(%s) = %v, want %v", shape, v, want)
+		}
+	}
+	weighted := (0.5*(1.0/7) + 0.2*(8.0/7) + 0.15*(8.0/7) + 0.1*(8.0/7) + 0.05*1) / 1.0
+	if v := num(t, p, "gpu_fragmentation_weighted_gpus"); !near(v, weighted) {
+		t.Errorf("F(M) = %v, want %v", v, weighted)
+	}
+	if s := series(p, "gpu_price_dollars_per_hour"); len(s) != 0 {
+		t.Errorf("prices without a price list: %v", s)
+	}
+}
+
+func TestMIGPlacementOnPartlyFilledGPU(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 1g.10gb}, {profile: 1g.10gb}]
+pods:
+  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+`)
+	pn := newDerivedNode(t, sc, collector.DerivedConfig{})
+	p := pn.step(t, time.Second)
+	// Instances at slices 0 and 1; slices 2-6 free. On H100: 1g fits at 2..6
+	// (5 more), 2g at 2 and 4 (2 more), 3g at 4 (1 more), 4g and 7g only at 0
+	// (none). Largest placeable: 3g, 3 slices.
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 5 {
+		t.Errorf("free slices %v, want 5", v)
+	}
+	for prof, want := range map[string]float64{"1g.10gb": 5, "2g.20gb": 2, "3g.40gb": 1, "4g.40gb": 0, "7g.80gb": 0} {
+		if v := num(t, p, "gpu_mig_placeable_instances", `mig_profile="`+prof+`"`); v != want {
+			t.Errorf("placeable %s = %v, want %v", prof, v, want)
+		}
+	}
+	if v := num(t, p, "gpu_mig_largest_placeable_slices"); v != 3 {
+		t.Errorf("largest placeable %v slices, want 3", v)
+	}
+	if v := num(t, p, "gpu_devices", `state="free"`); v != 1 {
+		t.Errorf("free devices %v, want 1 (the second instance)", v)
+	}
+}
+
+func TestIdleAllocationFlipsAfterWindow(t *testing.T) {
+	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{"NVIDIA H100 80GB HBM3": 7}}
+	pn := newDerivedNode(t, nil, collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}, Prices: prices})
+	idle := func(p *collector.Page, pod string) string {
+		return value(t, p, "gpu_allocation_idle", `pod="`+pod+`"`)
+	}
+	p := pn.step(t, time.Second)
+	if v := idle(p, "notebook-alice"); v != "0" {
+		t.Fatalf("idle before the window passed: %s", v)
+	}
+	for i := 0; i < 4; i++ {
+		p = pn.step(t, 10*time.Second)
+	}
+	if v := idle(p, "notebook-alice"); v != "1" {
+		t.Errorf("notebook-alice (GPU 4, nothing running) idle = %s after 40s, want 1", v)
+	}
+	for _, busy := range []string{"llm-pretrain-0", "llm-pretrain-1", "chat-api-0", "chat-api-1", "chat-api-2"} {
+		for _, l := range series(p, "gpu_allocation_idle", `pod="`+busy+`"`) {
+			if l[len(l)-1] != '0' {
+				t.Errorf("busy holder reported idle: %s", l)
+			}
+		}
+	}
+	if v := num(t, p, "gpu_idle_allocated_devices"); v != 1 {
+		t.Errorf("idle allocated devices %v, want 1", v)
+	}
+	s1 := num(t, p, "gpu_allocation_idle_seconds_total", `pod="notebook-alice"`)
+	p = pn.step(t, 10*time.Second)
+	if s2 := num(t, p, "gpu_allocation_idle_seconds_total", `pod="notebook-alice"`); s2 != s1+10 {
+		t.Errorf("idle seconds went from %v to %v over 10s", s1, s2)
+	}
+	// Prices: whole GPUs at list price, MIG instances by their slices.
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="4"`); v != 7 {
+		t.Errorf("GPU 4 price %v, want 7", v)
+	}
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="7"`, `gpu_instance="0"`); !near(v, 3) {
+		t.Errorf("3g.40gb price %v, want 7*3/7 = 3", v)
+	}
+}
+
+func TestReplacedPodStartsFreshWindow(t *testing.T) {
+	sc := scenario(t, `
+node: {count: 1}
+gpus: [{index: 0, workload: {preset: idle-held}}]
+pods:
+  - {namespace: a, name: first, stop: 60s, containers: [{name: c, devices: [{gpu: 0}]}]}
+  - {namespace: a, name: second, start: 60s, containers: [{name: c, devices: [{gpu: 0}]}]}
+`)
+	pn := newDerivedNode(t, sc, collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}})
+	var p *collector.Page
+	for i := 0; i < 5; i++ {
+		p = pn.step(t, 10*time.Second)
+	}
+	if v := value(t, p, "gpu_allocation_idle", `pod="first"`); v != "1" {
+		t.Fatalf("first pod idle = %s", v)
+	}
+	p = pn.step(t, 20*time.Second) // t=70s: the second pod holds the GPU
+	if v := value(t, p, "gpu_allocation_idle", `pod="second"`); v != "0" {
+		t.Errorf("the replacing pod inherited the idle window: idle = %s", v)
+	}
+	if v := value(t, p, "gpu_allocation_idle_seconds_total", `pod="second"`); v != "0" {
+		t.Errorf("the replacing pod inherited idle seconds: %s", v)
+	}
+}
+
+var _ = context.Background
