@@ -50,6 +50,7 @@ type options struct {
 	nodeName        string
 	maxRequests     int
 	shutdownTimeout time.Duration
+	pprof           bool
 
 	idleThreshold float64
 	idleWindow    time.Duration
@@ -111,6 +112,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM.").Default("5s")).DurationVar(&o.shutdownTimeout)
 	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
 	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (at least 10s). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
@@ -155,6 +157,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if _, err := fragmentation.ParsePriceFlag(o.priceFlag); err != nil {
 		return nil, exitUsage, fmt.Errorf("--idle.price=%s: %v", o.priceFlag, err)
+	}
+	if f := *o.web.WebConfigFile; f != "" {
+		if err := web.Validate(f); err != nil {
+			return nil, exitUsage, fmt.Errorf("--web.config.file=%s: %v", f, err)
+		}
 	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// writeCert makes a self-signed certificate for 127.0.0.1.
+func writeCert(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gpu-pool-exporter test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestTLSAndBasicAuth(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := writeCert(t, dir)
+	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), bcrypt.MinCost)
+	webConfig := filepath.Join(dir, "web.yml")
+	os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--web.config.file=" + webConfig, "--collect-interval=1s"}, io.Discard, &logs)
+	}()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 5 * time.Second}
+	get := func(user, pass string) (int, string) {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/metrics", nil)
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return -1, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body := get("prometheus", "s3cret-scrape")
+		if code == 200 && strings.Contains(body, "gpu_memory_used_bytes") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no authenticated HTTPS scrape: %d %s\nlog:\n%s", code, body, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _ := get("", ""); code != http.StatusUnauthorized {
+		t.Errorf("no credentials: status %d, want 401", code)
+	}
+	if code, _ := get("prometheus", "wrong"); code != http.StatusUnauthorized {
+		t.Errorf("wrong password: status %d, want 401", code)
+	}
+	// Plain HTTP gets no metrics.
+	if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "gpu_memory_used_bytes") {
+			t.Error("metrics served over plain HTTP with TLS configured")
+		}
+	}
+	if strings.Contains(logs.String(), "s3cret") || strings.Contains(logs.String(), string(hash)) {
+		t.Error("a secret reached the log")
+	}
+	cancel()
+	<-done
+}
+
+func TestBadWebConfigFails(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "web.yml")
+	os.WriteFile(f, []byte("tls_server_config:\n  cert_file: /nonexistent.crt\n"), 0o600)
+	var errb syncBuffer
+	code := run(context.Background(), []string{"--simulate", "--web.listen-address=" + freeAddr(t), "--web.config.file=" + f}, io.Discard, &errb)
+	if code != exitUsage {
+		t.Fatalf("a broken web config: exit %d, want 2", code)
+	}
+	if !strings.Contains(errb.String(), "--web.config.file="+f) {
+		t.Errorf("error does not say what is wrong: %s", errb.String())
+	}
+}
+
+func TestPprofOnlyBehindFlag(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		addr := freeAddr(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		args := []string{"--simulate", "--web.listen-address=" + addr}
+		if enabled {
+			args = append(args, "--web.enable-pprof")
+		}
+		done := make(chan int)
+		go func() { done <- run(ctx, args, io.Discard, io.Discard) }()
+		waitFor(t, "http://"+addr+"/healthz", 200)
+		resp, err := http.Get("http://" + addr + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := map[bool]int{false: 404, true: 200}[enabled]; resp.StatusCode != want {
+			t.Errorf("pprof enabled=%v: status %d, want %d", enabled, resp.StatusCode, want)
+		}
+		cancel()
+		<-done
+	}
+}
