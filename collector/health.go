@@ -167,7 +167,7 @@ var (
 	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
 		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
 	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink data-link errors by link and type.", []string{"gpu", "uuid", "link", "type"}, nil)
+		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
 	recoveryDesc = prometheus.NewDesc("gpu_recovery_action",
 		"The recovery action NVML asks for (XID 154); a state set, 1 for the current action.", []string{"gpu", "uuid", "action"}, nil)
 	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
@@ -211,8 +211,16 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 	if h.PCIeReplay.OK {
 		ch <- prometheus.MustNewConstMetric(pcieReplayDesc, prometheus.CounterValue, float64(h.PCIeReplay.V), gpu, uuid)
 	}
-	for _, e := range h.NVLinkErrors {
-		ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(e.Value), gpu, uuid, strconv.Itoa(e.Link), nvlinkErrorTypes[e.Type].name)
+	if len(h.NVLinkErrors) > 0 {
+		// 18 links x 4 types per GPU would be 72 series; one per type says
+		// which GPU to look at, and links up says whether one went down.
+		var sums [4]float64
+		for _, e := range h.NVLinkErrors {
+			sums[e.Type] += float64(e.Value)
+		}
+		for t, v := range sums {
+			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, v, gpu, uuid, nvlinkErrorTypes[t].name)
+		}
 	}
 	if h.RecoveryAction.OK {
 		for i, name := range recoveryActionNames {
