@@ -332,3 +332,28 @@ func TestParseDRADeviceMalformed(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseDRADevice(f *testing.F) {
+	f.Add("gpu-0", "k8s.gpu.nvidia.com/device=gpu-0")
+	f.Add("gpu-1-mig-1g10gb-19-0", "")
+	f.Add("", "k8s.gpu.nvidia.com/claim=3d5a8f0e-1c2b-4a6d-9e8f-7a6b5c4d3e2f-gpu-3")
+	f.Add("x", "nvidia.com/gpu=GPU-"+uuidA)
+	f.Add("gpu-vfio-0", "")
+	f.Fuzz(func(t *testing.T, dev, cdi string) {
+		var cdis []string
+		if cdi != "" {
+			cdis = []string{cdi}
+		}
+		r, err := ParseDRADevice(dev, cdis)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedDeviceID) || r.Kind != InvalidKind {
+				t.Fatalf("error %v with ref %+v", err, r)
+			}
+			return
+		}
+		if err := r.Validate(); err != nil {
+			t.Fatalf("ref %+v does not validate: %v", r, err)
+		}
+		testInventory().Resolve(r) // must not panic
+	})
+}

@@ -283,3 +283,46 @@ func BenchmarkMatch(b *testing.B) {
 		Match(s, inv)
 	}
 }
+
+// Match uses an index for UUID refs; it must agree with Resolve.
+func TestMatchAgreesWithResolve(t *testing.T) {
+	inv := testInventory()
+	inv.GPUs = append(inv.GPUs, benchInventory().GPUs...)
+	var ids []string
+	for _, g := range inv.GPUs {
+		ids = append(ids, g.UUID, strings.ToUpper(g.UUID), g.UUID+"::1")
+		if g.Minor >= 0 {
+			ids = append(ids, fmt.Sprintf("nvidia%d", g.Minor))
+		}
+		for _, m := range g.MIG {
+			ids = append(ids, m.UUID, strings.ToUpper(m.UUID), fmt.Sprintf("MIG-%s/%d/%d", g.UUID, m.GPUInstance, m.ComputeInstance))
+			if g.Minor >= 0 {
+				ids = append(ids, fmt.Sprintf("nvidia%d/gi%d", g.Minor, m.GPUInstance))
+			}
+		}
+	}
+	ids = append(ids, "GPU-"+testUUID(9, 9), "MIG-"+testUUID(9, 9), "nvidia77")
+	s := &Snapshot{}
+	for _, id := range ids {
+		r, err := ParseDeviceID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Holdings = append(s.Holdings, Holding{DeviceID: id, Ref: r})
+	}
+	matched, unmatched := Match(s, inv)
+	if len(unmatched) < 3 {
+		t.Errorf("only %d unmatched", len(unmatched))
+	}
+	for _, a := range matched {
+		want, ok := inv.Resolve(a.Ref)
+		if !ok || want != a.Target {
+			t.Errorf("%s: Match gave %+v, Resolve %+v %v", a.DeviceID, a.Target, want, ok)
+		}
+	}
+	for _, h := range unmatched {
+		if got, ok := inv.Resolve(h.Ref); ok {
+			t.Errorf("%s: unmatched by Match, Resolve gave %+v", h.DeviceID, got)
+		}
+	}
+}
