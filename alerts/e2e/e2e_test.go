@@ -1,0 +1,458 @@
+// Package e2e runs the alert rules and the dashboards' queries in a real
+// Prometheus server against the exporter on a simulated node.
+//
+// The test builds ./cmd/gpu-pool-exporter, starts it on scenario.yaml with a
+// 1s sample interval, starts a fake kube-state-metrics (kube_node_labels for
+// the node pool), writes a prometheus.yml that scrapes both every second and
+// loads a copy of alerts/gpu-pool-exporter.rules.yml with every `for:`
+// shortened to forDuration, starts Prometheus, and then checks that
+//   - exactly expectedAlerts fire (and no other alert), and
+//   - every dashboard query (panel targets, variables, annotations) returns
+//     data, except those listed in mayBeEmpty.
+//
+// It needs the prometheus server binary: on PATH or /usr/bin/prometheus
+// (Debian's `apt-get install -y prometheus`). Without it the test is skipped,
+// unless CI is set: then it fails.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
+)
+
+// expectedAlerts are the alerts scenario.yaml must make fire, and the only
+// ones allowed to.
+var expectedAlerts = []string{
+	"GPUXIDNodeRebootRequired",    // XID 79 on GPU 3: reboot the node
+	"GPUDevicePluginCapacityLoss", // kubelet allocatable 0, GPUs healthy
+	"GPUAllocationIdle",           // research/notebook-0 idles on GPU 2
+}
+
+// nodeName is the node label the scrape config gives the exporter's series;
+// scenario.yaml names its node the same.
+const nodeName = "sim-gpu-node-0"
+
+// nodePool is the GKE node pool the fake kube-state-metrics puts the node in.
+const nodePool = "sim-pool"
+
+// forDuration replaces every `for:` of the rules: a test cannot wait 2h.
+const forDuration = "5s"
+
+// exporterFlags are added to the exporter's command line when its --help
+// lists them: the idle window must be short for GPUAllocationIdle to fire
+// within the test, and a price makes the cost queries return data (the
+// simulated GPUs are "NVIDIA H100 80GB HBM3").
+var exporterFlags = []string{
+	"--idle.window=10s",
+	"--idle.price=NVIDIA H100 80GB HBM3=11.06",
+}
+
+// mayBeEmpty are dashboard panels (or variables) with a query that needs what
+// the scenario does not produce (Pending pods, throttled GPUs), by
+// "<dashboard>: <panel title>". The test logs entries that no longer need
+// to be here.
+// Keep this list short: every entry is a panel the e2e test cannot vouch for.
+var mayBeEmpty = map[string]string{
+	"gpu-workloads.json: Pending GPU pods by request":                           "no Pending pods: fake kube-state-metrics serves none",
+	"gpu-pool-overview.json: Uncorrectable ECC errors, lost and throttled GPUs": "only the ECC series exist, the others are counts of none",
+}
+
+// Timeouts.
+const (
+	startTimeout = 60 * time.Second
+	alertTimeout = 120 * time.Second
+)
+
+func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
+	promBin := prometheusBinary(t)
+	root := repoRoot(t)
+	tmp := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	// 1. The exporter on the simulated node.
+	gpe := filepath.Join(tmp, "gpe")
+	build := exec.CommandContext(ctx, "go", "build", "-o", gpe, "./cmd/gpu-pool-exporter")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
+	}
+	help, _ := exec.CommandContext(ctx, gpe, "--help").CombinedOutput()
+	exporterAddr := freeAddr(t)
+	args := []string{
+		"--simulate",
+		"--simulate.scenario=" + filepath.Join(root, "alerts", "e2e", "scenario.yaml"),
+		"--collect-interval=1s",
+		"--web.listen-address=" + exporterAddr,
+		"--node-name=" + nodeName,
+		"--log.level=info",
+	}
+	for _, f := range exporterFlags {
+		name := strings.SplitN(f, "=", 2)[0]
+		if regexp.MustCompile(regexp.QuoteMeta(name) + `[=\s]`).Match(help) {
+			args = append(args, f)
+		} else {
+			t.Logf("exporter has no %s flag; not passing %s", name, f)
+		}
+	}
+	startProcess(t, ctx, filepath.Join(tmp, "exporter.log"), gpe, args...)
+	waitHTTP(t, "http://"+exporterAddr+"/metrics", startTimeout, filepath.Join(tmp, "exporter.log"))
+
+	// 2. A fake kube-state-metrics: the node's pool and accelerator.
+	ksm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(w, "# HELP kube_node_labels Kubernetes labels converted to Prometheus labels.\n# TYPE kube_node_labels gauge\n")
+		fmt.Fprintf(w, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\"} 1\n", nodeName, nodePool)
+	}))
+	t.Cleanup(ksm.Close)
+
+	// 3. Prometheus with the rules, every `for:` shortened.
+	rules := shortenFor(string(alerts.RulesYAML), forDuration)
+	if err := os.WriteFile(filepath.Join(tmp, "rules.yml"), []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promAddr := freeAddr(t)
+	config := fmt.Sprintf(`global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - %s
+scrape_configs:
+  - job_name: gpu-pool-exporter
+    static_configs:
+      - targets: [%q]
+        labels:
+          node: %q
+  - job_name: kube-state-metrics
+    honor_labels: true
+    static_configs:
+      - targets: [%q]
+`, filepath.Join(tmp, "rules.yml"), exporterAddr, nodeName, strings.TrimPrefix(ksm.URL, "http://"))
+	configFile := filepath.Join(tmp, "prometheus.yml")
+	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promLog := filepath.Join(tmp, "prometheus.log")
+	startProcess(t, ctx, promLog, promBin,
+		"--config.file="+configFile,
+		"--storage.tsdb.path="+filepath.Join(tmp, "data"),
+		"--web.listen-address="+promAddr,
+	)
+	prom := "http://" + promAddr
+	waitHTTP(t, prom+"/-/ready", startTimeout, promLog)
+
+	// 4. The expected alerts fire, and no other.
+	deadline := time.Now().Add(alertTimeout)
+	var firing []string
+	for {
+		firing = firingAlerts(t, prom)
+		if containsAll(firing, expectedAlerts) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if !containsAll(firing, expectedAlerts) {
+		t.Errorf("after %s, firing: %v; want %v firing", alertTimeout, firing, expectedAlerts)
+		dumpState(t, prom)
+	}
+	// Give late alerts a chance to show up before the "no other" check.
+	time.Sleep(3 * time.Second)
+	firing = firingAlerts(t, prom)
+	for _, a := range firing {
+		if !slices.Contains(expectedAlerts, a) {
+			t.Errorf("alert %s fires but scenario.yaml should not cause it", a)
+		}
+	}
+
+	// 5. Every dashboard query returns data.
+	checkDashboards(t, prom)
+
+	if t.Failed() {
+		for _, f := range []string{filepath.Join(tmp, "exporter.log"), promLog} {
+			tailFile(t, f, 40)
+		}
+	}
+}
+
+// diagnostics are the series behind expectedAlerts, logged when they do
+// not fire.
+var diagnostics = []string{
+	`ALERTS`,
+	`gpu_xid_errors_total`,
+	`gpu_xid:gpu_xid_errors:increase1h`,
+	`gpu_kubelet_allocatable_devices`,
+	`gpu_healthy_devices`,
+	`gpu_exporter_collector_up`,
+	`gpu_allocation_idle`,
+	`gpu_sm_active_ratio{gpu="2"}`,
+	`gpu_utilization_ratio{gpu="2"}`,
+}
+
+func dumpState(t *testing.T, prom string) {
+	t.Helper()
+	for _, q := range diagnostics {
+		var r struct {
+			Data struct {
+				Result []struct {
+					Metric map[string]string `json:"metric"`
+					Value  []any             `json:"value"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		if err := getJSON(prom+"/api/v1/query?query="+url.QueryEscape(q), &r); err != nil {
+			t.Logf("%s: %v", q, err)
+			continue
+		}
+		var lines []string
+		for _, s := range r.Data.Result {
+			lines = append(lines, fmt.Sprintf("  %v = %v", s.Metric, s.Value[1:]))
+		}
+		t.Logf("%s:\n%s", q, strings.Join(lines, "\n"))
+	}
+}
+
+func checkDashboards(t *testing.T, prom string) {
+	t.Helper()
+	qs, err := dashboards.AllQueries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]string{"nodepool": nodePool, "node": nodeName, "namespace": ".*", "gpu": ".*"}
+	var empty []string
+	excused := map[string]bool{}
+	for _, q := range qs {
+		expr := q.Expr
+		if q.Kind == dashboards.KindVariable {
+			e, _, ok := dashboards.VariablePromQL(expr)
+			if !ok {
+				continue
+			}
+			expr = e
+		}
+		expr, unknown := dashboards.Substitute(expr, values)
+		if len(unknown) > 0 {
+			t.Errorf("%s: unknown variables %v", q, unknown)
+			continue
+		}
+		n, err := queryCount(prom, expr)
+		if err != nil {
+			t.Errorf("%s: %v\n%s", q, err, expr)
+			continue
+		}
+		key := q.Dashboard + ": " + q.Panel
+		if n == 0 {
+			if _, ok := mayBeEmpty[key]; !ok {
+				empty = append(empty, fmt.Sprintf("%s (%s)\n    %s", q, q.Kind, strings.Join(strings.Fields(expr), " ")))
+			}
+			excused[key] = true
+		}
+	}
+	sort.Strings(empty)
+	for _, e := range empty {
+		t.Errorf("dashboard query returns no data: %s", e)
+	}
+	for key := range mayBeEmpty {
+		if !excused[key] {
+			t.Logf("mayBeEmpty lists %q, but all its queries return data now: remove it from the list", key)
+		}
+	}
+}
+
+// shortenFor rewrites every `for: <duration>` in a rules file.
+func shortenFor(rules, d string) string {
+	return regexp.MustCompile(`(?m)^(\s+for:\s*)\S+\s*$`).ReplaceAllString(rules, "${1}"+d)
+}
+
+// prometheusBinary finds the Prometheus server: on PATH, else
+// /usr/bin/prometheus. Missing: skip, or fail when CI is set.
+func prometheusBinary(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("prometheus"); err == nil {
+		return p
+	}
+	if _, err := os.Stat("/usr/bin/prometheus"); err == nil {
+		return "/usr/bin/prometheus"
+	}
+	msg := "the prometheus server is not installed (not on PATH, no /usr/bin/prometheus): install it with `apt-get install -y prometheus`"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("no caller information")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// freeAddr returns a free local TCP address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startProcess runs a command until the test ends, its output in logFile.
+func startProcess(t *testing.T, ctx context.Context, logFile, bin string, args ...string) {
+	t.Helper()
+	f, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		f.Close()
+	})
+}
+
+// waitHTTP waits for a 200 from url.
+func waitHTTP(t *testing.T, u string, timeout time.Duration, logFile string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(u)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tailFile(t, logFile, 40)
+	t.Fatalf("%s did not answer 200 within %s", u, timeout)
+}
+
+func tailFile(t *testing.T, path string, n int) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
+}
+
+// firingAlerts lists the names of the alerts firing now.
+func firingAlerts(t *testing.T, prom string) []string {
+	t.Helper()
+	var r struct {
+		Status string `json:"status"`
+		Data   struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/alerts", &r); err != nil {
+		t.Fatalf("/api/v1/alerts: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, a := range r.Data.Alerts {
+		if a.State == "firing" {
+			seen[a.Labels["alertname"]] = true
+		}
+	}
+	var out []string
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// queryCount runs an instant query and counts the result's series.
+func queryCount(prom, expr string) (int, error) {
+	var r struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string          `json:"resultType"`
+			Result     json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/query?query="+url.QueryEscape(expr), &r); err != nil {
+		return 0, err
+	}
+	if r.Status != "success" {
+		return 0, fmt.Errorf("query failed: %s", r.Error)
+	}
+	switch r.Data.ResultType {
+	case "scalar", "string":
+		return 1, nil
+	default:
+		var v []json.RawMessage
+		if err := json.Unmarshal(r.Data.Result, &v); err != nil {
+			return 0, err
+		}
+		return len(v), nil
+	}
+}
+
+func getJSON(u string, v any) error {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
+		return fmt.Errorf("%s: HTTP %s", u, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}

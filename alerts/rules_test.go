@@ -1,0 +1,253 @@
+package alerts
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// promtoolInstall says how to get promtool; CI runs `make test`, which
+// installs it.
+const promtoolInstall = "install it with `apt-get install -y prometheus` (Debian/Ubuntu: it ships promtool), " +
+	"or download a release from https://prometheus.io/download/ and put promtool on PATH"
+
+// promtool finds promtool on PATH. Without it the test fails in CI (env CI
+// set) and is skipped elsewhere.
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("promtool not found on PATH (CI is set, so this test must run): %s", promtoolInstall)
+		}
+		t.Skipf("promtool not found on PATH; %s", promtoolInstall)
+	}
+	return p
+}
+
+func testFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("tests", "*.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no promtool tests in tests/*.yml")
+	}
+	sort.Strings(files)
+	return files
+}
+
+func TestPromtoolCheckRules(t *testing.T) {
+	out, err := exec.Command(promtool(t), "check", "rules", RulesFileName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check rules %s: %v\n%s", RulesFileName, err, out)
+	}
+}
+
+func TestPromtoolTestRules(t *testing.T) {
+	pt := promtool(t)
+	for _, f := range testFiles(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			// promtool resolves rule_files relative to the test file.
+			out, err := exec.Command(pt, "test", "rules", f).CombinedOutput()
+			if err != nil {
+				t.Fatalf("promtool test rules %s: %v\n%s", f, err, out)
+			}
+		})
+	}
+}
+
+var severities = []string{"critical", "warning", "info"}
+
+func TestAlertsHaveSeverityAndAnnotations(t *testing.T) {
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, a := range rf.Alerts() {
+		if seen[a.Alert] {
+			t.Errorf("alert %s is defined twice", a.Alert)
+		}
+		seen[a.Alert] = true
+		if !slices.Contains(severities, a.Labels["severity"]) {
+			t.Errorf("alert %s: labels.severity is %q, want one of %v", a.Alert, a.Labels["severity"], severities)
+		}
+		if strings.TrimSpace(a.Annotations["summary"]) == "" {
+			t.Errorf("alert %s has no summary annotation", a.Alert)
+		}
+		d := a.Annotations["description"]
+		if strings.TrimSpace(d) == "" {
+			t.Errorf("alert %s has no description annotation", a.Alert)
+		} else if !strings.Contains(d, "What to do") {
+			t.Errorf("alert %s: the description should say what to do (a \"What to do\" part)", a.Alert)
+		}
+		if strings.Contains(a.Annotations["summary"], "\n") {
+			t.Errorf("alert %s: the summary should be one line", a.Alert)
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatal("no alerts in the rules file")
+	}
+}
+
+// promtoolTestFile is the part of a promtool test file these checks read.
+type promtoolTestFile struct {
+	RuleFiles      []string `yaml:"rule_files"`
+	GroupEvalOrder []string `yaml:"group_eval_order"`
+	Tests          []struct {
+		Name          string `yaml:"name"`
+		AlertRuleTest []struct {
+			Alertname string           `yaml:"alertname"`
+			EvalTime  string           `yaml:"eval_time"`
+			ExpAlerts []map[string]any `yaml:"exp_alerts"`
+		} `yaml:"alert_rule_test"`
+		PromQLExprTest []struct {
+			Expr string `yaml:"expr"`
+		} `yaml:"promql_expr_test"`
+	} `yaml:"tests"`
+}
+
+func readTestFile(t *testing.T, f string) promtoolTestFile {
+	t.Helper()
+	data, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tf promtoolTestFile
+	if err := yaml.Unmarshal(data, &tf); err != nil {
+		t.Fatalf("%s: %v", f, err)
+	}
+	return tf
+}
+
+// TestEveryAlertIsTested checks, from the test files alone (no promtool
+// needed), that every alert has at least one test case where it fires and
+// one where it does not, that tests name only existing alerts, and that
+// every test file loads the rules file and orders the groups as the file
+// does (promtool otherwise evaluates groups in random order, and an alert
+// could read a recording rule's previous value).
+func TestEveryAlertIsTested(t *testing.T) {
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := map[string]bool{}
+	for _, a := range rf.Alerts() {
+		alerts[a.Alert] = true
+	}
+	firing, quiet := map[string]int{}, map[string]int{}
+	for _, f := range testFiles(t) {
+		tf := readTestFile(t, f)
+		if !slices.Equal(tf.RuleFiles, []string{"../" + RulesFileName}) {
+			t.Errorf("%s: rule_files is %v, want [../%s]", f, tf.RuleFiles, RulesFileName)
+		}
+		if !slices.Equal(tf.GroupEvalOrder, rf.GroupNames()) {
+			t.Errorf("%s: group_eval_order is\n  %v\nwant the rules file's groups in order:\n  %v", f, tf.GroupEvalOrder, rf.GroupNames())
+		}
+		for _, tc := range tf.Tests {
+			for _, at := range tc.AlertRuleTest {
+				if !alerts[at.Alertname] {
+					t.Errorf("%s: test %q checks alert %q, which the rules file does not define", f, tc.Name, at.Alertname)
+				}
+				if len(at.ExpAlerts) > 0 {
+					firing[at.Alertname]++
+				} else {
+					quiet[at.Alertname]++
+				}
+			}
+		}
+	}
+	var names []string
+	for n := range alerts {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if firing[n] == 0 {
+			t.Errorf("alert %s has no test case where it fires (alert_rule_test with exp_alerts)", n)
+		}
+		if quiet[n] == 0 {
+			t.Errorf("alert %s has no test case where it stays quiet (alert_rule_test with exp_alerts: [])", n)
+		}
+	}
+}
+
+// TestEveryRecordingRuleIsTested checks that every recording rule is the
+// subject of at least one promql_expr_test.
+func TestEveryRecordingRuleIsTested(t *testing.T) {
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, f := range testFiles(t) {
+		for _, tc := range readTestFile(t, f).Tests {
+			for _, e := range tc.PromQLExprTest {
+				exprs = append(exprs, e.Expr)
+			}
+		}
+	}
+	for _, name := range rf.RecordNames() {
+		re := regexp.MustCompile(`(^|[^a-zA-Z0-9_:])` + regexp.QuoteMeta(name) + `($|[^a-zA-Z0-9_:])`)
+		found := false
+		for _, e := range exprs {
+			if re.MatchString(e) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("recording rule %s has no promql_expr_test", name)
+		}
+	}
+}
+
+func TestRulesFileParses(t *testing.T) {
+	data, err := os.ReadFile(RulesFileName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(data) != string(RulesYAML) {
+		t.Fatal("embedded rules differ from the file: rebuild")
+	}
+	rf, err := ParseRules(data)
+	if err != nil {
+		t.Fatalf("%s: %v", RulesFileName, err)
+	}
+	groups := map[string]bool{}
+	for _, g := range rf.Groups {
+		if groups[g.Name] {
+			t.Errorf("group %s is defined twice", g.Name)
+		}
+		groups[g.Name] = true
+		for _, r := range g.Rules {
+			if r.Alert != "" && r.KeepFiringFor != "" {
+				// GKE Managed Prometheus' rule evaluator and older
+				// Prometheus servers do not know keep_firing_for.
+				t.Errorf("alert %s uses keep_firing_for", r.Alert)
+			}
+		}
+	}
+	// The exporter group and its first alert are what a minimal deployment
+	// relies on (the Helm chart and the docs name them).
+	if !groups["gpu-pool-exporter.exporter"] {
+		t.Error("group gpu-pool-exporter.exporter is missing")
+	}
+	found := false
+	for _, a := range rf.Alerts() {
+		found = found || a.Alert == "GPUExporterDown"
+	}
+	if !found {
+		t.Error("alert GPUExporterDown is missing")
+	}
+}

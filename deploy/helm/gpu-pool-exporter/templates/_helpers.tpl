@@ -1,0 +1,113 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "gpu-pool-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: the release name if it already contains the chart name, else
+"<release>-<chart>". Scrape jobs take their name from it, and the shipped
+alert GPUExporterDown matches job=~".*gpu-pool-exporter.*".
+*/}}
+{{- define "gpu-pool-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-pool-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.labels" -}}
+helm.sh/chart: {{ include "gpu-pool-exporter.chart" . }}
+{{ include "gpu-pool-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: exporter
+app.kubernetes.io/part-of: gpu-pool-exporter
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-pool-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.variant }}
+{{- $tag = printf "%s-%s" $tag .Values.image.variant }}
+{{- end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Namespace of an optional object: its own setting, else the release's. */}}
+{{- define "gpu-pool-exporter.namespaceOr" -}}
+{{- default .root.Release.Namespace .namespace }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.webConfigEnabled" -}}
+{{- if or .Values.web.tls.enabled .Values.web.basicAuth.enabled .Values.web.extraConfig }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.scheme" -}}
+{{- if .Values.web.tls.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* Secret holding the basic-auth credentials the scrapers send. */}}
+{{- define "gpu-pool-exporter.basicAuthSecretName" -}}
+{{- printf "%s-basic-auth" (include "gpu-pool-exporter.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.validate" -}}
+{{- if and .Values.web.tls.enabled (not .Values.web.tls.secretName) }}
+{{- fail "web.tls.enabled needs web.tls.secretName (a kubernetes.io/tls Secret)" }}
+{{- end }}
+{{- if and .Values.web.basicAuth.enabled (not .Values.web.basicAuth.password) }}
+{{- fail "web.basicAuth.enabled needs web.basicAuth.password" }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled .Values.podMonitor.enabled }}
+{{- fail "enable serviceMonitor or podMonitor, not both: each GPU would be scraped twice" }}
+{{- end }}
+{{- if .Values.web.basicAuth.enabled }}
+{{- range $kind := list "serviceMonitor" "podMonitor" }}
+{{- $ns := (get $.Values $kind).namespace }}
+{{- if and (get $.Values $kind).enabled $ns (ne $ns $.Release.Namespace) }}
+{{- fail (printf "%s.namespace must be the release namespace with basic auth: the credentials Secret lives there" $kind) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.securityContext.privileged (eq (toString .Values.securityContext.allowPrivilegeEscalation) "false") }}
+{{- fail "securityContext.privileged=true needs allowPrivilegeEscalation unset or true (the API rejects the pair)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Basic auth covers every path, probes included: the kubelet sends the same
+credentials. Renders nothing without basic auth.
+*/}}
+{{- define "gpu-pool-exporter.probeHeaders" -}}
+{{- if .Values.web.basicAuth.enabled -}}
+httpHeaders:
+  - name: Authorization
+    value: {{ printf "Basic %s" (printf "%s:%s" .Values.web.basicAuth.username .Values.web.basicAuth.password | b64enc) | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,357 @@
+package deploy_test
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+const (
+	chartDir    = "helm/gpu-pool-exporter"
+	release     = "gpu-pool-exporter"
+	namespace   = "gpu-pool-exporter"
+	installHelm = "go install helm.sh/helm/v4/cmd/helm@v4.3.2 (about 6 minutes on a cold cache), or ./scripts/install-tools.sh"
+)
+
+// helmCmd runs helm with its config, cache and data directories in a
+// temporary directory, so that nothing on the machine (repositories,
+// plugins, registry logins) changes what is rendered.
+func helmCmd(t *testing.T, helm string, args ...string) (stdout, stderr []byte, err error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(helm, args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+	)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.Bytes(), errOut.Bytes(), err
+}
+
+func valuesArgs(files ...string) []string {
+	var args []string
+	for _, f := range files {
+		args = append(args, "-f", f)
+	}
+	return args
+}
+
+type helmCase struct {
+	name    string
+	values  []string // values files, after the chart's values.yaml
+	sets    []string // --set
+	profile profile
+	check   func(t *testing.T, m *manifests)
+}
+
+var helmCases = []helmCase{
+	{
+		name:    "default",
+		profile: generic,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 0)
+			wantCount(t, m, "PrometheusRule", len(m.promRules), 0)
+			wantCount(t, m, "PodMonitoring", len(m.podMonitorings), 0)
+			wantCount(t, m, "Secret", len(m.secrets), 0)
+		},
+	},
+	{
+		name:    "gke",
+		values:  []string{chartDir + "/values-gke.yaml"},
+		profile: gke,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "PodMonitoring", len(m.podMonitorings), 1)
+			wantCount(t, m, "ClusterRules", len(m.clusterRules), 1)
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 0)
+			wantCount(t, m, "ResourceQuota", len(m.quotas), 1)
+		},
+	},
+	{
+		name:    "gpu-operator",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 1)
+			wantCount(t, m, "PrometheusRule", len(m.promRules), 1)
+			wantCount(t, m, "PodMonitoring", len(m.podMonitorings), 0)
+		},
+	},
+	{
+		name:    "gpu-operator-podmonitor",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"serviceMonitor.enabled=false", "podMonitor.enabled=true"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "PodMonitor", len(m.podMonitors), 1)
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 0)
+		},
+	},
+	{
+		name:    "gpu-operator-secured",
+		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
+		profile: gpuOperator,
+		check:   checkSecured,
+	},
+	{
+		name:    "gke-secured",
+		values:  []string{chartDir + "/values-gke.yaml", "testdata/values-secured.yaml"},
+		sets:    []string{"serviceMonitor.enabled=false", "prometheusRule.enabled=false"},
+		profile: gke,
+		check:   checkSecured,
+	},
+}
+
+func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s: %d %s objects, want %d", m.name, got, kind, want)
+	}
+}
+
+func TestHelmChart(t *testing.T) {
+	helm := tool(t, "helm", installHelm)
+	rules := readRulesFile(t)
+	for _, tc := range helmCases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := valuesArgs(tc.values...)
+			for _, s := range tc.sets {
+				args = append(args, "--set", s)
+			}
+
+			lint := append([]string{"lint", "--strict", chartDir}, args...)
+			if out, errOut, err := helmCmd(t, helm, lint...); err != nil {
+				t.Errorf("helm %s: %v\n%s%s", strings.Join(lint, " "), err, out, errOut)
+			}
+
+			tmpl := append([]string{"template", release, chartDir, "--namespace", namespace}, args...)
+			out, errOut, err := helmCmd(t, helm, tmpl...)
+			if err != nil {
+				t.Fatalf("helm %s: %v\n%s", strings.Join(tmpl, " "), err, errOut)
+			}
+			m := decodeManifests(t, "helm "+tc.name, out)
+			checkDaemonSet(t, m.name, m.daemonSet(t), tc.profile)
+			scheme := "http"
+			if slices.Contains(tc.values, "testdata/values-secured.yaml") {
+				scheme = "https"
+			}
+			checkScrapeWiring(t, m, scheme)
+			checkRules(t, m, rules)
+			checkDashboards(t, m)
+			checkNamespaced(t, m)
+			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {
+				t.Errorf("%s: RBAC rendered without GMP: the exporter itself needs none", m.name)
+			}
+			if tc.check != nil {
+				tc.check(t, m)
+			}
+		})
+	}
+}
+
+// TestHelmChartRejects checks that inconsistent values fail at render time
+// with a message that says what to change.
+func TestHelmChartRejects(t *testing.T) {
+	helm := tool(t, "helm", installHelm)
+	for _, tc := range []struct {
+		name string
+		sets []string
+		want string
+	}{
+		{"tls without a secret", []string{"web.tls.enabled=true"}, "web.tls.secretName"},
+		{"basic auth without a password", []string{"web.basicAuth.enabled=true"}, "web.basicAuth.password"},
+		{"two scrape objects", []string{"serviceMonitor.enabled=true", "podMonitor.enabled=true"}, "not both"},
+		{"privileged without escalation", []string{"securityContext.privileged=true"}, "allowPrivilegeEscalation"},
+		{"credentials in another namespace", []string{"web.basicAuth.enabled=true", "web.basicAuth.password=x", "serviceMonitor.enabled=true", "serviceMonitor.namespace=monitoring"}, "release namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"template", release, chartDir, "--namespace", namespace}
+			for _, s := range tc.sets {
+				args = append(args, "--set", s)
+			}
+			_, errOut, err := helmCmd(t, helm, args...)
+			if err == nil || !strings.Contains(string(errOut), tc.want) {
+				t.Errorf("helm template --set %v: err=%v, stderr %q; want a failure mentioning %q", tc.sets, err, errOut, tc.want)
+			}
+		})
+	}
+}
+
+// checkNamespaced: every namespaced object states its namespace, so that
+// `helm template | kubectl apply -f -` lands where `helm install` would.
+func checkNamespaced(t *testing.T, m *manifests) {
+	t.Helper()
+	for key, doc := range m.raw {
+		tm := metaOf(t, doc)
+		clusterScoped := tm.Kind == "ClusterRules" || tm.Kind == "Namespace"
+		switch {
+		case clusterScoped && tm.Metadata.Namespace != "":
+			t.Errorf("%s: cluster-scoped %s has namespace %q", m.name, key, tm.Metadata.Namespace)
+		case !clusterScoped && tm.Metadata.Namespace == "":
+			t.Errorf("%s: %s has no namespace", m.name, key)
+		}
+		if len(tm.Metadata.Name) > 63 {
+			t.Errorf("%s: %s: name longer than 63 characters", m.name, key)
+		}
+	}
+}
+
+// checkDashboards: one ConfigMap for Grafana's sidecar holding exactly
+// dashboards/*.json, or none when there are no dashboards.
+func checkDashboards(t *testing.T, m *manifests) {
+	t.Helper()
+	want := dashboardFiles(t, filepath.Join(repoRoot, "dashboards"))
+	var cms []corev1.ConfigMap
+	for _, cm := range m.configMaps {
+		if cm.Labels["grafana_dashboard"] != "" {
+			cms = append(cms, cm)
+		}
+	}
+	if len(want) == 0 {
+		wantCount(t, m, "dashboard ConfigMap", len(cms), 0)
+		return
+	}
+	if len(cms) != 1 {
+		t.Fatalf("%s: want one ConfigMap labelled grafana_dashboard, got %d", m.name, len(cms))
+	}
+	cm := cms[0]
+	if cm.Labels["grafana_dashboard"] != "1" {
+		t.Errorf("%s: grafana_dashboard label %q, want \"1\"", m.name, cm.Labels["grafana_dashboard"])
+	}
+	var got []string
+	for k, v := range cm.Data {
+		got = append(got, k)
+		if !json.Valid([]byte(v)) {
+			t.Errorf("%s: dashboard %s is not valid JSON", m.name, k)
+		}
+		if src, err := os.ReadFile(filepath.Join(repoRoot, "dashboards", k)); err == nil && strings.TrimRight(string(src), "\n") != strings.TrimRight(v, "\n") {
+			t.Errorf("%s: dashboard %s differs from dashboards/%s (run deploy/sync.sh)", m.name, k, k)
+		}
+	}
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: dashboards %v, want %v (run deploy/sync.sh)", m.name, got, want)
+	}
+}
+
+// checkSecured checks TLS, basic auth and the price list end to end: the
+// web config, the mounts, the probes and every scrape object.
+func checkSecured(t *testing.T, m *manifests) {
+	t.Helper()
+	ds := m.daemonSet(t)
+	c := ds.Spec.Template.Spec.Containers[0]
+	secrets := map[string]corev1.Secret{}
+	for _, s := range m.secrets {
+		secrets[s.Name] = s
+	}
+
+	webCfg, ok := secrets[release+"-web-config"]
+	if !ok {
+		t.Fatalf("%s: no web config Secret", m.name)
+	}
+	var cfg struct {
+		TLSServerConfig struct {
+			CertFile   string `json:"cert_file"`
+			KeyFile    string `json:"key_file"`
+			MinVersion string `json:"min_version"`
+		} `json:"tls_server_config"`
+		BasicAuthUsers map[string]string `json:"basic_auth_users"`
+	}
+	if err := strictUnmarshal([]byte(webCfg.StringData["web-config.yml"]), &cfg); err != nil {
+		t.Fatalf("%s: web config: %v", m.name, err)
+	}
+	if cfg.TLSServerConfig.CertFile != "/etc/gpu-pool-exporter/tls/tls.crt" || cfg.TLSServerConfig.KeyFile != "/etc/gpu-pool-exporter/tls/tls.key" || cfg.TLSServerConfig.MinVersion != "TLS13" {
+		t.Errorf("%s: tls_server_config %+v", m.name, cfg.TLSServerConfig)
+	}
+	if h := cfg.BasicAuthUsers["prometheus"]; !strings.HasPrefix(h, "$2") {
+		t.Errorf("%s: basic_auth_users %v: want a bcrypt hash for prometheus", m.name, cfg.BasicAuthUsers)
+	}
+	if !slices.Contains(c.Args, "--web.config.file=/etc/gpu-pool-exporter/web/web-config.yml") {
+		t.Errorf("%s: --web.config.file missing: %v", m.name, c.Args)
+	}
+	if !slices.Contains(c.Args, "--idle.price-file=/etc/gpu-pool-exporter/prices/prices.yaml") {
+		t.Errorf("%s: --idle.price-file missing: %v", m.name, c.Args)
+	}
+	mounts := map[string]string{}
+	for _, vm := range c.VolumeMounts {
+		mounts[vm.Name] = vm.MountPath
+	}
+	for name, want := range map[string]string{"web-config": "/etc/gpu-pool-exporter/web", "tls": "/etc/gpu-pool-exporter/tls", "idle-prices": "/etc/gpu-pool-exporter/prices"} {
+		if mounts[name] != want {
+			t.Errorf("%s: volume %s mounted at %q, want %s", m.name, name, mounts[name], want)
+		}
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == "tls" && (v.Secret == nil || v.Secret.SecretName != "gpu-pool-exporter-tls") {
+			t.Errorf("%s: tls volume %+v", m.name, v.VolumeSource)
+		}
+	}
+
+	// Basic auth covers the probes too.
+	wantAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("prometheus:s3cret"))
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s: %s probe scheme %s, want HTTPS", m.name, name, p.HTTPGet.Scheme)
+		}
+		if len(p.HTTPGet.HTTPHeaders) != 1 || p.HTTPGet.HTTPHeaders[0].Name != "Authorization" || p.HTTPGet.HTTPHeaders[0].Value != wantAuth {
+			t.Errorf("%s: %s probe headers %+v, want the basic-auth Authorization header", m.name, name, p.HTTPGet.HTTPHeaders)
+		}
+	}
+
+	auth, ok := secrets[release+"-basic-auth"]
+	if !ok || auth.Type != corev1.SecretTypeBasicAuth || auth.StringData["username"] != "prometheus" || auth.StringData["password"] != "s3cret" {
+		t.Errorf("%s: basic-auth Secret %+v", m.name, auth)
+	}
+	for _, sm := range m.serviceMonitors {
+		e := sm.Spec.Endpoints[0]
+		if e.BasicAuth == nil || e.BasicAuth.Username.Name != auth.Name || e.BasicAuth.Password.Key != "password" {
+			t.Errorf("%s: ServiceMonitor basicAuth %+v", m.name, e.BasicAuth)
+		}
+		if e.TLSConfig == nil || e.TLSConfig.ServerName == nil || *e.TLSConfig.ServerName != "gpu-pool-exporter" {
+			t.Errorf("%s: ServiceMonitor tlsConfig %+v", m.name, e.TLSConfig)
+		}
+		if sm.Metadata.Labels["release"] != "kube-prometheus-stack" {
+			t.Errorf("%s: ServiceMonitor additionalLabels missing: %v", m.name, sm.Metadata.Labels)
+		}
+	}
+	for _, pm := range m.podMonitorings {
+		e := pm.Spec.Endpoints[0]
+		if e.BasicAuth == nil || e.BasicAuth.Username != "prometheus" || e.BasicAuth.Password.Secret == nil || e.BasicAuth.Password.Secret.Name != auth.Name {
+			t.Errorf("%s: PodMonitoring basicAuth %+v", m.name, e.BasicAuth)
+		}
+		if e.TLS == nil || e.TLS.ServerName != "gpu-pool-exporter" {
+			t.Errorf("%s: PodMonitoring tls %+v", m.name, e.TLS)
+		}
+		// GMP reads the credentials only when granted.
+		if len(m.roles) != 1 || len(m.roleBindings) != 1 {
+			t.Fatalf("%s: want a Role and RoleBinding for GMP's collector, got %d and %d", m.name, len(m.roles), len(m.roleBindings))
+		}
+		r, rb := m.roles[0], m.roleBindings[0]
+		if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].ResourceNames, []string{auth.Name, "gpu-pool-exporter-tls"}) || slices.ContainsFunc(r.Rules[0].Verbs, func(v string) bool { return v != "get" && v != "list" && v != "watch" }) {
+			t.Errorf("%s: Role %+v must only read the basic-auth and CA Secrets", m.name, r.Rules)
+		}
+		if rb.RoleRef.Name != r.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Namespace != "gmp-system" || rb.Subjects[0].Name != "collector" {
+			t.Errorf("%s: RoleBinding %+v, want gmp-system/collector bound to %s", m.name, rb, r.Name)
+		}
+	}
+	var prices bool
+	for _, cm := range m.configMaps {
+		if cm.Name == release+"-idle-prices" && strings.Contains(cm.Data["prices.yaml"], "default_per_gpu_hour") {
+			prices = true
+		}
+	}
+	if !prices {
+		t.Errorf("%s: idle price ConfigMap missing", m.name)
+	}
+}
