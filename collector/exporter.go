@@ -66,7 +66,10 @@ type State struct {
 	Collectors  []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
-	Rendered time.Time
+	// LastAnswer is, per GPU, the time NVML last answered at all (a lost
+	// GPU answers with an error; a hung one does not answer).
+	LastAnswer []time.Time
+	Rendered   time.Time
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
@@ -91,6 +94,7 @@ type Exporter struct {
 	renderMu  sync.Mutex // one render at a time; guards cur and lastGood
 	cur       *State
 	lastGood  []time.Time
+	lastAns   []time.Time
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
 	idle      *fragmentation.IdleTracker
@@ -161,16 +165,21 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	defer e.renderMu.Unlock()
 	if len(e.lastGood) != len(s.GPUs) {
 		e.lastGood = make([]time.Time, len(s.GPUs))
+		e.lastAns = make([]time.Time, len(s.GPUs))
 	}
 	for i, g := range s.GPUs {
 		if g.Up {
 			e.lastGood[i] = s.Time
+		}
+		if !g.Hung {
+			e.lastAns[i] = s.Time
 		}
 	}
 	st := &State{
 		Sample:      s,
 		Collectors:  []CollectorStatus{{Name: "nvml", Up: anyUp(s), Duration: s.Duration}},
 		LastGood:    append([]time.Time(nil), e.lastGood...),
+		LastAnswer:  append([]time.Time(nil), e.lastAns...),
 		Rendered:    now,
 		Allocations: &Allocations{},
 	}
@@ -248,7 +257,8 @@ func sizeHint(p *Page) int {
 }
 
 // Ready reports whether a fresh sample exists: one taken within StaleAfter
-// in which every GPU that is not lost answered within StaleAfter.
+// in which every GPU answered NVML within StaleAfter. A lost GPU answers
+// (with an error) and is reported by gpu_up; a hung one makes samples stale.
 func (e *Exporter) Ready() (bool, string) {
 	p := e.page.Load()
 	if p == nil {
@@ -258,7 +268,7 @@ func (e *Exporter) Ready() (bool, string) {
 	if age := now.Sub(p.State.Sample.Time); age > e.cfg.StaleAfter {
 		return false, fmt.Sprintf("last sample is %s old (stale after %s)", age.Round(time.Millisecond), e.cfg.StaleAfter)
 	}
-	for i, t := range p.State.LastGood {
+	for i, t := range p.State.LastAnswer {
 		if age := now.Sub(t); age > e.cfg.StaleAfter {
 			return false, fmt.Sprintf("GPU %d has not answered for %s (stale after %s)", i, age.Round(time.Second), e.cfg.StaleAfter)
 		}

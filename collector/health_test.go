@@ -233,3 +233,23 @@ func TestHealthLint(t *testing.T) {
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+func TestLostGPUKeepsReadiness(t *testing.T) {
+	clk := newClock()
+	e, _ := newExporter(t, scenario(t, "faults: [{at: 1s, gpu: 2, lost: true}]"), clk, nil)
+	for i := 0; i < 6; i++ {
+		clk.Advance(5 * time.Second)
+		e.SampleOnce(context.Background())
+	}
+	if v := value(t, e.Page(), "gpu_up", `gpu="2"`, `gpu_instance=""`); v != "0" {
+		t.Fatalf("GPU 2 gpu_up %s, want 0", v)
+	}
+	// A lost GPU answers NVML (with an error): the page is fresh, the
+	// exporter ready; gpu_up and the GPULost alert say the rest.
+	if ok, why := e.Ready(); !ok {
+		t.Errorf("not ready with one GPU lost: %s", why)
+	}
+	if v := value(t, e.Page(), "gpu_exporter_sample_age_seconds"); v != "0" {
+		t.Errorf("sample age %s with a lost (not hung) GPU, want 0", v)
+	}
+}

@@ -34,7 +34,7 @@ var (
 	lastXIDDesc = prometheus.NewDesc("gpu_last_xid_timestamp_seconds",
 		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"}, nil)
 	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
-		"Age, at render time, of the oldest device reading on the page: grows while a GPU's NVML calls hang.", nil, nil)
+		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil, nil)
 )
 
 // stateCollector turns the exporter's current State into metrics. It is
@@ -74,9 +74,9 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		if i < len(st.LastGood) && !st.LastGood[i].IsZero() {
 			ch <- prometheus.MustNewConstMetric(gpuLastSampleDesc, prometheus.GaugeValue,
 				float64(st.LastGood[i].UnixNano())/1e9, strconv.Itoa(g.GPU), g.UUID)
-			if st.LastGood[i].Before(oldest) {
-				oldest = st.LastGood[i]
-			}
+		}
+		if i < len(st.LastAnswer) && !st.LastAnswer[i].IsZero() && st.LastAnswer[i].Before(oldest) {
+			oldest = st.LastAnswer[i]
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]

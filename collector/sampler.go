@@ -86,7 +86,7 @@ func (s *NVMLSampler) Sample(ctx context.Context) *NodeSample {
 	for i, w := range s.workers {
 		if !w.busy.CompareAndSwap(false, true) {
 			// Still stuck in an earlier sample: report it down, ask nothing.
-			out.GPUs[i], filled[i] = w.staleState(), true
+			out.GPUs[i], filled[i] = w.hungState(), true
 			continue
 		}
 		pending++
@@ -115,7 +115,7 @@ wait:
 		}
 		if w.busy.Load() {
 			w.log.Warn().Dur("timeout", s.cfg.DeviceTimeout).Msg("NVML calls on this GPU did not return in time; reporting it down")
-			out.GPUs[i] = w.staleState()
+			out.GPUs[i] = w.hungState()
 			continue
 		}
 		out.GPUs[i] = w.result
@@ -166,32 +166,64 @@ func (w *gpuWorker) staleState() GPUState {
 	return g
 }
 
-// discover (re)reads the handle, the static facts and the MIG layout.
+// hungState is staleState for a GPU whose NVML calls have not returned.
+func (w *gpuWorker) hungState() GPUState {
+	g := w.staleState()
+	g.Hung = true
+	return g
+}
+
+// discover (re)reads the handle, the static facts and the MIG layout. What
+// a lost GPU cannot tell (its UUID, name, bus ID) is kept from before, so a
+// GPU never loses its identity, and with it its series, while it is down.
 func (w *gpuWorker) discover() {
+	prev := w.ident
 	h, ret := w.lib.DeviceGetHandleByIndex(w.index)
 	if ret != nvml.SUCCESS {
 		w.handle = nil
-		w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil)
+		if prev.UUID == "" {
+			w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil)
+		}
 		w.log.Warn().Str("error", ret.Error()).Msg("cannot get NVML handle for GPU")
 		return
 	}
 	w.handle = h
 	id := DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}
-	id.UUID, _ = h.GetUUID()
-	id.Model, _ = h.GetName()
+	keep := func(v *string, got string, ret nvml.Return, old string) {
+		if ret == nvml.SUCCESS && got != "" {
+			*v = got
+		} else {
+			*v = old
+		}
+	}
+	uuid, ret := h.GetUUID()
+	keep(&id.UUID, uuid, ret, prev.UUID)
+	name, ret := h.GetName()
+	keep(&id.Model, name, ret, prev.Model)
 	if pci, ret := h.GetPciInfo(); ret == nvml.SUCCESS {
 		id.PCIBusID = pciBusID(pci)
+	} else {
+		id.PCIBusID = prev.PCIBusID
 	}
 	if m, ret := h.GetMinorNumber(); ret == nvml.SUCCESS {
 		id.Minor = m
+	} else {
+		id.Minor = prev.Minor
 	}
 	var migHandles []Device
 	var migIdent []DeviceState
 	var layout *MIGLayout
-	if cur, _, ret := h.GetMigMode(); ret == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
+	mode, _, ret := h.GetMigMode()
+	switch {
+	case ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE:
 		id.MIGEnabled = true
 		migHandles, migIdent = discoverMIG(h, id)
 		layout = discoverMIGLayout(h)
+	case ret != nvml.SUCCESS && !unsupported(ret) && prev.MIGEnabled:
+		// The GPU does not answer: keep its MIG instances' identities.
+		id.MIGEnabled = true
+		migIdent, layout = w.migIdent, w.layout
+		migHandles = w.migHandles
 	}
 	w.setIdent(id, migHandles, migIdent)
 	w.layout = layout

@@ -42,6 +42,9 @@ type GPUState struct {
 	DCGMHealth map[string]string // DCGM health watch: system -> pass|warn|fail
 	MIG        []DeviceState
 	MIGLayout  *MIGLayout // nil unless MIG is enabled
+	// Hung: NVML calls on the GPU did not return within the device timeout
+	// (unlike a lost GPU, which answers with an error).
+	Hung bool
 }
 
 // MIGLayout is a MIG GPU's profiles, their possible placements, and where
