@@ -23,13 +23,16 @@ type dcgmNode struct {
 	node *simnode.Node
 }
 
-func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), counter *xid.Reader) *dcgmNode {
+func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), counter *xid.Reader, setup ...func(*dcgm.Fake, *simnode.Node)) *dcgmNode {
 	t.Helper()
 	node, err := simnode.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fake := node.DCGM()
+	for _, f := range setup { // before the sampler's first read
+		f(fake, node)
+	}
 	if open == nil {
 		open = fake.Open
 	}
@@ -90,10 +93,11 @@ func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
 }
 
 func TestDCGMSkipsBlankAndUnsupported(t *testing.T) {
-	d := newDCGMNode(t, nil, nil)
-	uuid := d.node.Devices()[2].UUID()
-	d.fake.SetBlank(uuid, -1, dcgm.TensorActive)
-	d.fake.SetNotSupported(uuid, -1, dcgm.FP64Active)
+	d := newDCGMNode(t, nil, nil, func(f *dcgm.Fake, n *simnode.Node) {
+		uuid := n.Devices()[2].UUID()
+		f.SetBlank(uuid, -1, dcgm.TensorActive)
+		f.SetNotSupported(uuid, -1, dcgm.FP64Active)
+	})
 	p := d.until(t, "DCGM values", func(p *collector.Page) bool { return len(series(p, "gpu_sm_active_ratio", `gpu="2"`)) == 1 })
 	if s := series(p, "gpu_tensor_active_ratio", `gpu="2"`, `gpu_instance=""`); len(s) != 0 {
 		t.Errorf("blank value exported: %v", s)
