@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# make bench: the Go benchmarks, then a load run of the built binary on two
+# simulated nodes (the built-in 8-GPU node, and 8 x 7 MIG instances with 200
+# pods), printed as one markdown table. Run from the repository root.
+#
+# BENCHTIME (default 1s) is go test's -benchtime; BENCH_ARGS go to the load
+# program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5").
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export CGO_ENABLED=1
+
+benchtime="${BENCHTIME:-1s}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "== Go benchmarks (-benchtime=${benchtime})"
+go test -run xxx -bench . -benchmem -benchtime="${benchtime}" ./collector/ ./podmap/...
+
+echo
+echo "== load run (built binary, --simulate, loopback)"
+go build -o "$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter
+go build -o "$work/bench" ./scripts/bench
+# shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+"$work/bench" -bin "$work/gpu-pool-exporter" \
+	-node "default 8 x H100 (built-in)=" \
+	-node "8 x 7 MIG, 200 pods=scripts/bench/mig-8x7-200pods.yaml" \
+	${BENCH_ARGS:-}
