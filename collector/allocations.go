@@ -2,7 +2,6 @@ package collector
 
 import (
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -197,5 +196,3 @@ func activity(d *DeviceState) (float64, bool) {
 	}
 	return d.Values.Get(FieldSMActive)
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

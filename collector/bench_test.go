@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
@@ -105,5 +104,3 @@ func BenchmarkSampleMIG8x7(b *testing.B) {
 		e.SampleOnce(context.Background())
 	}
 }
-
-var _ = collector.MinInterval

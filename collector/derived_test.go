@@ -1,7 +1,6 @@
 package collector_test
 
 import (
-	"context"
 	"math"
 	"strconv"
 	"testing"
@@ -185,5 +184,3 @@ pods:
 		t.Errorf("the replacing pod inherited idle seconds: %s", v)
 	}
 }
-
-var _ = context.Background

@@ -270,15 +270,6 @@ type migPlan struct {
 	placement nvml.GpuInstancePlacement
 }
 
-// profileName is the name NVIDIA gives a GPU instance profile, e.g. 1g.10gb.
-func profileName(id int, info nvml.GpuInstanceProfileInfo) string {
-	n := fmt.Sprintf("%dg.%dgb", info.SliceCount, (info.MemorySizeMB+1023)/1024)
-	if id == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || id == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
-		n += "+me"
-	}
-	return n
-}
-
 // ProfileNames lists the MIG profiles of a model, smallest first.
 func ProfileNames(cfg gpus.Config) []string {
 	var ids []int
@@ -288,7 +279,7 @@ func ProfileNames(cfg gpus.Config) []string {
 	sort.Ints(ids)
 	var out []string
 	for _, id := range ids {
-		out = append(out, profileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+		out = append(out, collector.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
 	}
 	return out
 }
@@ -308,7 +299,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	}
 	byName := map[string]int{}
 	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[profileName(id, info)] = id
+		byName[collector.MIGProfileName(id, info)] = id
 	}
 	var used [8]bool
 	var plans []migPlan

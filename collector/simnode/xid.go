@@ -49,7 +49,7 @@ func (s *xidSource) Wait(timeout time.Duration) (xid.Event, error) {
 		select {
 		case <-s.n.closed:
 			return xid.Event{}, xid.ErrTimeout
-		case <-time.After(min(20*time.Millisecond, time.Until(deadline)+time.Millisecond)):
+		case <-time.After(min(100*time.Millisecond, time.Until(deadline)+time.Millisecond)):
 		}
 	}
 }
