@@ -308,6 +308,9 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			if e.Port != "metrics" || e.Scheme != scheme {
 				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
 			}
+			if !e.HonorLabels {
+				t.Errorf("%s: ServiceMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
+			}
 			nodeLabel("ServiceMonitor", e.Relabelings)
 		}
 	}
@@ -319,6 +322,9 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 		for _, e := range pm.Spec.PodMetricsEndpoints {
 			if e.Port != "metrics" || e.Scheme != scheme {
 				t.Errorf("%s: PodMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			}
+			if !e.HonorLabels {
+				t.Errorf("%s: PodMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
 			}
 			nodeLabel("PodMonitor", e.Relabelings)
 		}
@@ -340,6 +346,9 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			for _, l := range *tl.Metadata {
 				if !slices.Contains(permitted, l) {
 					t.Errorf("%s: PodMonitoring metadata label %q is not one GMP permits", m.name, l)
+				}
+				if l == "pod" || l == "container" {
+					t.Errorf("%s: PodMonitoring adds target label %q, which renames the exporter's own %s label to exported_%s", m.name, l, l, l)
 				}
 			}
 		}
