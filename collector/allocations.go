@@ -66,7 +66,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	matched, unmatched := podmap.Match(snap, inventory(s))
 	for _, m := range matched {
 		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
-		h := Holder{Namespace: m.Namespace, Pod: m.Pod, Container: m.Container, Resource: m.Resource}
+		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
 		hs := a.ByDevice[k]
 		dup := false
 		for _, x := range hs { // two replicas of one GPU in one container are one holder

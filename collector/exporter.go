@@ -98,7 +98,10 @@ type Exporter struct {
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
 	idle      *fragmentation.IdleTracker
+	renderErr atomic.Pointer[renderResult]
 }
+
+type renderResult struct{ err error }
 
 // New builds an exporter over a sampler.
 func New(cfg Config, sampler *NVMLSampler) (*Exporter, error) {
@@ -204,9 +207,11 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.XIDLast = r.Counter().LastPerDevice()
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
 	}
-	if err := e.render(st); err != nil {
+	err := e.render(st)
+	if err != nil {
 		e.cfg.Log.Error().Err(err).Msg("rendering metrics failed; serving the previous page")
 	}
+	e.renderErr.Store(&renderResult{err})
 }
 
 func anyUp(s *NodeSample) bool {
@@ -263,6 +268,9 @@ func (e *Exporter) Ready() (bool, string) {
 	p := e.page.Load()
 	if p == nil {
 		return false, "no sample yet"
+	}
+	if r := e.renderErr.Load(); r != nil && r.err != nil {
+		return false, "the last render failed, serving an older page: " + r.err.Error()
 	}
 	now := e.cfg.Now()
 	if age := now.Sub(p.State.Sample.Time); age > e.cfg.StaleAfter {

@@ -45,18 +45,18 @@ type Health struct {
 	RemapFailed    opt[bool]
 	ClockReasons   opt[uint64]
 	PCIeReplay     opt[int]
-	NVLinkErrors   []NVLinkError
+	// NVLinkErrors sums each error type over every link ever seen up, with
+	// a link's last value kept while it is down: a link going down must not
+	// make the counter fall.
+	NVLinkErrors   [4]uint64
+	HasNVLink      bool
 	RecoveryAction opt[int]
 	NUMANode       opt[int]
 	NVLinkActive   int // number of active NVLinks
 }
 
-// NVLinkError is one NVLink error counter of one link.
-type NVLinkError struct {
-	Link  int
-	Type  int // index into nvlinkErrorTypes
-	Value uint64
-}
+// nvlinkKey is one error counter of one link.
+type nvlinkKey struct{ link, typ int }
 
 var (
 	eccErrorNames  = [2]string{"corrected", "uncorrected"}
@@ -95,7 +95,7 @@ var (
 
 // readHealth reads the board's health; slow-moving counters (NVLink errors)
 // only when full is set, otherwise they are carried from prev.
-func readHealth(d Device, h *Health, prev *Health, full bool, ok func(nvml.Return) bool) {
+func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
 	for e := 0; e < 2; e++ {
 		for sc := 0; sc < 2; sc++ {
 			if v, ret := d.GetTotalEccErrors(nvml.MemoryErrorType(e), nvml.EccCounterType(sc)); ok(ret) {
@@ -124,16 +124,27 @@ func readHealth(d Device, h *Health, prev *Health, full bool, ok func(nvml.Retur
 	if ret := d.GetFieldValues(fv); ok(ret) && nvml.Return(fv[0].NvmlReturn) == nvml.SUCCESS {
 		h.RecoveryAction = some(int(binary.LittleEndian.Uint32(fv[0].Value[:4])))
 	}
-	if !full && prev != nil {
-		h.NVLinkErrors, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.NVLinkActive, prev.NUMANode
+	carry := func() {
+		if prev != nil {
+			h.NVLinkErrors, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
+		}
+	}
+	if !full {
+		carry()
 		return
 	}
 	if n, ret := d.GetNumaNodeId(); ok(ret) {
 		h.NUMANode = some(n)
+	} else if prev != nil {
+		h.NUMANode = prev.NUMANode
 	}
 	for link := 0; link < nvml.NVLINK_MAX_LINKS; link++ {
 		st, ret := d.GetNvLinkState(link)
 		if ret != nvml.SUCCESS {
+			if link == 0 && !unsupported(ret) && ret != nvml.ERROR_INVALID_ARGUMENT {
+				carry() // a failed read says nothing about the links
+				return
+			}
 			break // no NVLink, or past the last link
 		}
 		if st != nvml.FEATURE_ENABLED {
@@ -142,9 +153,13 @@ func readHealth(d Device, h *Health, prev *Health, full bool, ok func(nvml.Retur
 		h.NVLinkActive++
 		for t, et := range nvlinkErrorTypes {
 			if v, ret := d.GetNvLinkErrorCounter(link, et.counter); ok(ret) {
-				h.NVLinkErrors = append(h.NVLinkErrors, NVLinkError{Link: link, Type: t, Value: v})
+				seen[nvlinkKey{link, t}] = v
 			}
 		}
+	}
+	for k, v := range seen {
+		h.NVLinkErrors[k.typ] += v
+		h.HasNVLink = true
 	}
 }
 
@@ -211,15 +226,11 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 	if h.PCIeReplay.OK {
 		ch <- prometheus.MustNewConstMetric(pcieReplayDesc, prometheus.CounterValue, float64(h.PCIeReplay.V), gpu, uuid)
 	}
-	if len(h.NVLinkErrors) > 0 {
+	if h.HasNVLink {
 		// 18 links x 4 types per GPU would be 72 series; one per type says
 		// which GPU to look at, and links up says whether one went down.
-		var sums [4]float64
-		for _, e := range h.NVLinkErrors {
-			sums[e.Type] += float64(e.Value)
-		}
-		for t, v := range sums {
-			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, v, gpu, uuid, nvlinkErrorTypes[t].name)
+		for t, v := range h.NVLinkErrors {
+			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvlinkErrorTypes[t].name)
 		}
 	}
 	if h.RecoveryAction.OK {

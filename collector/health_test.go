@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
@@ -251,5 +252,83 @@ func TestLostGPUKeepsReadiness(t *testing.T) {
 	}
 	if v := value(t, e.Page(), "gpu_exporter_sample_age_seconds"); v != "0" {
 		t.Errorf("sample age %s with a lost (not hung) GPU, want 0", v)
+	}
+}
+
+// nvlinkNVML gives GPU 0's link 3 five CRC errors, then takes the link down.
+type nvlinkNVML struct {
+	collector.NVML
+	down *bool
+}
+
+func (n nvlinkNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+	d, ret := n.NVML.DeviceGetHandleByIndex(i)
+	if i == 0 && ret == nvml.SUCCESS {
+		return nvlinkDevice{d, n.down}, ret
+	}
+	return d, ret
+}
+
+type nvlinkDevice struct {
+	collector.Device
+	down *bool
+}
+
+func (d nvlinkDevice) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
+	if link == 3 && *d.down {
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
+	}
+	return d.Device.GetNvLinkState(link)
+}
+
+func (d nvlinkDevice) GetNvLinkErrorCounter(link int, c nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
+	if link == 3 && c == nvml.NVLINK_ERROR_DL_CRC_FLIT {
+		return 5, nvml.SUCCESS
+	}
+	return d.Device.GetNvLinkErrorCounter(link, c)
+}
+
+func TestNVLinkErrorsNeverFallWhenALinkGoesDown(t *testing.T) {
+	down := false
+	clk := newClock()
+	e, _ := newExporter(t, nil, clk, func(n collector.NVML) collector.NVML { return nvlinkNVML{n, &down} })
+	e.SampleOnce(context.Background())
+	if v := value(t, e.Page(), "gpu_nvlink_errors_total", `gpu="0"`, `type="crc_flit"`); v != "5" {
+		t.Fatalf("crc_flit errors %s, want 5", v)
+	}
+	down = true
+	for i := 0; i < 8; i++ { // past the next full health read
+		clk.Advance(5 * time.Second)
+		e.SampleOnce(context.Background())
+	}
+	p := e.Page()
+	if v := value(t, p, "gpu_nvlink_errors_total", `gpu="0"`, `type="crc_flit"`); v != "5" {
+		t.Errorf("crc_flit errors fell to %s when the link went down", v)
+	}
+	if v := value(t, p, "gpu_nvlink_active_links", `gpu="0"`); v != "17" {
+		t.Errorf("active links %s, want 17", v)
+	}
+}
+
+// badNameNVML answers GPU 1's name with bytes that are not UTF-8.
+type badNameNVML struct{ collector.NVML }
+
+func (b badNameNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+	d, ret := b.NVML.DeviceGetHandleByIndex(i)
+	if i == 1 && ret == nvml.SUCCESS {
+		return badNameDevice{d}, ret
+	}
+	return d, ret
+}
+
+type badNameDevice struct{ collector.Device }
+
+func (badNameDevice) GetName() (string, nvml.Return) { return "NVIDIA \xff\xfe H100", nvml.SUCCESS }
+
+func TestInvalidUTF8FromNVMLDoesNotPanic(t *testing.T) {
+	e, _ := newExporter(t, nil, newClock(), func(n collector.NVML) collector.NVML { return badNameNVML{n} })
+	e.SampleOnce(context.Background()) // a panic here would take the exporter down
+	if s := series(e.Page(), "gpu_info", `gpu="1"`); len(s) != 1 || !strings.Contains(s[0], "NVIDIA \ufffd") {
+		t.Errorf("GPU 1's info with a mangled name: %v", s)
 	}
 }

@@ -55,6 +55,7 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 	s := &NVMLSampler{lib: lib, cfg: cfg}
 	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
 	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
+	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
 	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
 		s.driver.CUDADriverVersion = cudaVersionString(v)
 	}
@@ -73,8 +74,16 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 // Driver returns the driver stack read at start.
 func (s *NVMLSampler) Driver() DriverInfo { return s.driver }
 
-// Close shuts NVML down.
-func (s *NVMLSampler) Close() { s.lib.Shutdown() }
+// Close shuts NVML down, unless a call still hangs in it: shutting the
+// library down under a call in flight is asking for a crash at exit.
+func (s *NVMLSampler) Close() {
+	for _, w := range s.workers {
+		if w.busy.Load() {
+			return
+		}
+	}
+	s.lib.Shutdown()
+}
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each.
 func (s *NVMLSampler) Sample(ctx context.Context) *NodeSample {
@@ -145,6 +154,7 @@ type gpuWorker struct {
 	samples    int
 	layout     *MIGLayout
 	prevHealth *Health
+	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
 	result     GPUState
@@ -182,7 +192,7 @@ func (w *gpuWorker) discover() {
 	if ret != nvml.SUCCESS {
 		w.handle = nil
 		if prev.UUID == "" {
-			w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil)
+			w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
 		}
 		w.log.Warn().Str("error", ret.Error()).Msg("cannot get NVML handle for GPU")
 		return
@@ -191,7 +201,7 @@ func (w *gpuWorker) discover() {
 	id := DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}
 	keep := func(v *string, got string, ret nvml.Return, old string) {
 		if ret == nvml.SUCCESS && got != "" {
-			*v = got
+			*v = validUTF8(got)
 		} else {
 			*v = old
 		}
@@ -201,7 +211,7 @@ func (w *gpuWorker) discover() {
 	name, ret := h.GetName()
 	keep(&id.Model, name, ret, prev.Model)
 	if pci, ret := h.GetPciInfo(); ret == nvml.SUCCESS {
-		id.PCIBusID = pciBusID(pci)
+		id.PCIBusID = validUTF8(pciBusID(pci))
 	} else {
 		id.PCIBusID = prev.PCIBusID
 	}
@@ -225,13 +235,12 @@ func (w *gpuWorker) discover() {
 		migIdent, layout = w.migIdent, w.layout
 		migHandles = w.migHandles
 	}
-	w.setIdent(id, migHandles, migIdent)
-	w.layout = layout
+	w.setIdent(id, migHandles, migIdent, layout)
 }
 
-func (w *gpuWorker) setIdent(id DeviceState, mh []Device, mi []DeviceState) {
+func (w *gpuWorker) setIdent(id DeviceState, mh []Device, mi []DeviceState, layout *MIGLayout) {
 	w.identMu.Lock()
-	w.ident, w.migHandles, w.migIdent = id, mh, mi
+	w.ident, w.migHandles, w.migIdent, w.layout = id, mh, mi, layout
 	w.identMu.Unlock()
 }
 
@@ -252,14 +261,19 @@ func discoverMIG(h Device, parent DeviceState) ([]Device, []DeviceState) {
 		id.GPUInstance, _ = m.GetGpuInstanceId()
 		id.ComputeInstance, _ = m.GetComputeInstanceId()
 		id.MIGUUID, _ = m.GetUUID()
+		id.MIGUUID = validUTF8(id.MIGUUID)
 		name, _ := m.GetName()
 		attr, _ := m.GetAttributes()
-		id.MIGProfile = migProfileName(name, attr)
+		id.MIGProfile = validUTF8(migProfileName(name, attr))
 		handles = append(handles, m)
 		idents = append(idents, id)
 	}
 	return handles, idents
 }
+
+// validUTF8 keeps a label value that a driver bug or a corrupt answer made
+// invalid from panicking the metrics registry.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // migProfileName prefers the profile NVML puts in a MIG device's name
 // ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and falls back to the attributes.
@@ -299,7 +313,10 @@ func (w *gpuWorker) read() GPUState {
 		return w.staleState()
 	}
 	full := w.samples%healthEvery == 1 || w.prevHealth == nil
-	up, err := readDevice(w.handle, &g.DeviceState, &g.Health, w.prevHealth, full)
+	if w.nvlinkSeen == nil {
+		w.nvlinkSeen = map[nvlinkKey]uint64{}
+	}
+	up, err := readDevice(w.handle, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
 	g.Up = up
 	if !up {
 		w.failures++
@@ -317,7 +334,7 @@ func (w *gpuWorker) read() GPUState {
 	w.prevHealth = &g.Health
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
-		ms.Up, _ = readDevice(m, &ms, nil, nil, false)
+		ms.Up, _ = readDevice(m, &ms, nil, nil, false, nil)
 		g.MIG = append(g.MIG, ms)
 	}
 	return g
@@ -326,7 +343,7 @@ func (w *gpuWorker) read() GPUState {
 // readDevice reads one device's fields. Memory is the field every device has:
 // if it cannot be read the device is down. Other fields are skipped when NVML
 // says they are not supported, and on any other error.
-func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth bool) (bool, error) {
+func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
 	whole := health != nil
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
@@ -385,7 +402,7 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 		v.Set(FieldShutdownTemperature, float64(t))
 	}
 	if health != nil {
-		readHealth(d, health, prevHealth, fullHealth, ok)
+		readHealth(d, health, prevHealth, fullHealth, nvlinkSeen, ok)
 	}
 	if lost {
 		return false, nvml.ERROR_GPU_IS_LOST

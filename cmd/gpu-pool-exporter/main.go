@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +46,7 @@ type options struct {
 	simulate        bool
 	simulateSeed    int64
 	simulateFile    string
+	simulateSeedSet bool
 	logLevel        string
 	logFormat       string
 	nodeName        string
@@ -106,7 +108,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&timeoutSet)).DurationVar(&o.deviceTimeout)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
 	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
-	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs.").Default("1")).Int64Var(&o.simulateSeed)
+	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&o.simulateSeedSet)).Int64Var(&o.simulateSeed)
 	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&o.simulateFile)
 	named(app.Flag("log.level", "Log level: debug, info, warn, error.").Default("info")).EnumVar(&o.logLevel, "debug", "info", "warn", "error")
 	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
@@ -146,7 +148,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	if o.simulateFile != "" {
 		o.simulate = true
 	}
-	if o.idleThreshold <= 0 || o.idleThreshold > 1 {
+	if !(o.idleThreshold > 0 && o.idleThreshold <= 1) { // NaN fails too
 		return nil, exitUsage, fmt.Errorf("--idle.threshold=%v must be above 0 and at most 1 (a fraction, not a percentage)", o.idleThreshold)
 	}
 	if o.idleWindow < fragmentation.MinIdleWindow {
@@ -163,6 +165,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 			return nil, exitUsage, fmt.Errorf("--web.config.file=%s: %v", f, err)
 		}
 	}
+	for _, r := range o.kubeletResources {
+		if strings.TrimSuffix(r, "*") == "" || strings.ContainsAny(r, " ,") {
+			return nil, exitUsage, fmt.Errorf("--kubelet.resource-names=%q: want a resource name such as example.com/gpu, or a prefix ending in *", r)
+		}
+	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {
 		return nil, exitUsage, fmt.Errorf("--dcgm.mode=%s: %v", o.dcgmMode, err)
@@ -171,8 +178,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		if _, _, err := net.SplitHostPort(o.dcgmHostEngine); err != nil {
 			return nil, exitUsage, fmt.Errorf("--dcgm.host-engine=%s: want HOST:PORT, e.g. nvidia-dcgm.gpu-operator.svc:5555 (%v)", o.dcgmHostEngine, err)
 		}
-		if mode == dcgm.ModeAuto {
+		switch mode {
+		case dcgm.ModeAuto:
 			mode = dcgm.ModeStandalone
+		case dcgm.ModeOff, dcgm.ModeEmbedded:
+			return nil, exitUsage, fmt.Errorf("--dcgm.host-engine=%s contradicts --dcgm.mode=%s: a host engine is for standalone mode", o.dcgmHostEngine, mode)
 		}
 	}
 	if mode == dcgm.ModeStandalone && o.dcgmHostEngine == "" {
@@ -242,6 +252,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
+	derived, err := derivedConfig(o) // a bad price file fails before anything starts
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitUsage
+	}
 	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
@@ -262,11 +277,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	derived, err := derivedConfig(o)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
-		return exitUsage
-	}
 	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
 	if src, ok := collector.XIDSource(lib); ok {
 		cfg.XID = xid.NewReader(src, nil)
@@ -301,10 +311,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 			return exitUsage
 		}
-		defer client.Close()
 		cfg.Pods = client
 		wg.Add(1)
-		go func() { defer wg.Done(); client.Run(runCtx) }()
+		go func() {
+			defer wg.Done()
+			client.Run(runCtx)
+			client.Close() // after Run has returned, never under it
+		}()
 	}
 	exp, err := collector.New(cfg, sampler)
 	if err != nil {
@@ -411,7 +424,7 @@ func openNVML(o *options, log zerolog.Logger) (collector.NVML, *simnode.Node, er
 			return nil, nil, err
 		}
 	}
-	if o.simulateSeed != 1 || sc.Seed == 0 {
+	if o.simulateSeedSet || sc.Seed == 0 {
 		sc.Seed = o.simulateSeed
 	}
 	node, err := simnode.New(sc)
