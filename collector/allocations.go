@@ -36,7 +36,12 @@ type Allocations struct {
 	// Holders per device, sorted.
 	ByDevice    map[DeviceKey][]Holder
 	Allocatable map[string]int
-	Unmatched   map[string]int // resource -> device IDs matching no device
+	// AllocatableUnits are the schedulable units (whole GPUs, MIG
+	// instances) that at least one allocatable device ID names: replicas of
+	// a time-sliced GPU count once. nil when the kubelet gives no
+	// allocatable list.
+	AllocatableUnits map[DeviceKey]bool
+	Unmatched        map[string]int // resource -> device IDs matching no device
 }
 
 // inventory is the sample's devices as podmap wants them.
@@ -63,7 +68,22 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 		return a
 	}
 	a.Allocatable = snap.Allocatable
-	matched, unmatched := podmap.Match(snap, inventory(s))
+	inv := inventory(s)
+	if snap.AllocatableIDs != nil {
+		a.AllocatableUnits = map[DeviceKey]bool{}
+		for _, ids := range snap.AllocatableIDs {
+			for _, id := range ids {
+				ref, err := podmap.ParseDeviceID(id)
+				if err != nil {
+					continue
+				}
+				if t, ok := inv.Resolve(ref); ok {
+					a.AllocatableUnits[DeviceKey{t.GPU, t.GPUInstance}] = true
+				}
+			}
+		}
+	}
+	matched, unmatched := podmap.Match(snap, inv)
 	for _, m := range matched {
 		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
@@ -121,6 +141,9 @@ var (
 		[]string{"state"}, nil)
 	healthyDesc = prometheus.NewDesc("gpu_healthy_devices",
 		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil, nil)
+	allocatableHealthyDesc = prometheus.NewDesc("gpu_kubelet_allocatable_healthy_devices",
+		"Healthy schedulable devices (as in gpu_healthy_devices) that the kubelet can allocate: replicas of a time-sliced GPU count once. Below gpu_healthy_devices, the device plugin lost devices.",
+		nil, nil)
 	unmatchedDesc = prometheus.NewDesc("gpu_kubelet_unmatched_device_ids",
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
 )
@@ -143,7 +166,7 @@ func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)
 func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 	a := st.Allocations
 	s := st.Sample
-	var free, allocated, unhealthy, healthy int
+	var free, allocated, unhealthy, healthy, allocatableHealthy int
 	eachUnit(s, func(d *DeviceState, key DeviceKey, ok bool) {
 		holders := a.ByDevice[key]
 		switch {
@@ -156,6 +179,9 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		}
 		if ok {
 			healthy++
+			if a.AllocatableUnits[key] {
+				allocatableHealthy++
+			}
 		}
 		lv := d.labelValues()
 		for _, h := range holders {
@@ -180,6 +206,9 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
+	if a.AllocatableUnits != nil {
+		ch <- prometheus.MustNewConstMetric(allocatableHealthyDesc, prometheus.GaugeValue, float64(allocatableHealthy))
+	}
 	for r, n := range a.Allocatable {
 		ch <- prometheus.MustNewConstMetric(allocatableDesc, prometheus.GaugeValue, float64(n), r)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +128,7 @@ func TestAllocationsOnSimulatedNode(t *testing.T) {
 		{"gpu_devices", []string{`state="free"`}, "2"},
 		{"gpu_devices", []string{`state="unhealthy"`}, "0"},
 		{"gpu_healthy_devices", nil, "11"},
+		{"gpu_kubelet_allocatable_healthy_devices", nil, "11"},
 		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/gpu"`}, "6"},
 		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/gpu.shared"`}, "4"},
 		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/mig-1g.10gb"`}, "2"},
@@ -270,7 +272,32 @@ func TestDevicePluginCapacityLoss(t *testing.T) {
 	if v := value(t, p, "gpu_healthy_devices"); v != "11" {
 		t.Errorf("healthy devices %s, want 11", v)
 	}
+	if v := value(t, p, "gpu_kubelet_allocatable_healthy_devices"); v != "0" {
+		t.Errorf("allocatable healthy devices %s after the plugin lost them, want 0", v)
+	}
 	if n := len(holders(p)); n != 11 {
 		t.Errorf("pods keep running: %d holders, want 11", n)
+	}
+}
+
+func TestPartialDevicePluginLoss(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	// The plugin keeps only 8 of its 14 device IDs, in resource order: the
+	// six of nvidia.com/gpu, two of the four replicas of GPU 6 on
+	// nvidia.com/gpu.shared, none of the MIG instances. 8 IDs look close to
+	// the 11 healthy devices; in devices it is 6 + 1 = 7, and MIG is gone.
+	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(20 * time.Second), DevicePlugin: &simnode.DevicePluginFault{Allocatable: 8}})
+	pn := newPodNode(t, sc)
+	p := pn.step(t, 30*time.Second)
+	total := 0.0
+	for _, l := range series(p, "gpu_kubelet_allocatable_devices") {
+		v, _ := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+		total += v
+	}
+	if total != 8 {
+		t.Fatalf("allocatable IDs %v, want 8", total)
+	}
+	if v := value(t, p, "gpu_kubelet_allocatable_healthy_devices"); v != "7" {
+		t.Errorf("allocatable healthy devices %s, want 7", v)
 	}
 }

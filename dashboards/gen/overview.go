@@ -40,7 +40,7 @@ func overview() *dashboard.DashboardBuilder {
 		WithPanel(statPanel("Idle cost", "What idle allocations cost per hour (where a GPU price is configured).", "currencyUSD", 3, 4, thresholds("green", step{1, "orange"}),
 			series(`sum(nodepool:gpu_allocation_idle_cost_dollars_per_hour:sum{`+pool+`}) or vector(0)`, "$/h"))).
 		WithPanel(statPanel("Capacity lost to device plugins", "Healthy units the kubelet does not advertise as allocatable (a dead device plugin: capacity 0 while pods still run). See GPUDevicePluginCapacityLoss.", "none", 3, 4, thresholds("green", step{1, "red"}),
-			series(`sum(clamp_min(sum by (node) (gpu_healthy_devices{`+onNodes+`}) - sum by (node) (gpu_kubelet_allocatable_devices{`+onNodes+`}), 0)) or vector(0)`, "lost"))).
+			series(`sum(clamp_min(sum by (node) (gpu_healthy_devices{`+onNodes+`}) - sum by (node) (gpu_kubelet_allocatable_healthy_devices{`+onNodes+`}), 0)) or vector(0)`, "lost"))).
 		WithPanel(statPanel("Pending GPU pods", "Pods Pending that request nvidia.com/gpu (kube-state-metrics), cluster-wide.", "none", 3, 4, thresholds("green", step{1, "orange"}),
 			series(`count(`+pendingGPUPods+`) or vector(0)`, "pending"))).
 		WithPanel(timeseriesPanel("GPUs by state", "Schedulable units by state, summed over the chosen node pools.", "none", 12, 8, []*prometheus.DataqueryBuilder{
