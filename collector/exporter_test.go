@@ -130,15 +130,19 @@ func filterExposition(text string, names []string) []byte {
 	return []byte(out.String())
 }
 
+// TestLint runs promlint over the default node and over one whose faults
+// bring out the health families.
 func TestLint(t *testing.T) {
-	e, _ := newExporter(t, nil, newClock(), nil)
-	e.SampleOnce(context.Background())
-	problems, err := testutil.GatherAndLint(e.Registry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	for _, sc := range []*simnode.Scenario{nil, scenario(t, "faults: [{at: 0s, gpu: 0, ecc: {uncorrected: 1}}, {at: 0s, gpu: 1, xid: 13}]")} {
+		e, _ := newExporter(t, sc, newClock(), nil)
+		e.SampleOnce(context.Background())
+		problems, err := testutil.GatherAndLint(e.Registry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("lint: %s: %s", p.Metric, p.Text)
+		}
 	}
 }
 

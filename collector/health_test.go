@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
@@ -220,18 +219,6 @@ faults:
 	}
 	if ok, why := e.Ready(); !ok {
 		t.Errorf("not ready after recovery: %s", why)
-	}
-}
-
-func TestHealthLint(t *testing.T) {
-	e, _ := newExporter(t, scenario(t, "faults: [{at: 0s, gpu: 0, ecc: {uncorrected: 1}}]"), newClock(), nil)
-	e.SampleOnce(context.Background())
-	problems, err := testutil.GatherAndLint(e.Registry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }
 
