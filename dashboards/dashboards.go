@@ -212,6 +212,21 @@ var (
 	queryResultRE = regexp.MustCompile(`^\s*query_result\(\s*(.*)\)\s*$`)
 )
 
+// PromQL is the query as Prometheus would run it: a variable's query
+// unwrapped from label_values() and the like, Grafana variables replaced by
+// values. ok is false for a variable query that holds no PromQL; unknown
+// lists variables values lacks.
+func (q Query) PromQL(values map[string]string) (expr string, unknown []string, ok bool) {
+	expr = q.Expr
+	if q.Kind == KindVariable {
+		if expr, _, ok = VariablePromQL(expr); !ok {
+			return "", nil, false
+		}
+	}
+	expr, unknown = Substitute(expr, values)
+	return expr, unknown, true
+}
+
 // VariablePromQL returns the PromQL expression inside a Prometheus template
 // variable query: the series selector of label_values(selector, label), the
 // expression of query_result(expr). ok is false for forms without one

@@ -250,15 +250,10 @@ func checkDashboards(t *testing.T, prom string) {
 	var empty []string
 	excused := map[string]bool{}
 	for _, q := range qs {
-		expr := q.Expr
-		if q.Kind == dashboards.KindVariable {
-			e, _, ok := dashboards.VariablePromQL(expr)
-			if !ok {
-				continue
-			}
-			expr = e
+		expr, unknown, ok := q.PromQL(values)
+		if !ok {
+			continue
 		}
-		expr, unknown := dashboards.Substitute(expr, values)
 		// "or vector(0)" makes a panel show 0 rather than nothing; the
 		// check is about the query before it.
 		expr = orVectorZero.ReplaceAllString(expr, "")

@@ -241,15 +241,10 @@ func TestDashboardsPromQL(t *testing.T) {
 		t.Fatalf("only %d dashboard queries found", len(qs))
 	}
 	for _, q := range qs {
-		expr := q.Expr
-		if q.Kind == dashboards.KindVariable {
-			e, _, ok := dashboards.VariablePromQL(expr)
-			if !ok {
-				continue
-			}
-			expr = e
+		expr, unknown, ok := q.PromQL(dashboardVars)
+		if !ok {
+			continue
 		}
-		expr, unknown := dashboards.Substitute(expr, dashboardVars)
 		if len(unknown) > 0 {
 			t.Errorf("%s: unknown Grafana variables %v", q, unknown)
 			continue
