@@ -350,7 +350,7 @@ func TestXIDEventsCarryMIGInstances(t *testing.T) {
 		t.Fatalf("wait with no event: %v", ret)
 	}
 	node.Events = []fakenvml.Event{
-		{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 79},                 // GPU 0 is not registered
+		{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 79}, // GPU 0 is not registered
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 13, GPUInstance: fakenvml.Ptr[uint32](1), ComputeInstance: fakenvml.Ptr[uint32](1)},
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 48},
 	}

@@ -105,7 +105,7 @@ type GPU struct {
 	PowerUsage        *uint32 // milliwatts
 	PowerLimit        *uint32
 	EnforcedLimit     *uint32
-	Energy            *uint64                           // millijoules since the driver loaded
+	Energy            *uint64                            // millijoules since the driver loaded
 	Temperatures      map[nvml.TemperatureSensors]uint32 // °C
 	Thresholds        map[nvml.TemperatureThresholds]uint32
 	PCIe              *PCIe
