@@ -84,12 +84,17 @@ func (l *lockedBuffer) String() string {
 // serving node (written to dir), and waits until it serves a page with GPUs.
 func startExporter(t testing.TB, variant, nodePath string, extra ...string) *exporter {
 	t.Helper()
+	return startExporterEnv(t, variant, nodePath, nil, extra...)
+}
+
+func startExporterEnv(t testing.TB, variant, nodePath string, env []string, extra ...string) *exporter {
+	t.Helper()
 	bin := exporterBinary(t)
 	lib := library(t, variant)
 	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off",
 		"--web.listen-address=127.0.0.1:0", "--collect-interval=1s", "--nvml.device-timeout=500ms"}, extra...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH=")
+	cmd.Env = append(append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH="), env...)
 	e := &exporter{t: t, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	pr, pw := io.Pipe()
 	cmd.Stderr = io.MultiWriter(e.stderr, pw)
@@ -372,7 +377,8 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 	if err := node.WriteFile(path); err != nil {
 		t.Fatal(err)
 	}
-	e := startExporter(t, fakenvml.Full, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
 	node.Events = []fakenvml.Event{
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
@@ -386,4 +392,12 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 		return v
 	}
 	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return xid(f, "1", "79") == 2 && xid(f, "0", "13") == 1 }, "XIDs 79 x2 on GPU 1 and 13 on GPU 0")
+	// The exporter waits with the v2 call, whose events carry MIG instance IDs.
+	calls, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(calls), "nvmlEventSetWait_v2 ") || strings.Contains(string(calls), "nvmlEventSetWait ") {
+		t.Errorf("the exporter does not wait for events with nvmlEventSetWait_v2")
+	}
 }

@@ -97,6 +97,7 @@ func TestIdentityAndTelemetry(t *testing.T) {
 	g.NVLinks[17].Active = false
 	g.Fields[nvml.FI_DEV_GET_GPU_RECOVERY_ACTION] = uint64(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
 	g.ClockEventReasons = fakenvml.Ptr[uint64](nvml.ClocksEventReasonSwThermalSlowdown)
+	g.ScopedFields = map[uint32]map[uint32]uint64{nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: {2: 5}}
 	lib := open(t, node)
 
 	if n := must[int](t, "count")(lib.DeviceGetCount()); n != 2 {
@@ -170,9 +171,11 @@ func TestIdentityAndTelemetry(t *testing.T) {
 	if v := must[uint64](t, "nvlink")(d.GetNvLinkErrorCounter(3, nvml.NVLINK_ERROR_DL_CRC_FLIT)); v != 9 {
 		t.Errorf("nvlink crc %d", v)
 	}
-	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_MEMORY_TEMP},
+		{FieldId: nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, ScopeId: 2}, {FieldId: nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, ScopeId: 3}}
 	if ret := d.GetFieldValues(fv); ret != nvml.SUCCESS || fv[0].NvmlReturn != uint32(nvml.SUCCESS) ||
-		fv[0].Value[0] != byte(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET) || fv[1].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) {
+		fv[0].Value[0] != byte(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET) || fv[1].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) ||
+		fv[2].NvmlReturn != uint32(nvml.SUCCESS) || fv[2].Value[0] != 5 || fv[3].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) {
 		t.Errorf("field values %v %+v", ret, fv)
 	}
 	// One driver function under its R535 name and its older one.
@@ -312,6 +315,34 @@ func TestMIGLayoutInMemorySlices(t *testing.T) {
 	}
 	if _, ret := d.GetGpuInstanceId(); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("GI ID of a whole GPU: %v", ret)
+	}
+}
+
+func TestH100PlacementsInMemorySlices(t *testing.T) {
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	if _, err := node.GPUs[0].AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_7_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	for _, tc := range []struct {
+		profile int
+		want    []nvml.GpuInstancePlacement
+	}{
+		{nvml.GPU_INSTANCE_PROFILE_7_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 8}}},
+		{nvml.GPU_INSTANCE_PROFILE_3_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 4}, {Start: 4, Size: 4}}},
+	} {
+		info := must[nvml.GpuInstanceProfileInfo](t, "profile")(d.GetGpuInstanceProfileInfo(tc.profile))
+		if pl := must[[]nvml.GpuInstancePlacement](t, "placements")(d.GetGpuInstancePossiblePlacements(&info)); !slices.Equal(pl, tc.want) {
+			t.Errorf("H100 profile %d (%d slices) placed at %v, want %v", tc.profile, info.SliceCount, pl, tc.want)
+		}
+	}
+	gis := must[[]nvml.GpuInstance](t, "instances")(d.GetGpuInstances(fakenvml.Ptr(must[nvml.GpuInstanceProfileInfo](t, "7g")(d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)))))
+	if len(gis) != 1 {
+		t.Fatalf("%d 7g instances", len(gis))
+	}
+	if info := must[nvml.GpuInstanceInfo](t, "info")(gis[0].GetInfo()); info.Placement != (nvml.GpuInstancePlacement{Start: 0, Size: 8}) {
+		t.Errorf("7g instance at %+v", info.Placement)
 	}
 }
 
