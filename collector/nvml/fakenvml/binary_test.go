@@ -277,9 +277,15 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if why, ok := awaitingProbes[br]; ok {
 				t.Skipf("the exporter crashes on %s until it probes symbols (issue 12 §2.1): %s", br, why)
 			}
-			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, br)
+			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 3, br)
 			node.GPUs[1].Memory.Used = 20 << 30
 			node.GPUs[1].Utilization = &nvml.Utilization{Gpu: 75, Memory: 30}
+			for _, p := range []int{nvml.GPU_INSTANCE_PROFILE_3_SLICE, nvml.GPU_INSTANCE_PROFILE_2_SLICE} {
+				if _, err := node.GPUs[2].AddGPUInstance(p, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			node.GPUs[2].MIG.Devices[1].Memory.Used = 3 << 30
 			path := filepath.Join(t.TempDir(), "node.conf")
 			if err := node.WriteFile(path); err != nil {
 				t.Fatal(err)
@@ -308,7 +314,14 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if len(missing) > 0 {
 				t.Errorf("%s does not serve %s", br, strings.Join(missing, ", "))
 			}
-			for gpu := 0; gpu < 2; gpu++ {
+			// MIG instances: 3g.40gb as GPU instance 1, 2g.20gb as 2.
+			if v, _ := sample(f, "gpu_memory_used_bytes", map[string]string{"gpu": "2", "gpu_instance": "2", "mig_profile": "2g.20gb"}); v != 3<<30 {
+				t.Errorf("gpu_memory_used_bytes of MIG 2g.20gb = %v, want %v", v, 3<<30)
+			}
+			if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "2", "gpu_instance": "1", "mig_profile": "3g.40gb"}); !ok {
+				t.Error("no gpu_memory_total_bytes for MIG 3g.40gb")
+			}
+			for gpu := 0; gpu < 3; gpu++ {
 				if v, ok := sample(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu)}); !ok || v != 1 {
 					t.Errorf("gpu_up{gpu=%d} = %v, %v", gpu, v, ok)
 				}
