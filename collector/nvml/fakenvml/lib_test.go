@@ -489,3 +489,50 @@ func TestVariantsExportOnlyTheirBranch(t *testing.T) {
 		}
 	}
 }
+
+func TestMalformedNodeFile(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.conf")
+	if err := os.WriteFile(bad, []byte("device_count=1\ngpu.0.name NVIDIA H100\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakenvml.EnvNode, bad)
+	lib := nvml.New(nvml.WithLibraryPath(library(t, fakenvml.Full)))
+	if ret := lib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+		lib.Shutdown()
+		t.Fatalf("Init on a malformed node file = %v, want ERROR_DRIVER_NOT_LOADED", ret)
+	}
+
+	// A malformed rewrite while running keeps the node as it was.
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	lib = open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	tmp := nodeFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte("gpu.0.name=x\ngpu.0.name=y\n"), 0o644); err != nil { // a key twice
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, nodeFile); err != nil {
+		t.Fatal(err)
+	}
+	if name := must[string](t, "name")(d.GetName()); name != gpus.H100_SXM5_80GB.Name {
+		t.Errorf("name after a malformed rewrite %q", name)
+	}
+	node.GPUs[0].Name = "NVIDIA H100 80GB HBM3"
+	write(t, node)
+	if name := must[string](t, "name")(d.GetName()); name != "NVIDIA H100 80GB HBM3" {
+		t.Errorf("name after a good rewrite %q", name)
+	}
+}
+
+func TestBlockForAWhile(t *testing.T) {
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	node.GPUs[0].Blocks = map[string]time.Duration{"nvmlDeviceGetPowerUsage": 300 * time.Millisecond}
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	start := time.Now()
+	if _, ret := d.GetPowerUsage(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("blocked call returned after %v, want at least 300ms", took)
+	}
+}

@@ -139,7 +139,7 @@ static void reload(void) {
     if (st.st_ino == nodeStat.st_ino && st.st_size == nodeStat.st_size &&
         st.st_mtim.tv_sec == nodeStat.st_mtim.tv_sec && st.st_mtim.tv_nsec == nodeStat.st_mtim.tv_nsec)
         return;
-    load(nodePath);
+    if (load(nodePath) != 0) nodeStat = st; // said once; keep the old node until the file changes again
 }
 
 static const char *get(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
