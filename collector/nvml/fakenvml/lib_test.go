@@ -198,15 +198,22 @@ func TestFaultsPerDeviceAndFunction(t *testing.T) {
 	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 3, "r550")
 	node.GPUs[0].Lost = true
 	node.GPUs[1].Returns = map[string]nvml.Return{"nvmlDeviceGetPowerUsage": nvml.ERROR_NO_PERMISSION, "nvmlDeviceGetTemperature": nvml.ERROR_NOT_SUPPORTED}
+	node.Returns = map[string]nvml.Return{"nvmlDeviceGetHandleByUUID": nvml.ERROR_UNKNOWN}
 	node.GPUs[2].Blocks = map[string]time.Duration{"nvmlDeviceGetMemoryInfo": fakenvml.Forever}
 	lib := open(t, node)
 	h := func(i int) nvml.Device { return must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(i)) }
 
+	if _, ret := lib.DeviceGetHandleByIndex(3); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("handle of GPU 3 of 3: %v", ret)
+	}
 	if _, ret := h(0).GetMemoryInfo(); ret != nvml.ERROR_GPU_IS_LOST {
 		t.Errorf("lost GPU memory: %v", ret)
 	}
 	if _, ret := h(0).GetUUID(); ret != nvml.ERROR_GPU_IS_LOST {
 		t.Errorf("lost GPU UUID: %v", ret)
+	}
+	if _, ret := lib.DeviceGetHandleByUUID(node.GPUs[1].UUID); ret != nvml.ERROR_UNKNOWN {
+		t.Errorf("handle by UUID: %v, want the forced ERROR_UNKNOWN", ret)
 	}
 	if _, ret := h(1).GetPowerUsage(); ret != nvml.ERROR_NO_PERMISSION {
 		t.Errorf("power: %v, want NO_PERMISSION", ret)
