@@ -8,7 +8,8 @@
 // Node file: one "key=value" per line, '#' starts a comment line. A key that
 // is absent makes the function answer NVML_ERROR_NOT_SUPPORTED, as a driver
 // does for a feature the device lacks. The Go package next to this file
-// (fakenvml.Node) writes it; its doc comment lists the keys.
+// writes it (fakenvml.Node; node.go's encode functions name every key), and
+// each function below says which keys it reads.
 //
 // Behaviour switches, per device prefix P ("gpu.N." or "gpu.N.mig.M.") or
 // global (no prefix):
