@@ -2,8 +2,8 @@ package collector_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"maps"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
