@@ -6,16 +6,29 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/common/version"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
 
-// newMux routes the exporter's endpoints.
-func newMux(exp *collector.Exporter, o *options) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", limitConcurrency(exp, o.maxRequests))
+// probeMaxConnections bounds the probe listener: the kubelet opens one or two.
+const probeMaxConnections = 16
+
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// addHealth adds /healthz (alive) and /readyz (a fresh sample exists).
+func addHealth(mux *http.ServeMux, exp *collector.Exporter) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -28,6 +41,21 @@ func newMux(exp *collector.Exporter, o *options) http.Handler {
 		}
 		fmt.Fprintln(w, why)
 	})
+}
+
+// newProbeMux serves the health endpoints alone: no metrics, no landing
+// page, no profiler, so it needs no secret.
+func newProbeMux(exp *collector.Exporter) http.Handler {
+	mux := http.NewServeMux()
+	addHealth(mux, exp)
+	return mux
+}
+
+// newMux routes the exporter's endpoints.
+func newMux(exp *collector.Exporter, o *options) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", limitConcurrency(exp, o.maxRequests))
+	addHealth(mux, exp)
 	if o.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

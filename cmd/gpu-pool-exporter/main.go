@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -54,6 +53,8 @@ type options struct {
 	logFormat       string
 	nodeName        string
 	maxRequests     int
+	maxConnections  int
+	probeAddress    string
 	shutdownTimeout time.Duration
 	pprof           bool
 
@@ -125,6 +126,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; more wait in the kernel's accept queue. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
 	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
@@ -161,6 +164,19 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.maxRequests < 0 {
 		return nil, exitUsage, fmt.Errorf("--web.max-requests=%d must be 0 (no limit) or more", o.maxRequests)
+	}
+	if o.maxConnections < 0 || (o.maxConnections > 0 && o.maxConnections < 8) {
+		return nil, exitUsage, fmt.Errorf("--web.max-connections=%d must be 0 (no limit) or at least 8", o.maxConnections)
+	}
+	if o.probeAddress != "" {
+		if _, _, err := net.SplitHostPort(o.probeAddress); err != nil {
+			return nil, exitUsage, fmt.Errorf("--web.probe-address=%s: want [HOST]:PORT, e.g. :9948 (%v)", o.probeAddress, err)
+		}
+		for _, a := range *o.web.WebListenAddresses {
+			if a == o.probeAddress {
+				return nil, exitUsage, fmt.Errorf("--web.probe-address=%s is also a --web.listen-address: give the probes a port of their own", o.probeAddress)
+			}
+		}
 	}
 	if o.simulateFile != "" {
 		o.simulate = true
@@ -400,22 +416,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
 	}
-	srv := &http.Server{
-		Handler:           newMux(exp, o),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+	var probeListener net.Listener
+	if o.probeAddress != "" {
+		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
+			return exitError
+		}
 	}
+	for i, l := range listeners {
+		listeners[i] = newLimitListener(l, o.maxConnections)
+	}
+	srv := newHTTPServer(newMux(exp, o))
 	done := make(chan struct{})
 	go func() { defer close(done); exp.Run(runCtx) }()
 
-	serveErr := make(chan error, 1)
-	slogger := slog.New(zerolog.NewSlogHandler(log))
-	go func() { serveErr <- web.ServeMultiple(listeners, srv, o.web, slogger) }()
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- serveWeb(listeners, srv, *o.web.WebConfigFile, log) }()
 	for _, l := range listeners {
-		log.Info().Str("address", l.Addr().String()).Msg("serving /metrics")
+		log.Info().Str("address", l.Addr().String()).Bool("web_config", *o.web.WebConfigFile != "").Int("max_connections", o.maxConnections).Msg("serving /metrics")
+	}
+	probeSrv := newHTTPServer(newProbeMux(exp))
+	if probeListener != nil {
+		go func() { serveErr <- probeSrv.Serve(newLimitListener(probeListener, probeMaxConnections)) }()
+		log.Info().Str("address", probeListener.Addr().String()).Msg("serving /healthz and /readyz for probes (no TLS, no auth)")
 	}
 
 	select {
@@ -432,6 +458,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
+	_ = probeSrv.Shutdown(sctx)
 	cancel()
 	<-done
 	return exitOK
