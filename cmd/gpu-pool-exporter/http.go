@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"html/template"
+	stdlog "log"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/common/version"
+	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
@@ -16,14 +18,19 @@ import (
 // probeMaxConnections bounds the probe listener: the kubelet opens one or two.
 const probeMaxConnections = 16
 
-func newHTTPServer(h http.Handler) *http.Server {
+// newHTTPServer is a server with bounded timeouts and headers; its own
+// error lines (TLS handshake failures, which any client can cause at will)
+// go to the debug log.
+func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 	return &http.Server{
+		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger().Level(zerolog.DebugLevel), "", 0),
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
+		ConnState:         trackConnState,
 	}
 }
 

@@ -429,7 +429,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for i, l := range listeners {
 		listeners[i] = newLimitListener(l, o.maxConnections)
 	}
-	srv := newHTTPServer(newMux(exp, o))
+	srv := newHTTPServer(newMux(exp, o), log)
 	done := make(chan struct{})
 	go func() { defer close(done); exp.Run(runCtx) }()
 
@@ -438,7 +438,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, l := range listeners {
 		log.Info().Str("address", l.Addr().String()).Bool("web_config", *o.web.WebConfigFile != "").Int("max_connections", o.maxConnections).Msg("serving /metrics")
 	}
-	probeSrv := newHTTPServer(newProbeMux(exp))
+	probeSrv := newHTTPServer(newProbeMux(exp), log)
 	if probeListener != nil {
 		go func() { serveErr <- probeSrv.Serve(newLimitListener(probeListener, probeMaxConnections)) }()
 		log.Info().Str("address", probeListener.Addr().String()).Msg("serving /healthz and /readyz for probes (no TLS, no auth)")

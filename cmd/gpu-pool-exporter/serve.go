@@ -289,52 +289,98 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(w, r)
 }
 
-// limitListener accepts at most n connections at a time; more wait in the
-// kernel's accept queue, where they cost the process no memory. Slow
-// clients can then hold n connections, not the pod's memory.
+// limitListener keeps at most n connections open. At the cap, a new
+// connection closes the oldest one that is not serving a request (a client
+// still sending its headers or its TLS handshake, or an idle keep-alive), or
+// is itself closed if all n are busy. So slow clients hold at most n
+// connections, not the pod's memory, and cannot hold them against a
+// scraper: its connection is the newest, and it sends its request at once.
+// Accept never waits, so nothing queues in the kernel ahead of the scraper.
 type limitListener struct {
 	net.Listener
-	sem       chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	max int
+
+	mu     sync.Mutex
+	conns  map[*limitedConn]struct{}
+	peak   int
+	evicts int64
 }
 
 func newLimitListener(l net.Listener, n int) net.Listener {
 	if n <= 0 {
 		return l
 	}
-	return &limitListener{Listener: l, sem: make(chan struct{}, n), done: make(chan struct{})}
+	return &limitListener{Listener: l, max: n, conns: map[*limitedConn]struct{}{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		lc := &limitedConn{Conn: c, l: l, since: time.Now()}
+		l.mu.Lock()
+		if len(l.conns) >= l.max {
+			var oldest *limitedConn
+			for x := range l.conns {
+				if st := http.ConnState(x.state.Load()); (st == http.StateNew || st == http.StateIdle) && (oldest == nil || x.since.Before(oldest.since)) {
+					oldest = x
+				}
+			}
+			if oldest == nil { // every connection is serving a request
+				l.mu.Unlock()
+				c.Close()
+				continue
+			}
+			delete(l.conns, oldest)
+			l.evicts++
+			go oldest.Conn.Close()
+		}
+		l.conns[lc] = struct{}{}
+		l.peak = max(l.peak, len(l.conns))
+		l.mu.Unlock()
+		return lc, nil
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitedConn{Conn: c, release: func() { <-l.sem }}, nil
 }
 
-func (l *limitListener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
-	return l.Listener.Close()
+// stats is the open connections, the most ever open and the evictions.
+func (l *limitListener) stats() (open, peak int, evicts int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns), l.peak, l.evicts
 }
 
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l     *limitListener
+	state atomic.Int32 // http.ConnState, from the server's ConnState hook
+	since time.Time    // when it entered that state; under l.mu
 }
 
 func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// trackConnState is the servers' ConnState hook: it tells each limited
+// connection whether it is serving a request.
+func trackConnState(c net.Conn, s http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	lc.state.Store(int32(s))
+	if s == http.StateIdle {
+		lc.l.mu.Lock()
+		lc.since = time.Now() // idle since now: oldest idle goes first
+		lc.l.mu.Unlock()
+	}
 }
 
 // serveWeb serves srv on every listener, with TLS and basic auth from the

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -241,31 +242,27 @@ func TestAuthenticatorLimitsFailuresPerAddress(t *testing.T) {
 	}
 }
 
-// The connection cap: slow clients that never send a request hold at most
-// the cap of accepted connections; the rest wait in the kernel's queue, and
-// a scrape gets through once slots free up.
+// The connection cap: slow clients that never finish a request hold at
+// most the cap of connections, and a scrape still gets through while they
+// keep trying: at the cap the oldest connection without a request in
+// flight gives way.
 func TestConnectionCap(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var open, peak atomic.Int64
-	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
-	srv.ConnState = func(_ net.Conn, s http.ConnState) {
-		switch s {
-		case http.StateNew:
-			if v := open.Add(1); v > peak.Load() {
-				peak.Store(v)
-			}
-		case http.StateClosed, http.StateHijacked:
-			open.Add(-1)
-		}
-	}
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }), zerolog.Nop())
 	const limit = 8
-	go srv.Serve(newLimitListener(l, limit))
+	ll := newLimitListener(l, limit).(*limitListener)
+	go srv.Serve(ll)
 	defer srv.Close()
 
 	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
 	for i := 0; i < 5*limit; i++ {
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
@@ -274,28 +271,34 @@ func TestConnectionCap(t *testing.T) {
 		c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
 		slow = append(slow, c)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if p := peak.Load(); p != limit {
-		t.Errorf("%d slow clients: %d connections accepted at once, want the cap of %d", len(slow), p, limit)
-	}
-	done := make(chan string, 1)
-	go func() {
-		c := &http.Client{Timeout: 20 * time.Second}
-		_, body := get(t, c, "http://"+l.Addr().String()+"/", "", "")
-		done <- body
-	}()
-	for _, c := range slow {
-		c.Close()
-	}
-	select {
-	case body := <-done:
-		if body != "ok" {
-			t.Errorf("scrape after the slow clients left: %q", body)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, _, ev := ll.stats(); ev >= 4*limit || time.Now().After(deadline) {
+			break
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no scrape got through after the slow clients left")
+		time.Sleep(10 * time.Millisecond)
 	}
-	if p := peak.Load(); p > limit {
-		t.Errorf("peak %d connections, cap %d", p, limit)
+	open, peak, evicts := ll.stats()
+	if peak > limit || open > limit {
+		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
+	}
+	if evicts < 4*limit {
+		t.Errorf("%d evictions, want %d: the slow clients past the cap give way", evicts, 4*limit)
+	}
+	// The slow clients are still connected (from their side) and more keep
+	// coming; a scrape gets through.
+	for i := 0; i < 3; i++ {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err == nil {
+			c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n"))
+			slow = append(slow, c)
+		}
+		code, body := get(t, &http.Client{Timeout: 20 * time.Second}, "http://"+l.Addr().String()+"/", "", "")
+		if code != 200 || body != "ok" {
+			t.Errorf("scrape %d beside %d slow clients: %d %q", i, len(slow), code, body)
+		}
+	}
+	if _, peak, _ := ll.stats(); peak > limit {
+		t.Errorf("peak %d connections, cap %d", peak, limit)
 	}
 }
