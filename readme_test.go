@@ -19,14 +19,21 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
 // block is one fenced code block of README.md.
 type block struct {
-	lang string
-	line int // of the opening fence
-	text string
+	lang    string
+	line    int    // of the opening fence
+	section string // the "## " heading above it
+	text    string
 }
+
+func (b block) where() string { return fmt.Sprintf("README.md:%d", b.line) }
 
 func readmeBlocks(t *testing.T) []block {
 	t.Helper()
@@ -36,10 +43,13 @@ func readmeBlocks(t *testing.T) []block {
 	}
 	var blocks []block
 	var cur *block
+	var section string
 	for i, l := range strings.Split(string(b), "\n") {
 		switch {
+		case cur == nil && strings.HasPrefix(l, "## "):
+			section = strings.TrimPrefix(l, "## ")
 		case cur == nil && strings.HasPrefix(l, "```"):
-			cur = &block{lang: strings.TrimPrefix(l, "```"), line: i + 1}
+			cur = &block{lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
 		case cur != nil && l == "```":
 			blocks = append(blocks, *cur)
 			cur = nil
@@ -196,5 +206,68 @@ func TestMakeRun(t *testing.T) {
 	}
 	if !strings.Contains(output(), "shutting down") {
 		t.Errorf("the exporter did not shut down cleanly:\n%s", output())
+	}
+}
+
+// TestREADMEScenarios loads every scenario block as --simulate.scenario does
+// and checks what the text around it says of it.
+func TestREADMEScenarios(t *testing.T) {
+	var n int
+	for _, b := range readmeBlocks(t) {
+		if b.lang != "yaml" || b.section != "Simulated node and scenarios" {
+			continue
+		}
+		n++
+		sc, err := simnode.ParseScenario(b.where(), []byte(b.text))
+		if err != nil {
+			t.Errorf("%s: the scenario does not load: %v", b.where(), err)
+			continue
+		}
+		node, err := simnode.New(sc)
+		if err != nil {
+			t.Errorf("%s: the scenario loads but the node does not start: %v", b.where(), err)
+			continue
+		}
+		if got, _ := node.DeviceGetCount(); got != sc.Node.Count {
+			t.Errorf("%s: %d GPUs, the scenario says %d", b.where(), got, sc.Node.Count)
+		}
+		// "Pods are listed by the simulated kubelet with the device IDs of
+		// the node's flavour."
+		idPattern := map[string]*regexp.Regexp{
+			"nvidia": regexp.MustCompile(`^(GPU-[0-9a-f-]+(::[0-9]+)?|MIG-[0-9a-f-]+)$`),
+			"gke":    regexp.MustCompile(`^nvidia[0-9]+(/gi[0-9]+)?(/vgpu[0-9]+)?$`),
+		}[sc.Node.Flavour]
+		for _, p := range node.KubeletPods() {
+			for _, c := range p.Containers {
+				for _, d := range c.Devices {
+					for _, id := range d.IDs {
+						if !idPattern.MatchString(id) {
+							t.Errorf("%s: pod %s/%s holds %q, not a %s device ID", b.where(), p.Namespace, p.Name, id, sc.Node.Flavour)
+						}
+					}
+				}
+			}
+		}
+		node.Close()
+	}
+	if n < 2 {
+		t.Errorf("found %d scenario blocks in README's scenario section, want its 2 examples", n)
+	}
+}
+
+// TestREADMEQueries parses every PromQL block.
+func TestREADMEQueries(t *testing.T) {
+	for _, b := range readmeBlocks(t) {
+		if b.lang != "promql" {
+			continue
+		}
+		for i, l := range strings.Split(b.text, "\n") {
+			if l = strings.TrimSpace(l); l == "" || strings.HasPrefix(l, "#") {
+				continue
+			}
+			if _, err := parser.NewParser(parser.Options{}).ParseExpr(l); err != nil {
+				t.Errorf("README.md:%d: %v", b.line+1+i, err)
+			}
+		}
 	}
 }
