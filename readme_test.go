@@ -1,5 +1,9 @@
 // Package readme holds the tests that run what README.md tells a new user to
-// run and check that it does what README says.
+// run and check that it does what README says: the opening commands, the
+// scenario examples, the queries. The Install section's commands (helm,
+// kustomize) are run by deploy/readme_test.go: the kustomize library imports
+// package plugin, which makes the linker bind every symbol at start-up, and
+// a binary that also links go-nvml then fails to start without libnvidia-ml.
 package readme
 
 import (
