@@ -140,7 +140,7 @@ func TestMakeRun(t *testing.T) {
 	served := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
-		re := regexp.MustCompile(`serving (http://127\.0\.0\.1:[0-9]+/) `)
+		re := regexp.MustCompile(`serving /metrics .*url=(http://127\.0\.0\.1:[0-9]+/)`)
 		for sc.Scan() {
 			l := ansi.ReplaceAllString(sc.Text(), "")
 			mu.Lock()

@@ -483,7 +483,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	scheme := webScheme(*o.web.WebConfigFile)
 	for _, l := range listeners {
 		u := servedURL(scheme, l.Addr())
-		log.Info().Str("address", l.Addr().String()).Str("url", u).Msg("serving " + u + " (metrics at " + u + "metrics)")
+		// The message stays "serving /metrics" (scripts wait for it); url is
+		// what a user opens, shown in console format too.
+		log.Info().Str("address", l.Addr().String()).Str("url", u).Msg("serving /metrics")
 	}
 
 	select {

@@ -307,10 +307,11 @@ func TestStartupLogsServedURL(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--simulate", "--log.format=console", "--web.listen-address=127.0.0.1:0", "--collect-interval=1s"}, io.Discard, &errb)
 	}()
-	re := regexp.MustCompile(`serving (http://127\.0\.0\.1:[1-9][0-9]*/) `)
+	re := regexp.MustCompile(`serving /metrics .*url=(http://127\.0\.0\.1:[1-9][0-9]*/)`)
+	ansi := regexp.MustCompile(`\x1b\[[0-9;]*m`)
 	var url string
 	for deadline := time.Now().Add(15 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if m := re.FindStringSubmatch(errb.String()); m != nil {
+		if m := re.FindStringSubmatch(ansi.ReplaceAllString(errb.String(), "")); m != nil {
 			url = m[1]
 		}
 	}
