@@ -414,3 +414,38 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 		t.Errorf("the exporter does not wait for events with nvmlEventSetWait_v2")
 	}
 }
+
+// awaitingStartDeadline: discovery at start has no deadline yet, so a GPU
+// that hangs from the start keeps the listener from ever starting (and
+// SIGTERM from stopping the process): issue 12 §2.13, nvml-core's area.
+// Remove when start-up discovery gets a deadline.
+const awaitingStartDeadline = true
+
+// TestRealBinaryStartsBesideAHungGPU: a GPU whose every NVML call hangs from
+// the start must not keep the exporter from serving the others, and must be
+// reported once it answers.
+func TestRealBinaryStartsBesideAHungGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	if awaitingStartDeadline {
+		t.Skip("start-up discovery has no deadline yet (issue 12 §2.13): the listener never starts beside a hung GPU")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	node.GPUs[1].Blocks = map[string]time.Duration{"all": fakenvml.Forever}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	if err := node.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	e := startExporter(t, fakenvml.Full, path)
+	up := func(f map[string]*dto.MetricFamily, gpu string) float64 {
+		v, _ := sample(f, "gpu_up", map[string]string{"gpu": gpu})
+		return v
+	}
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return up(f, "0") == 1 }, "GPU 0 up beside hung GPU 1")
+	node.GPUs[1].Blocks = nil
+	if err := node.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return up(f, "1") == 1 }, "GPU 1 up once it answers")
+}
