@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -70,17 +71,27 @@ func field(f Field, scale float64, scope compatScope) func(c *compatDevice) (flo
 	}
 }
 
+// whole is field for DCGM's integer fields (MiB, MHz, mJ): DCGM truncates
+// bytes to MiB, and the float products of our base units are made exact.
+func whole(f Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
+	get := field(f, scale, scope)
+	return func(c *compatDevice) (float64, bool) {
+		v, ok := get(c)
+		return math.Floor(v + 1e-6), ok
+	}
+}
+
 // compatFamilies follow dcgm-exporter's default-counters.csv (4.x), in its
 // order, with its names, types, help texts and units. Left out:
 // DCGM_FI_DEV_VGPU_LICENSE_STATUS (vGPU guests only) and
 // DCGM_FI_DRIVER_VERSION, which dcgm-exporter serves as a label.
 var compatFamilies = []*compatFamily{
-	{name: "DCGM_FI_DEV_SM_CLOCK", help: "SM clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldSMClock, 1e-6, scopeBoard)},
-	{name: "DCGM_FI_DEV_MEM_CLOCK", help: "Memory clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldMemoryClock, 1e-6, scopeBoard)},
+	{name: "DCGM_FI_DEV_SM_CLOCK", help: "SM clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(FieldSMClock, 1e-6, scopeBoard)},
+	{name: "DCGM_FI_DEV_MEM_CLOCK", help: "Memory clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(FieldMemoryClock, 1e-6, scopeBoard)},
 	{name: "DCGM_FI_DEV_MEMORY_TEMP", help: "Memory temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldMemoryTemperature, 1, scopeBoard)},
 	{name: "DCGM_FI_DEV_GPU_TEMP", help: "GPU temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldTemperature, 1, scopeBoard)},
 	{name: "DCGM_FI_DEV_POWER_USAGE", help: "Power draw (in W).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldPower, 1, scopeBoard)},
-	{name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", help: "Total energy consumption since boot (in mJ).", valueType: prometheus.CounterValue, scope: scopeBoard, value: field(FieldEnergy, 1000, scopeBoard)},
+	{name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", help: "Total energy consumption since boot (in mJ).", valueType: prometheus.CounterValue, scope: scopeBoard, value: whole(FieldEnergy, 1000, scopeBoard)},
 	{name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", help: "Total number of PCIe retries.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		h := c.g.Health.PCIeReplay
 		return float64(h.V), h.OK
@@ -97,10 +108,10 @@ var compatFamilies = []*compatFamily{
 		if !ok1 || !ok2 {
 			return 0, false
 		}
-		return max(0, total-used-reserved) / mib, true
+		return math.Floor(max(0, total-used-reserved) / mib), true
 	}},
-	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: field(FieldMemoryUsed, 1.0/mib, scopeDevice)},
-	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: field(FieldMemoryReserved, 1.0/mib, scopeDevice)},
+	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: whole(FieldMemoryUsed, 1.0/mib, scopeDevice)},
+	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: whole(FieldMemoryReserved, 1.0/mib, scopeDevice)},
 	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		// DCGM reports a rate here despite the counter type (in MB/s by
 		// users' measurements): NVLink bytes sent and received per second.

@@ -47,6 +47,16 @@ func newClock() *fixedClock {
 	return &fixedClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 }
 
+// fullGroups serves every metric group: these tests check values, the
+// budget test (budget_test.go) checks what each profile serves.
+func fullGroups() collector.GroupSet {
+	g, err := collector.ProfileGroups(collector.ProfileFull)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
 // newExporter builds an exporter over a simulated node with a fixed clock.
 func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(collector.NVML) collector.NVML) (*collector.Exporter, *simnode.Node) {
 	t.Helper()
@@ -62,7 +72,7 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +89,7 @@ var deterministicMetrics = []string{
 	"gpu_exporter_collector_up", "gpu_exporter_last_sample_timestamp_seconds",
 	"gpu_power_limit_watts", "gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
 	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
-	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action", "gpu_nvlink_active_links",
+	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action_code", "gpu_nvlink_active_links",
 	"gpu_numa_node", "gpu_nvlink_errors_total",
 }
 
