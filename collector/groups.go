@@ -31,11 +31,12 @@ const (
 	GroupNVLink        Group = "nvlink"
 	GroupNVLinkErrors  Group = "nvlink_errors"
 	GroupECC           Group = "ecc"
+	GroupECCCorrected  Group = "ecc_corrected"
 	GroupECCDetail     Group = "ecc_detail"
 	GroupRecovery      Group = "recovery"
 	GroupDetails       Group = "details"
 	GroupDCGMProfiling Group = "dcgm_profiling"
-	GroupDCGMPipes     Group = "dcgm_pipes"
+	GroupDCGMDetail    Group = "dcgm_detail"
 	GroupDCGMHealth    Group = "dcgm_health"
 	GroupXID           Group = "xid"
 	GroupAllocation    Group = "allocation"
@@ -75,19 +76,20 @@ var Groups = []GroupInfo{
 	{GroupPCIe, "PCIe replays and PCIe throughput (DCGM)", true, true},
 	{GroupNVLink, "NVLink throughput (DCGM)", true, true},
 	{GroupNVLinkErrors, "NVLink error counters by type (replay, recovery, CRC flit, CRC data), summed over links", true, false},
-	{GroupECC, "volatile ECC error counters, rows and pages waiting for a reset, failed row remaps", true, true},
+	{GroupECC, "uncorrected ECC errors since the driver loaded, rows and pages waiting for a reset, failed row remaps", true, true},
+	{GroupECCCorrected, "corrected ECC errors since the driver loaded", true, false},
 	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts", false, false},
 	{GroupRecovery, "the recovery action NVML asks for (XID 154)", true, true},
 	{GroupDetails, "facts that rarely change: NUMA node, NVLinks up, PCIe link generation and width, memory clock, shutdown temperature, placeable MIG instances per profile, per-GPU time of the last good read", false, false},
 	{GroupDCGMProfiling, "DCGM SM, tensor and DRAM activity", true, true},
-	{GroupDCGMPipes, "DCGM graphics engine activity, SM occupancy and FP64/FP32/FP16 pipe activity", false, false},
+	{GroupDCGMDetail, "DCGM graphics engine activity, SM occupancy, FP64/FP32/FP16 pipe activity, and each container's SM activity", false, false},
 	{GroupDCGMHealth, "DCGM health watches, one series per subsystem", true, false},
 	{GroupXID, "XID error counters", true, true},
 	{GroupThrottleSummary, "instead of throttle: one series per GPU, reason=\"all\", 1 while any slowdown reason holds", false, true},
 	{GroupNVLinkErrorsSummary, "instead of nvlink_errors: one counter per GPU, type=\"all\", every NVLink error type summed", false, true},
 	{GroupDCGMHealthSummary, "instead of dcgm_health: one series per GPU, system=\"all\", the worst subsystem's result", false, true},
 	{GroupAllocation, "who holds which device, device states, kubelet capacity", true, true},
-	{GroupContainer, "per-container memory and activity of the devices a container holds", true, true},
+	{GroupContainer, "per-container memory and busy ratio of the devices a container holds", true, true},
 	{GroupIdle, "idle allocations, idle seconds, prices", true, true},
 	{GroupFragmentation, "stranded VRAM, free GPU groups, MIG placement, fragmentation", true, true},
 	{GroupGo, "the exporter's Go runtime metrics (go_*, without the memstats family: process_resident_memory_bytes shows leaks)", true, false},
@@ -178,14 +180,27 @@ func inGroup(g Group, ds ...*prometheus.Desc) {
 }
 
 // FamilyGroups maps every metric family the exporter can serve (its own
-// naming, not the compatibility names) to its group, for the README and tests.
-func FamilyGroups() map[string]Group {
-	out := map[string]Group{}
+// naming, not the compatibility names) to its groups (more than one where a
+// summary group serves a folded form of the family), for the README and
+// tests.
+func FamilyGroups() map[string][]Group {
+	out := map[string][]Group{"gpu_exporter_build_info": {GroupCore}}
+	add := func(name string, g Group) {
+		for _, x := range out[name] {
+			if x == g {
+				return
+			}
+		}
+		out[name] = append(out[name], g)
+	}
 	for d, g := range descGroups {
-		out[descName(d)] = g
+		add(descName(d), g)
 	}
 	for _, d := range coreDescs {
-		out[descName(d)] = GroupCore
+		add(descName(d), GroupCore)
+	}
+	for _, gs := range out {
+		sort.Slice(gs, func(i, j int) bool { return gs[i] < gs[j] })
 	}
 	return out
 }
@@ -222,13 +237,13 @@ var fieldGroups = [numFields]Group{
 	FieldSlowdownTemperature: GroupTemperature,
 	FieldShutdownTemperature: GroupDetails,
 	FieldSMActive:            GroupDCGMProfiling,
-	FieldSMOccupancy:         GroupDCGMPipes,
+	FieldSMOccupancy:         GroupDCGMDetail,
 	FieldTensorActive:        GroupDCGMProfiling,
 	FieldDRAMActive:          GroupDCGMProfiling,
-	FieldGraphicsActive:      GroupDCGMPipes,
-	FieldFP64Active:          GroupDCGMPipes,
-	FieldFP32Active:          GroupDCGMPipes,
-	FieldFP16Active:          GroupDCGMPipes,
+	FieldGraphicsActive:      GroupDCGMDetail,
+	FieldFP64Active:          GroupDCGMDetail,
+	FieldFP32Active:          GroupDCGMDetail,
+	FieldFP16Active:          GroupDCGMDetail,
 	FieldPCIeTxBytes:         GroupPCIe,
 	FieldPCIeRxBytes:         GroupPCIe,
 	FieldNVLinkTxBytes:       GroupNVLink,
@@ -252,6 +267,7 @@ func init() {
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
 	inGroup(GroupXID, xidDesc, lastXIDDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc)
+	inGroup(GroupECCCorrected, eccCorrectedDesc)
 	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc)
 	inGroup(GroupThrottle, clockEventDesc)
 	inGroup(GroupClockEvents, clockEventOtherDesc)
@@ -263,8 +279,19 @@ func init() {
 	inGroup(GroupRecovery, recoveryDesc)
 	inGroup(GroupDCGMHealth, dcgmHealthDesc)
 	inGroup(GroupAllocation, allocInfoDesc, allocatableDesc, devicesDesc, healthyDesc, allocatableHealthyDesc, unmatchedDesc)
-	inGroup(GroupContainer, containerMemDesc, containerUtilDesc, containerSMDesc)
+	inGroup(GroupContainer, containerMemDesc, containerUtilDesc)
+	inGroup(GroupDCGMDetail, containerSMDesc)
 	inGroup(GroupIdle, idleDesc, idleSecondsDesc, idleDevicesDesc, priceDesc)
 	inGroup(GroupFragmentation, strandedDesc, largestGroupDesc, migFreeSlicesDesc, migLargestDesc,
 		fragDesc, fragWeightedDesc, unallocatedDesc)
 }
+
+// Series budgets per GPU on the simulated 8 x H100 node (simnode's default
+// scenario: one GPU in MIG mode with four instances, eleven holders, DCGM
+// on), counted over the whole page, the exporter's own go_ and process_
+// series included. cmd/gpu-pool-exporter's budget test fails when a page
+// grows past them.
+const (
+	DefaultBudgetPerGPU = 60
+	LeanBudgetPerGPU    = 40
+)

@@ -179,6 +179,9 @@ var (
 	// eccAggregateDesc is the same family for scope="aggregate" (group
 	// ecc_detail): the GPU's lifetime counts, for RMA decisions.
 	eccAggregateDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	// eccCorrectedDesc is the same family for error="corrected",
+	// scope="volatile" (group ecc_corrected).
+	eccCorrectedDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
 	retiredDesc      = prometheus.NewDesc("gpu_retired_pages",
 		"Framebuffer pages retired, by cause (GPUs before Ampere).", []string{"gpu", "uuid", "cause"}, nil)
 	retiredPendingDesc = prometheus.NewDesc("gpu_retired_pages_pending",
@@ -222,8 +225,11 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		for sc := 0; sc < 2; sc++ {
 			if v := h.ECC[e][sc]; v.OK {
 				d := eccDesc
-				if sc == 1 {
+				switch {
+				case sc == 1:
 					d = eccAggregateDesc
+				case e == 0:
+					d = eccCorrectedDesc
 				}
 				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v.V), gpu, uuid, eccErrorNames[e], eccScopeNames[sc])
 			}
