@@ -188,7 +188,6 @@ func TestCheckerCatchesMistakes(t *testing.T) {
 	}
 }
 
-
 func TestRulesPromQL(t *testing.T) {
 	c := newChecker(t)
 	rf, err := alerts.Rules()
@@ -222,7 +221,6 @@ func TestRulesPromQL(t *testing.T) {
 		t.Errorf("only %d expressions checked; the rules file parser lost some", n)
 	}
 }
-
 
 func TestDashboardsPromQL(t *testing.T) {
 	c := newChecker(t)
