@@ -85,7 +85,7 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 var deterministicMetrics = []string{
 	"gpu_info", "gpu_mig_info", "gpu_driver_info", "gpu_up", "gpu_last_sample_timestamp_seconds",
 	"gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
-	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
+	"gpu_temperature_celsius", "gpu_memory_temperature_celsius", "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
 	"gpu_memory_clock_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_width",
 	"gpu_exporter_collector_up", "gpu_exporter_last_sample_timestamp_seconds",
 	"gpu_power_limit_watts", "gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
