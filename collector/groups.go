@@ -20,6 +20,7 @@ type Group string
 const (
 	GroupCore          Group = "core"
 	GroupMemory        Group = "memory"
+	GroupMemoryDetail  Group = "memory_detail"
 	GroupTemperature   Group = "temperature"
 	GroupPower         Group = "power"
 	GroupEnergy        Group = "energy"
@@ -65,8 +66,9 @@ type GroupInfo struct {
 // Groups lists every group in README order.
 var Groups = []GroupInfo{
 	{GroupCore, "identity, up, memory used/total, NVML busy ratio, driver and exporter self-metrics (cannot be switched off)", true, true},
-	{GroupMemory, "memory controller busy ratio (NVML), reserved framebuffer", true, true},
-	{GroupTemperature, "GPU and memory (HBM) temperature, slowdown and shutdown thresholds", true, true},
+	{GroupMemory, "memory controller busy ratio (NVML)", true, true},
+	{GroupMemoryDetail, "reserved framebuffer and memory (HBM) temperature", true, false},
+	{GroupTemperature, "GPU temperature and the slowdown threshold", true, true},
 	{GroupPower, "power draw and power limit", true, true},
 	{GroupEnergy, "energy counter (joules since the driver loaded)", true, false},
 	{GroupClocks, "SM clock", true, true},
@@ -248,10 +250,10 @@ var fieldGroups = [numFields]Group{
 	FieldPCIeRxBytes:         GroupPCIe,
 	FieldNVLinkTxBytes:       GroupNVLink,
 	FieldNVLinkRxBytes:       GroupNVLink,
-	FieldMemoryTemperature:   GroupTemperature,
+	FieldMemoryTemperature:   GroupMemoryDetail,
 	FieldEncoderUtilization:  GroupMedia,
 	FieldDecoderUtilization:  GroupMedia,
-	FieldMemoryReserved:      GroupMemory,
+	FieldMemoryReserved:      GroupMemoryDetail,
 }
 
 func init() {

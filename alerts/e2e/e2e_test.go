@@ -113,7 +113,8 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	}
 	for _, f := range exporterFlags {
 		name := strings.SplitN(f, "=", 2)[0]
-		if regexp.MustCompile(regexp.QuoteMeta(name) + `[=\s]`).Match(help) {
+		// Boolean flags show as --[no-]name in --help.
+		if regexp.MustCompile(`(--|\[no-\])` + regexp.QuoteMeta(strings.TrimPrefix(name, "--")) + `[=\s]`).Match(help) {
 			args = append(args, f)
 		} else {
 			t.Logf("exporter has no %s flag; not passing %s", name, f)
@@ -545,7 +546,8 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 		}
 		var alts []string
 		for x := range seen {
-			alts = append(alts, regexp.QuoteMeta(x))
+			// As Grafana does: regex-escaped, then escaped for a PromQL string.
+			alts = append(alts, strings.ReplaceAll(regexp.QuoteMeta(x), `\`, `\\`))
 		}
 		sort.Strings(alts)
 		values[v.Name] = strings.Join(alts, "|")
