@@ -267,7 +267,7 @@ func init() {
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
 		collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
-	inGroup(GroupXID, xidDesc, lastXIDDesc)
+	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
 	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc)
@@ -280,7 +280,7 @@ func init() {
 	inGroup(GroupDCGMHealthSummary, dcgmHealthSummaryDesc)
 	inGroup(GroupRecovery, recoveryDesc)
 	inGroup(GroupDCGMHealth, dcgmHealthDesc)
-	inGroup(GroupAllocation, allocInfoDesc, allocatableDesc, devicesDesc, healthyDesc, allocatableHealthyDesc, unmatchedDesc)
+	inGroup(GroupAllocation, freeIDsDesc, allocInfoDesc, allocatableDesc, devicesDesc, healthyDesc, allocatableHealthyDesc, unmatchedDesc)
 	inGroup(GroupContainer, containerMemDesc, containerUtilDesc)
 	inGroup(GroupDCGMDetail, containerSMDesc)
 	inGroup(GroupIdle, idleDesc, idleSecondsDesc, idleDevicesDesc, priceDesc)

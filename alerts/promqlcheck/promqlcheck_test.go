@@ -29,6 +29,7 @@ var kubeStateMetrics = []string{
 	"kube_pod_status_phase",
 	"kube_pod_container_resource_requests",
 	"kube_pod_container_resource_limits",
+	"kube_pod_nodeselectors",
 }
 
 // prometheusMetrics are Prometheus' own series.
@@ -210,7 +211,7 @@ func TestRulesPromQL(t *testing.T) {
 					if !looksLikePromQL(q) {
 						continue // a shell command in the description
 					}
-					q = strings.ReplaceAll(q, "%s", "x")
+					q = fillPrintfVerbs(q)
 					c.check(where+": annotation "+key+" query", q, false)
 					n++
 				}

@@ -78,7 +78,7 @@ func UsedMetrics() (map[string][]string, error) {
 			for _, k := range keys {
 				for _, m := range templateQueryRE.FindAllStringSubmatch(r.Annotations[k], -1) {
 					if q := m[1]; looksLikePromQL(q) && strings.Contains(r.Annotations[k], "query") {
-						if err := add(where+" ("+k+")", strings.ReplaceAll(q, "%s", "x")); err != nil {
+						if err := add(where+" ("+k+")", fillPrintfVerbs(q)); err != nil {
 							return nil, err
 						}
 					}
@@ -100,4 +100,27 @@ func UsedMetrics() (map[string][]string, error) {
 		}
 	}
 	return used, nil
+}
+
+// fillPrintfVerbs replaces the %s of a printf format with a value that
+// parses: a label value inside quotes, a number outside (a threshold).
+func fillPrintfVerbs(q string) string {
+	var b strings.Builder
+	inQuote := false
+	for i := 0; i < len(q); i++ {
+		switch {
+		case q[i] == '"':
+			inQuote = !inQuote
+		case strings.HasPrefix(q[i:], "%s"):
+			if inQuote {
+				b.WriteString("x")
+			} else {
+				b.WriteString("1")
+			}
+			i++
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
 }
