@@ -295,5 +295,5 @@ func init() {
 // grows past them.
 const (
 	DefaultBudgetPerGPU = 60
-	LeanBudgetPerGPU    = 40
+	LeanBudgetPerGPU    = 41
 )

@@ -100,6 +100,8 @@ func TestSeriesBudget(t *testing.T) {
 		"gpu_price_dollars_per_hour":       "no --idle.price",
 		"gpu_kubelet_unmatched_device_ids": "every device ID matches",
 		"gpu_xid_errors_total":             "no XID in the default scenario",
+		"gpu_xid_first_timestamp_seconds":  "no XID in the default scenario",
+		"gpu_xid_last_timestamp_seconds":   "no XID in the default scenario",
 	}
 	for _, tc := range []struct {
 		profile string
