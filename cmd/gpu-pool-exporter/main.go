@@ -27,6 +27,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -265,7 +266,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if node != nil {
 		defer node.Close()
 	}
-	sampler, err := collector.NewNVMLSampler(lib, collector.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log})
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
@@ -278,7 +279,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 
 	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
-	if src, ok := collector.XIDSource(lib); ok {
+	if src, ok := nvmlsampler.XIDSource(lib); ok {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)
@@ -412,9 +413,9 @@ func listen(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
-func openNVML(o *options, log zerolog.Logger) (collector.NVML, *simnode.Node, error) {
+func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, error) {
 	if !o.simulate {
-		lib, err := collector.NewNVML(o.nvmlLibrary)
+		lib, err := nvmlsampler.NewNVML(o.nvmlLibrary)
 		return lib, nil, err
 	}
 	sc := simnode.DefaultScenario()

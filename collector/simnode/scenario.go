@@ -1,6 +1,8 @@
 package simnode
 
 import (
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"bytes"
 	"errors"
 	"fmt"
@@ -101,7 +103,9 @@ type FaultSpec struct {
 	Throttle []string `yaml:"throttle"`
 	// Remap sets the row remapper's state.
 	Remap *RemapFault `yaml:"remap"`
-	// RecoveryAction sets NVML's recovery action: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset.
+	// RecoveryAction sets NVML's recovery action, one of RecoveryActions
+	// (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset,
+	// recover_imex_domain, bus_reset, system_reboot).
 	RecoveryAction string `yaml:"recoveryAction"`
 	// DevicePlugin changes what the kubelet says is allocatable.
 	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
@@ -127,21 +131,37 @@ type DevicePluginFault struct {
 	Allocatable int `yaml:"allocatable"`
 }
 
-// ThrottleReasons maps scenario names to NVML clock event reason bits.
+// ThrottleReasons maps scenario names to NVML's clock event reason bits,
+// taken from go-nvml's constants (nvml.h) so that the simulator can never
+// agree with a wrong table of the exporter's. R535 renamed the
+// ClocksThrottleReason* macros ClocksEventReason*; go-nvml keeps the three
+// hardware ones under the old name only.
 var ThrottleReasons = map[string]uint64{
-	"gpu_idle":                    0x1,
-	"applications_clocks_setting": 0x2,
-	"sw_power_cap":                0x4,
-	"hw_slowdown":                 0x8,
-	"sync_boost":                  0x10,
-	"sw_thermal_slowdown":         0x20,
-	"hw_thermal_slowdown":         0x40,
-	"hw_power_brake_slowdown":     0x80,
-	"display_clock_setting":       0x100,
+	"gpu_idle":                    nvml.ClocksEventReasonGpuIdle,
+	"applications_clocks_setting": nvml.ClocksEventReasonApplicationsClocksSetting,
+	"sw_power_cap":                nvml.ClocksEventReasonSwPowerCap,
+	"hw_slowdown":                 nvml.ClocksThrottleReasonHwSlowdown,
+	"sync_boost":                  nvml.ClocksEventReasonSyncBoost,
+	"sw_thermal_slowdown":         nvml.ClocksEventReasonSwThermalSlowdown,
+	"hw_thermal_slowdown":         nvml.ClocksThrottleReasonHwThermalSlowdown,
+	"hw_power_brake_slowdown":     nvml.ClocksThrottleReasonHwPowerBrakeSlowdown,
+	"display_clock_setting":       nvml.ClocksEventReasonDisplayClockSetting,
+	"board_limit":                 nvml.ClocksEventReasonBoardLimit,
+	"reliability":                 nvml.ClocksEventReasonReliability,
 }
 
-// RecoveryActions maps scenario names to NVML's recovery action values.
-var RecoveryActions = map[string]int{"none": 0, "gpu_reset": 1, "node_reboot": 2, "drain_p2p": 3, "drain_and_reset": 4}
+// RecoveryActions maps scenario names to NVML's recovery action values
+// (nvmlDeviceGpuRecoveryAction_t), taken from go-nvml's constants.
+var RecoveryActions = map[string]int{
+	"none":                int(nvml.GPU_RECOVERY_ACTION_NONE),
+	"gpu_reset":           int(nvml.GPU_RECOVERY_ACTION_GPU_RESET),
+	"node_reboot":         int(nvml.GPU_RECOVERY_ACTION_NODE_REBOOT),
+	"drain_p2p":           int(nvml.GPU_RECOVERY_ACTION_DRAIN_P2P),
+	"drain_and_reset":     int(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET),
+	"recover_imex_domain": int(nvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN),
+	"bus_reset":           int(nvml.GPU_RECOVERY_ACTION_BUS_RESET),
+	"system_reboot":       int(nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT),
+}
 
 // GPUSpec overrides one GPU, by index.
 type GPUSpec struct {

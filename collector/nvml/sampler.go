@@ -1,4 +1,4 @@
-package collector
+package nvml
 
 import (
 	"context"
@@ -26,17 +26,17 @@ type SamplerConfig struct {
 	Now func() time.Time
 }
 
-// NVMLSampler reads every GPU through NVML. Each GPU is read by its own
+// Sampler reads every GPU through NVML. Each GPU is read by its own
 // goroutine so that one hanging or lost GPU never delays the others.
-type NVMLSampler struct {
+type Sampler struct {
 	lib     NVML
 	cfg     SamplerConfig
 	driver  DriverInfo
 	workers []*gpuWorker
 }
 
-// NewNVMLSampler initialises NVML and discovers the GPUs.
-func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
+// NewSampler initialises NVML and discovers the GPUs.
+func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if cfg.DeviceTimeout <= 0 {
 		cfg.DeviceTimeout = 2 * time.Second
 	}
@@ -52,7 +52,7 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 		}
 		return nil, fmt.Errorf("NVML init: %w", ret)
 	}
-	s := &NVMLSampler{lib: lib, cfg: cfg}
+	s := &Sampler{lib: lib, cfg: cfg}
 	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
 	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
 	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
@@ -72,11 +72,11 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 }
 
 // Driver returns the driver stack read at start.
-func (s *NVMLSampler) Driver() DriverInfo { return s.driver }
+func (s *Sampler) Driver() DriverInfo { return s.driver }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
 // library down under a call in flight is asking for a crash at exit.
-func (s *NVMLSampler) Close() {
+func (s *Sampler) Close() {
 	for _, w := range s.workers {
 		if w.busy.Load() {
 			return
@@ -86,7 +86,7 @@ func (s *NVMLSampler) Close() {
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each.
-func (s *NVMLSampler) Sample(ctx context.Context) *NodeSample {
+func (s *Sampler) Sample(ctx context.Context) *NodeSample {
 	start := time.Now()
 	out := &NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]GPUState, len(s.workers))}
 	done := make(chan struct{}, len(s.workers))
