@@ -2,7 +2,9 @@ package deploy_test
 
 import (
 	"encoding/json"
+	"os"
 	"path"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -356,25 +358,44 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 }
 
 // checkRules compares the spec of every rendered rule object with the rules
-// file, the single source of the rules.
+// file, the single source of the rules, or, for an object labelled
+// gpu-pool-exporter/rules-layer: shard|global, with the file of that layer
+// generated from it (alerts/gpu-pool-exporter.<layer>.rules.yml).
 func checkRules(t *testing.T, m *manifests, rulesFile []byte) {
 	t.Helper()
-	want := plainYAML(t, rulesFile)
-	check := func(key string) {
+	check := func(key string, meta metav1.ObjectMeta) {
 		t.Helper()
+		source, data := rulesPath, rulesFile
+		if l := meta.Labels[rulesLayerLabel]; l != "" && l != "all" {
+			source = "alerts/gpu-pool-exporter." + l + ".rules.yml"
+			b, err := os.ReadFile(filepath.Join(repoRoot, source))
+			if err != nil {
+				t.Errorf("%s: %s is labelled %s=%s: %v", m.name, key, rulesLayerLabel, l, err)
+				return
+			}
+			data = b
+		}
+		want := plainYAML(t, data)
 		doc := plainYAML(t, m.raw[key])
 		spec := doc.(map[string]any)["spec"]
 		if !reflect.DeepEqual(spec, want) {
-			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, rulesPath, firstDifference(spec, want))
+			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, source, firstDifference(spec, want))
 		}
 	}
 	for _, r := range m.promRules {
-		check("PrometheusRule/" + r.Metadata.Name)
+		check("PrometheusRule/"+r.Metadata.Name, r.Metadata)
 	}
 	for _, r := range m.clusterRules {
-		check("ClusterRules/" + r.Metadata.Name)
+		check("ClusterRules/"+r.Metadata.Name, r.Metadata)
+	}
+	for _, r := range m.globalRules {
+		check("GlobalRules/"+r.Metadata.Name, r.Metadata)
 	}
 }
+
+// rulesLayerLabel tells the node-level (shard) rule objects from the global
+// ones in a sharded setup.
+const rulesLayerLabel = "gpu-pool-exporter/rules-layer"
 
 // firstDifference names the first rule group whose rendering differs, to keep
 // failure messages short.

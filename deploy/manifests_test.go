@@ -99,6 +99,7 @@ type manifests struct {
 	promRules       []prometheusRule
 	podMonitorings  []podMonitoring
 	clusterRules    []clusterRules
+	globalRules     []clusterRules
 	// raw keeps every document by "Kind/name" for generic comparisons.
 	raw map[string][]byte
 }
@@ -177,6 +178,8 @@ func decodeManifests(t *testing.T, name string, stream []byte) *manifests {
 			target = appendNew(&m.podMonitorings)
 		case "monitoring.googleapis.com/v1 ClusterRules":
 			target = appendNew(&m.clusterRules)
+		case "monitoring.googleapis.com/v1 GlobalRules":
+			target = appendNew(&m.globalRules)
 		default:
 			t.Errorf("%s: unexpected object %s %s", name, tm.APIVersion, key)
 			continue
