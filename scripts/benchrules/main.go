@@ -23,7 +23,11 @@
 // evaluation cycle for -cycles cycles and /api/v1/status/tsdb, and prints
 // markdown tables: per group (median and max), total per cycle (the median
 // and max over cycles of the sum over groups), per node, head series, and
-// the costliest rules. Every process and listener it started is stopped
+// the costliest rules. Evaluation times are wall-clock: on a machine with
+// few cores, groups that run at once and the scrapes inflate each other. So
+// it also reloads Prometheus without the rules (SIGHUP) and measures its
+// CPU (/proc/PID/stat) for as long again: the difference, per cycle, is
+// the rules' CPU, which overlap does not inflate. Every process and listener it started is stopped
 // before it returns, also on error or Ctrl-C; the whole run is bounded by
 // -timeout.
 //
@@ -79,6 +83,8 @@ type config struct {
 	rules                 ruleFiles
 	keep                  bool
 	top                   int
+	baseline              bool
+	profile               string
 }
 
 func main() {
@@ -96,6 +102,8 @@ func main() {
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
+	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
+	flag.BoolVar(&cfg.baseline, "cpu-baseline", true, "after the measured cycles, reload Prometheus without the rules and measure its CPU for as long again: the difference is the rules' CPU")
 	flag.Parse()
 	if err := cfg.check(); err != nil {
 		fmt.Fprintf(os.Stderr, "bench-rules: %v\n", err)
@@ -201,16 +209,82 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
 		return err
 	}
+	cpu0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
+	profDone := make(chan error, 1)
+	if cfg.profile != "" {
+		go func() { profDone <- api.profile(ctx, cfg.profile, time.Duration(cfg.cycles)*cfg.interval) }()
+	} else {
+		profDone <- nil
+	}
 	samples, err := collect(ctx, api, prom, cfg)
+	if perr := <-profDone; perr != nil {
+		fmt.Fprintf(os.Stderr, "bench-rules: CPU profile: %v\n", perr)
+	}
 	if err != nil {
 		return err
 	}
+	cpuRules := cpuRate(procCPU(prom.cmd.Process.Pid)-cpu0, time.Since(t0))
 	head, err := api.headSeries(ctx)
 	if err != nil {
 		return err
 	}
-	report(out, cfg, prom.version, head, fleet, samples)
+	cpu := cpuFigures{withRules: cpuRules}
+	if cfg.baseline {
+		// The same Prometheus, scraping the same targets, without rules.
+		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%d cycles)\n", cfg.cycles)
+		noRules := cfg
+		noRules.rules = nil
+		if err := writeConfig(work, ln.Addr().String(), noRules); err != nil {
+			return err
+		}
+		if err := prom.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			return err
+		}
+		if err := sleep(ctx, prom, cfg.interval); err != nil {
+			return err
+		}
+		cpu1, t1 := procCPU(prom.cmd.Process.Pid), time.Now()
+		if err := sleep(ctx, prom, time.Duration(cfg.cycles)*cfg.interval); err != nil {
+			return err
+		}
+		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
+		cpu.measured = true
+	}
+	report(out, cfg, prom.version, head, fleet, samples, cpu)
 	return nil
+}
+
+// cpuFigures: Prometheus' CPU (cores) with the rules and without them.
+type cpuFigures struct {
+	withRules, without float64
+	measured           bool
+}
+
+func cpuRate(d, over time.Duration) float64 { return d.Seconds() / over.Seconds() }
+
+// procCPU is a process's user+system CPU time (/proc/PID/stat; 0 where
+// unreadable, e.g. not Linux).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	// USER_HZ is 100 on every Linux this runs on.
+	return time.Duration(ut+st) * (time.Second / 100)
 }
 
 func freePort() (string, error) {
@@ -540,9 +614,12 @@ func writeConfig(work, addr string, cfg config) error {
 	if err := os.WriteFile(filepath.Join(work, "nodes.json"), b, 0o644); err != nil {
 		return err
 	}
-	var rules strings.Builder
+	rules := strings.Builder{}
 	for _, r := range cfg.rules {
 		fmt.Fprintf(&rules, "  - %q\n", r)
+	}
+	if len(cfg.rules) == 0 {
+		rules.WriteString("  []\n")
 	}
 	timeout := min(cfg.interval, 10*time.Second)
 	conf := fmt.Sprintf(`global:
@@ -740,6 +817,27 @@ func (a *apiClient) rules(ctx context.Context) ([]groupReading, error) {
 	return out, nil
 }
 
+// profile saves Prometheus' CPU profile over d.
+func (a *apiClient) profile(ctx context.Context, file string, d time.Duration) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", a.base, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: d + time.Minute}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}
+
 func (a *apiClient) headSeries(ctx context.Context) (int, error) {
 	var d struct {
 		HeadStats struct {
@@ -796,7 +894,7 @@ func median(v []float64) float64 {
 
 func ms(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) + " ms" }
 
-func report(out io.Writer, cfg config, version string, head int, f *fleet, cycles [][]groupReading) {
+func report(out io.Writer, cfg config, version string, head int, f *fleet, cycles [][]groupReading, cpu cpuFigures) {
 	type key struct{ file, group string }
 	var order []key
 	groupTimes := map[key][]float64{}
@@ -872,7 +970,14 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, cycle
 	tw.Flush()
 
 	m := median(totals)
-	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle (median, max) | per node |\n|---|---|---|---|\n")
-	fmt.Fprintf(out, "| %d | %d | %s, %s | %s µs |\n", cfg.nodes, head, ms(m), ms(slices.Max(totals)),
-		strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64))
+	cpuCol, cpuNode := "-", "-"
+	if cpu.measured {
+		// Rule CPU per evaluation cycle: the extra cores times the interval.
+		perCycle := (cpu.withRules - cpu.without) * cfg.interval.Seconds()
+		cpuCol = fmt.Sprintf("%s (%.2f of %.2f cores)", ms(perCycle), cpu.withRules-cpu.without, cpu.withRules)
+		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
+	}
+	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle (median, max) | per node | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| %d | %d | %s, %s | %s µs | %s | %s |\n", cfg.nodes, head, ms(m), ms(slices.Max(totals)),
+		strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64), cpuCol, cpuNode)
 }
