@@ -22,6 +22,7 @@ var nodeLevelExporterMetrics = []string{
 	"gpu_healthy_devices",
 	"gpu_kubelet_allocatable_devices",
 	"gpu_kubelet_allocatable_healthy_devices",
+	"gpu_kubelet_free_devices",
 	"gpu_idle_allocated_devices",
 	"gpu_memory_stranded_bytes",
 	"gpu_unallocated_capacity_gpus",
