@@ -2,8 +2,8 @@ package deploy_test
 
 import (
 	"encoding/json"
-	"os"
 	"fmt"
+	"os"
 	"path"
 	"path/filepath"
 	"reflect"
