@@ -122,7 +122,7 @@ func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
 
 func TestHelmChart(t *testing.T) {
 	helm := tool(t, "helm", installHelm)
-	rules := readRulesFile(t)
+	rules, gmpRules := readRulesFile(t), readGMPRulesFile(t)
 	for _, tc := range helmCases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := valuesArgs(tc.values...)
@@ -147,7 +147,7 @@ func TestHelmChart(t *testing.T) {
 				scheme = "https"
 			}
 			checkScrapeWiring(t, m, scheme)
-			checkRules(t, m, rules)
+			checkRules(t, m, rules, gmpRules)
 			checkDashboards(t, m)
 			checkNamespaced(t, m)
 			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {
