@@ -15,10 +15,13 @@ import (
 // Prometheus). Every other group is node level and safe in each shard.
 const GlobalGroupPrefix = "gpu-pool-exporter.global."
 
-// The rule files generated from RulesFileName by Split (go run ./alerts/gen).
+// The rule files generated from RulesFileName by Split (go run ./alerts/gen),
+// and from GMPRulesFileName's content for GKE Managed Prometheus.
 const (
-	ShardRulesFileName  = "gpu-pool-exporter.shard.rules.yml"
-	GlobalRulesFileName = "gpu-pool-exporter.global.rules.yml"
+	ShardRulesFileName     = "gpu-pool-exporter.shard.rules.yml"
+	GlobalRulesFileName    = "gpu-pool-exporter.global.rules.yml"
+	GMPShardRulesFileName  = "gpu-pool-exporter.gmp.shard.rules.yml"
+	GMPGlobalRulesFileName = "gpu-pool-exporter.gmp.global.rules.yml"
 )
 
 // IsGlobalGroup says whether a group of the rules file is global.
@@ -27,7 +30,7 @@ func IsGlobalGroup(name string) bool { return strings.HasPrefix(name, GlobalGrou
 var groupStartRE = regexp.MustCompile(`^  - name: *(\S+)\s*$`)
 
 // Split makes the shard-safe and the global rule files from the one rules
-// file, keeping each group's text (comments, annotations) as it is: a group
+// file (or from its GMP variant), keeping each group's text (comments, annotations) as it is: a group
 // is its "  - name:" line, the lines after it up to the next group, and the
 // comment lines just above it.
 func Split(src []byte) (shard, global []byte, err error) {
@@ -98,4 +101,19 @@ func Split(src []byte) (shard, global []byte, err error) {
 
 func trimTrailingBlank(b []byte) []byte {
 	return append(bytes.TrimRight(b, "\n"), '\n')
+}
+
+// SplitGMP is Split of the GMP variant (GMPRules) of the rules file: the
+// ClusterRules and GlobalRules of a sharded setup on GKE Managed Prometheus.
+func SplitGMP(src []byte) (shard, global []byte, err error) {
+	shard, global, err = Split(GMPRules(src))
+	if err != nil {
+		return nil, nil, err
+	}
+	note := []byte("# For GKE Managed Prometheus: every namespace label of the source is " + GMPNamespaceLabel + " here.\n")
+	withNote := func(b []byte) []byte {
+		i := bytes.IndexByte(b, '\n') + 1
+		return append(append(append([]byte{}, b[:i]...), note...), b[i:]...)
+	}
+	return withNote(shard), withNote(global), nil
 }

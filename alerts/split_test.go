@@ -43,7 +43,14 @@ func TestSplitFilesUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string][]byte{ShardRulesFileName: shard, GlobalRulesFileName: global} {
+	gmpShard, gmpGlobal, err := SplitGMP(RulesYAML)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]byte{
+		ShardRulesFileName: shard, GlobalRulesFileName: global,
+		GMPShardRulesFileName: gmpShard, GMPGlobalRulesFileName: gmpGlobal,
+	} {
 		got, err := os.ReadFile(name)
 		if err != nil || string(got) != string(want) {
 			t.Errorf("%s is not what Split makes of %s: run `go run ./alerts/gen` (or deploy/sync.sh) from the repository root", name, RulesFileName)

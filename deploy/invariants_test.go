@@ -367,16 +367,22 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 }
 
 // checkRules compares the spec of every rendered rule object with the rules
-// file, the single source of the rules, or, for an object labelled
-// gpu-pool-exporter/rules-layer: shard|global, with the file of that layer
-// generated from it (alerts/gpu-pool-exporter.<layer>.rules.yml).
-func checkRules(t *testing.T, m *manifests, rulesFile []byte) {
+// file, the single source of the rules: PrometheusRule with the file itself,
+// GKE Managed Prometheus' ClusterRules and GlobalRules with its GMP variant
+// (generated from it: GMP stores the exporter's and kube-state-metrics'
+// namespace label as exported_namespace); an object labelled
+// gpu-pool-exporter/rules-layer: shard|global with that layer's file, generated
+// from those (alerts/gpu-pool-exporter[.gmp].<layer>.rules.yml).
+func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 	t.Helper()
-	check := func(key string, meta metav1.ObjectMeta) {
+	check := func(key string, meta metav1.ObjectMeta, gmp bool) {
 		t.Helper()
 		source, data := rulesPath, rulesFile
+		if gmp {
+			source, data = gmpRulesPath, gmpRulesFile
+		}
 		if l := meta.Labels[rulesLayerLabel]; l != "" && l != "all" {
-			source = "alerts/gpu-pool-exporter." + l + ".rules.yml"
+			source = strings.TrimSuffix(source, ".rules.yml") + "." + l + ".rules.yml"
 			b, err := os.ReadFile(filepath.Join(repoRoot, source))
 			if err != nil {
 				t.Errorf("%s: %s is labelled %s=%s: %v", m.name, key, rulesLayerLabel, l, err)
@@ -392,13 +398,13 @@ func checkRules(t *testing.T, m *manifests, rulesFile []byte) {
 		}
 	}
 	for _, r := range m.promRules {
-		check("PrometheusRule/"+r.Metadata.Name, r.Metadata)
+		check("PrometheusRule/"+r.Metadata.Name, r.Metadata, false)
 	}
 	for _, r := range m.clusterRules {
-		check("ClusterRules/"+r.Metadata.Name, r.Metadata)
+		check("ClusterRules/"+r.Metadata.Name, r.Metadata, true)
 	}
 	for _, r := range m.globalRules {
-		check("GlobalRules/"+r.Metadata.Name, r.Metadata)
+		check("GlobalRules/"+r.Metadata.Name, r.Metadata, true)
 	}
 }
 

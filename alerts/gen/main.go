@@ -1,5 +1,6 @@
 // Command gen writes the shard-safe and the global rule files
-// (gpu-pool-exporter.shard.rules.yml, gpu-pool-exporter.global.rules.yml)
+// (gpu-pool-exporter.shard.rules.yml, gpu-pool-exporter.global.rules.yml,
+// and their GKE Managed Prometheus variants gpu-pool-exporter.gmp.*.rules.yml)
 // from the one rules file, gpu-pool-exporter.rules.yml. Run it from the
 // repository root (deploy/sync.sh does, before copying the rules into the
 // deploy manifests): go run ./alerts/gen
@@ -26,7 +27,14 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	for name, b := range map[string][]byte{alerts.ShardRulesFileName: shard, alerts.GlobalRulesFileName: global} {
+	gmpShard, gmpGlobal, err := alerts.SplitGMP(src)
+	if err != nil {
+		fail(err)
+	}
+	for name, b := range map[string][]byte{
+		alerts.ShardRulesFileName: shard, alerts.GlobalRulesFileName: global,
+		alerts.GMPShardRulesFileName: gmpShard, alerts.GMPGlobalRulesFileName: gmpGlobal,
+	} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			fail(err)
 		}
