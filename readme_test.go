@@ -320,10 +320,15 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		if args[0] != "promtool" {
 			continue // go test ./alerts/... runs in this suite anyway
 		}
-		if strings.Contains(c, "*") {
-			files, _ := filepath.Glob(args[len(args)-1])
-			args = append(args[:len(args)-1], files...)
+		var expanded []string // as the shell would
+		for _, a := range args {
+			if files, _ := filepath.Glob(a); strings.Contains(a, "*") && len(files) > 0 {
+				expanded = append(expanded, files...)
+			} else {
+				expanded = append(expanded, a)
+			}
 		}
+		args = expanded
 		ran++
 		if out, err := exec.Command(promtool, args[1:]...).CombinedOutput(); err != nil {
 			t.Errorf("alerts/README.md: %s: %v\n%s", c, err, out)

@@ -48,6 +48,11 @@ type Config struct {
 	// Derived configures idle allocations, prices and fragmentation; the
 	// zero value uses the defaults.
 	Derived DerivedConfig
+	// Groups are the metric groups served; nil serves the default profile.
+	Groups GroupSet
+	// Compat, when set, also serves dcgm-exporter's default families under
+	// its names, from the same sample and in the same render.
+	Compat *CompatConfig
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -71,6 +76,8 @@ type State struct {
 	// GPU answers with an error; a hung one does not answer).
 	LastAnswer []time.Time
 	Rendered   time.Time
+	// compatRates are the byte rates the compatibility families show.
+	compatRates map[compatKey]compatRates
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
@@ -99,7 +106,9 @@ type Exporter struct {
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
 	idle      *fragmentation.IdleTracker
+	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
+	compat    *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -129,14 +138,20 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 		return nil, err
 	}
 	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
-		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle}
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle, counters: newMonotonic()}
 	e.unmatched.Now = cfg.Now
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
 	}
-	if cfg.RuntimeMetrics {
-		e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupGo) {
+		e.reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorMemStatsMetricsDisabled()))
+	}
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupProcess) {
+		e.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if cfg.Compat != nil {
+		e.compat = newCompatRenderer(*cfg.Compat)
 	}
 	e.reg.MustRegister(stateCollector{e})
 	return e, nil
@@ -209,6 +224,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.XIDLast = r.Counter().LastPerDevice()
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
 	}
+	if e.compat != nil {
+		e.compat.update(st)
+	}
 	err := e.render(st)
 	if err != nil {
 		e.cfg.Log.Error().Err(err).Msg("rendering metrics failed; serving the previous page")
@@ -234,6 +252,9 @@ func (e *Exporter) render(st *State) error {
 	mfs, err := e.reg.Gather()
 	if err != nil {
 		return err
+	}
+	if reset := e.counters.apply(mfs, st.Rendered); len(reset) > 0 {
+		e.cfg.Log.Info().Strs("metrics", reset).Msg("counters went down at the source (GPU reset, driver reload or reconnect); served values go on from where they were")
 	}
 	var buf bytes.Buffer
 	buf.Grow(sizeHint(e.page.Load()))

@@ -99,6 +99,19 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		name:    "lean-with-dcgm-exporter-names",
+		sets:    []string{"exporter.collectors.profile=lean", "exporter.collectors.groups.media=true", "exporter.collectors.groups.process=false", "exporter.compatDCGMExporter=true"},
+		profile: generic,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--collector.profile=lean", "--collector.media", "--no-collector.process", "--compat.dcgm-exporter"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: DaemonSet args %v lack %s", m.name, args, want)
+				}
+			}
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,
@@ -122,7 +135,7 @@ func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
 
 func TestHelmChart(t *testing.T) {
 	helm := tool(t, "helm", installHelm)
-	rules := readRulesFile(t)
+	rules, gmpRules := readRulesFile(t), readGMPRulesFile(t)
 	for _, tc := range helmCases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := valuesArgs(tc.values...)
@@ -147,7 +160,7 @@ func TestHelmChart(t *testing.T) {
 				scheme = "https"
 			}
 			checkScrapeWiring(t, m, scheme)
-			checkRules(t, m, rules)
+			checkRules(t, m, rules, gmpRules)
 			checkDashboards(t, m)
 			checkNamespaced(t, m)
 			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {
@@ -298,14 +311,22 @@ func checkSecured(t *testing.T, m *manifests) {
 		}
 	}
 
-	// Basic auth covers the probes too.
-	wantAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("prometheus:s3cret"))
+	// The probes use the probe port: plain HTTP, no Authorization header,
+	// and no form of the password anywhere in the DaemonSet (anyone who can
+	// read pods can read it).
 	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
-			t.Errorf("%s: %s probe scheme %s, want HTTPS", m.name, name, p.HTTPGet.Scheme)
+		if p.HTTPGet.Scheme != corev1.URISchemeHTTP || p.HTTPGet.Port.String() != "probe" || len(p.HTTPGet.HTTPHeaders) != 0 {
+			t.Errorf("%s: %s probe %+v, want plain HTTP on the probe port without headers", m.name, name, p.HTTPGet)
 		}
-		if len(p.HTTPGet.HTTPHeaders) != 1 || p.HTTPGet.HTTPHeaders[0].Name != "Authorization" || p.HTTPGet.HTTPHeaders[0].Value != wantAuth {
-			t.Errorf("%s: %s probe headers %+v, want the basic-auth Authorization header", m.name, name, p.HTTPGet.HTTPHeaders)
+	}
+	dsJSON, err := json.Marshal(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	basic := base64.StdEncoding.EncodeToString([]byte("prometheus:s3cret"))
+	for _, secret := range []string{"s3cret", basic, "Authorization", cfg.BasicAuthUsers["prometheus"]} {
+		if strings.Contains(string(dsJSON), secret) {
+			t.Errorf("%s: the DaemonSet spec holds %q", m.name, secret)
 		}
 	}
 

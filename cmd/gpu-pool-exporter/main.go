@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -56,6 +55,8 @@ type options struct {
 	logFormat       string
 	nodeName        string
 	maxRequests     int
+	maxConnections  int
+	probeAddress    string
 	shutdownTimeout time.Duration
 	pprof           bool
 
@@ -74,6 +75,20 @@ type options struct {
 	kubeletRefresh   time.Duration
 	kubeletTimeout   time.Duration
 	kubeletResources []string
+
+	profile      string
+	groupFlags   map[collector.Group]*groupFlag
+	groups       collector.GroupSet
+	dcgmOn       bool
+	dcgmOnSet    bool
+	kubeletOnSet bool
+	kubeletOn    bool
+	compatDCGM   bool
+}
+
+// groupFlag is one --[no-]collector.<group> flag and whether it was given.
+type groupFlag struct {
+	on, set bool
 }
 
 func init() {
@@ -181,6 +196,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; more wait in the kernel's accept queue. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
 	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
@@ -196,6 +213,22 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+		Default(collector.ProfileDefault).EnumVar(&o.profile, collector.ProfileNames...)
+	o.groupFlags = map[collector.Group]*groupFlag{}
+	for _, g := range collector.Groups {
+		if g.Name == collector.GroupCore {
+			continue
+		}
+		gf := &groupFlag{}
+		o.groupFlags[g.Name] = gf
+		app.Flag("collector."+string(g.Name), "Serve "+g.Help+" (--no-collector."+string(g.Name)+" to leave out; default: per --collector.profile).").
+			IsSetByUser(&gf.set).BoolVar(&gf.on)
+	}
+	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
+	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
+		BoolVar(&o.compatDCGM)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
@@ -217,6 +250,19 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.maxRequests < 0 {
 		return nil, exitUsage, fmt.Errorf("--web.max-requests=%d must be 0 (no limit) or more", o.maxRequests)
+	}
+	if o.maxConnections < 0 || (o.maxConnections > 0 && o.maxConnections < 8) {
+		return nil, exitUsage, fmt.Errorf("--web.max-connections=%d must be 0 (no limit) or at least 8", o.maxConnections)
+	}
+	if o.probeAddress != "" {
+		if _, _, err := net.SplitHostPort(o.probeAddress); err != nil {
+			return nil, exitUsage, fmt.Errorf("--web.probe-address=%s: want [HOST]:PORT, e.g. :9948 (%v)", o.probeAddress, err)
+		}
+		for _, a := range *o.web.WebListenAddresses {
+			if a == o.probeAddress {
+				return nil, exitUsage, fmt.Errorf("--web.probe-address=%s is also a --web.listen-address: give the probes a port of their own", o.probeAddress)
+			}
+		}
 	}
 	if o.simulateFile != "" {
 		o.simulate = true
@@ -248,6 +294,25 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		if strings.TrimSuffix(r, "*") == "" || strings.ContainsAny(r, " ,") {
 			return nil, exitUsage, fmt.Errorf("--kubelet.resource-names=%q: want a resource name such as example.com/gpu, or a prefix ending in *", r)
 		}
+	}
+	groups, err := collector.ProfileGroups(o.profile)
+	if err != nil {
+		return nil, exitUsage, fmt.Errorf("--collector.profile=%s: %v", o.profile, err)
+	}
+	for g, f := range o.groupFlags {
+		if f.set {
+			groups[g] = f.on
+		}
+	}
+	o.groups = groups
+	if o.dcgmOnSet && !o.dcgmOn {
+		if o.dcgmHostEngine != "" {
+			return nil, exitUsage, fmt.Errorf("--no-collector.dcgm contradicts --dcgm.host-engine=%s: drop one of them", o.dcgmHostEngine)
+		}
+		o.dcgmMode = string(dcgm.ModeOff)
+	}
+	if o.kubeletOnSet && !o.kubeletOn {
+		o.kubeletEnabled = false
 	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {
@@ -392,6 +457,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			l.Close() // no-op once served; frees the port on an early return
 		}
 	}()
+	var probeListener net.Listener
+	if o.probeAddress != "" {
+		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
+			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
+			return exitError
+		}
+		defer probeListener.Close() // likewise
+	}
 	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
@@ -415,8 +488,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
-	if src, ok := nvmlsampler.XIDSource(lib); ok {
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups}
+	if o.compatDCGM {
+		host := o.nodeName
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+		cfg.Compat = &collector.CompatConfig{Hostname: host}
+	}
+	if src, ok := nvmlsampler.XIDSource(lib); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)
@@ -466,26 +546,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 
-	srv := &http.Server{
-		Handler:           newMux(exp, o),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+	for i, l := range listeners {
+		listeners[i] = newLimitListener(l, o.maxConnections)
 	}
+	srv := newHTTPServer(newMux(exp, o), log)
 	done := make(chan struct{})
 	go func() { defer close(done); exp.Run(runCtx) }()
 
-	serveErr := make(chan error, 1)
-	slogger := slog.New(zerolog.NewSlogHandler(log))
-	go func() { serveErr <- web.ServeMultiple(listeners, srv, o.web, slogger) }()
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- serveWeb(listeners, srv, *o.web.WebConfigFile, log) }()
 	scheme := webScheme(*o.web.WebConfigFile)
 	for _, l := range listeners {
 		u := servedURL(scheme, l.Addr())
 		// The message stays "serving /metrics" (scripts wait for it); url is
 		// what a user opens, shown in console format too.
-		log.Info().Str("address", l.Addr().String()).Str("url", u).Msg("serving /metrics")
+		log.Info().Str("address", l.Addr().String()).Str("url", u).Int("max_connections", o.maxConnections).Msg("serving /metrics")
+	}
+	probeSrv := newHTTPServer(newProbeMux(exp), log)
+	if probeListener != nil {
+		go func() { serveErr <- probeSrv.Serve(newLimitListener(probeListener, probeMaxConnections)) }()
+		log.Info().Str("address", probeListener.Addr().String()).Msg("serving /healthz and /readyz for probes (no TLS, no auth)")
 	}
 
 	select {
@@ -502,6 +582,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
+	_ = probeSrv.Shutdown(sctx)
 	cancel()
 	<-done
 	return exitOK

@@ -14,8 +14,10 @@ type faultState struct {
 	throttle       uint64
 	remap          RemapFault
 	recovery       int
-	eccCorrected   uint64
+	eccCorrected   uint64 // aggregate: over the board's life
 	eccUncorrected uint64
+	// volatile: since the last reset
+	eccCorrectedVolatile, eccUncorrectedVolatile uint64
 }
 
 func active(f FaultSpec, t time.Duration) bool {
@@ -25,6 +27,12 @@ func active(f FaultSpec, t time.Duration) bool {
 // faultsAt folds the scenario's faults on GPU gpu at elapsed time t.
 func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 	var s faultState
+	var lastReset time.Duration = -1
+	for _, f := range n.Scenario.Faults {
+		if f.Reset && f.GPU != nil && *f.GPU == gpu && t >= time.Duration(f.At) {
+			lastReset = max(lastReset, time.Duration(f.At))
+		}
+	}
 	for _, f := range n.Scenario.Faults {
 		if f.GPU == nil || *f.GPU != gpu {
 			continue
@@ -33,6 +41,10 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 			// Errors that happened stay counted.
 			s.eccCorrected += f.ECC.Corrected
 			s.eccUncorrected += f.ECC.Uncorrected
+			if time.Duration(f.At) >= lastReset {
+				s.eccCorrectedVolatile += f.ECC.Corrected
+				s.eccUncorrectedVolatile += f.ECC.Uncorrected
+			}
 		}
 		if !active(f, t) {
 			continue
@@ -139,13 +151,15 @@ func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType
 	}
 	f := d.faults()
 	var v uint64
-	if e == nvml.MEMORY_ERROR_TYPE_CORRECTED {
-		v = f.eccCorrected
-		if c == nvml.AGGREGATE_ECC {
-			v += uint64(d.index % 3) // a few old corrected errors over the board's life
-		}
-	} else {
+	switch {
+	case e == nvml.MEMORY_ERROR_TYPE_CORRECTED && c == nvml.AGGREGATE_ECC:
+		v = f.eccCorrected + uint64(d.index%3) // a few old corrected errors over the board's life
+	case e == nvml.MEMORY_ERROR_TYPE_CORRECTED:
+		v = f.eccCorrectedVolatile
+	case c == nvml.AGGREGATE_ECC:
 		v = f.eccUncorrected
+	default:
+		v = f.eccUncorrectedVolatile
 	}
 	return v, nvml.SUCCESS
 }
@@ -245,19 +259,26 @@ func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetFieldValues implements nvmlsampler.Device; only the recovery action.
+// GetFieldValues implements nvmlsampler.Device: the recovery action and
+// the memory (HBM) temperature; other fields are NOT_SUPPORTED, each on its
+// own, as the driver answers.
 func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return ret
 	}
 	for i := range fv {
-		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+		switch fv[i].FieldId {
+		case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
+		case nvml.FI_DEV_MEMORY_TEMP:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], d.memoryTemperature())
+		default:
 			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
-			continue
 		}
-		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
-		fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
-		binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
 	}
 	return nvml.SUCCESS
 }

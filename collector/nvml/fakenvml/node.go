@@ -74,8 +74,11 @@ type Device struct {
 	Name        string
 	Memory      *Memory
 	Utilization *nvml.Utilization
-	Attributes  *nvml.DeviceAttributes
-	Processes   *Processes
+	// EncoderUtilization and DecoderUtilization answer
+	// nvmlDevice{En,De}coderUtilization: percent and sampling period in µs.
+	EncoderUtilization, DecoderUtilization *[2]uint32
+	Attributes                             *nvml.DeviceAttributes
+	Processes                              *Processes
 	// Returns forces a function's answer on this device, e.g.
 	// {"nvmlDeviceGetMemoryInfo_v2": nvml.ERROR_NO_PERMISSION}; "all" is
 	// not a key here (use GPU.Lost).
@@ -119,6 +122,9 @@ type GPU struct {
 	// forces a field's own return code.
 	Fields       map[uint32]uint64
 	FieldReturns map[uint32]nvml.Return
+	// ScopedFields answers a field for one scope (field ID -> scope ID,
+	// e.g. an NVLink for NVML_FI_DEV_NVLINK_COUNT_*), before Fields.
+	ScopedFields map[uint32]map[uint32]uint64
 	// ClockEventReasons is served by both ...ClocksEventReasons and
 	// ...ClocksThrottleReasons (one function, renamed in R535).
 	ClockEventReasons          *uint64
@@ -320,6 +326,12 @@ func (d *Device) encode(m kv, p string) {
 	if u := d.Utilization; u != nil {
 		m.set(p+"utilization", fmt.Sprintf("%d %d", u.Gpu, u.Memory))
 	}
+	if u := d.EncoderUtilization; u != nil {
+		m.set(p+"encoder_utilization", fmt.Sprintf("%d %d", u[0], u[1]))
+	}
+	if u := d.DecoderUtilization; u != nil {
+		m.set(p+"decoder_utilization", fmt.Sprintf("%d %d", u[0], u[1]))
+	}
 	if a := d.Attributes; a != nil {
 		m.set(p+"attributes", fmt.Sprintf("%d %d %d %d %d %d %d %d %d", a.MultiprocessorCount, a.SharedCopyEngineCount,
 			a.SharedDecoderCount, a.SharedEncoderCount, a.SharedJpegCount, a.SharedOfaCount,
@@ -439,6 +451,11 @@ func (g *GPU) encode(m kv, p string) error {
 	}
 	for id, v := range g.Fields {
 		m.set(fmt.Sprintf("%sfield.%d", p, id), v)
+	}
+	for id, scopes := range g.ScopedFields {
+		for scope, v := range scopes {
+			m.set(fmt.Sprintf("%sfield.%d@%d", p, id, scope), v)
+		}
 	}
 	for id, r := range g.FieldReturns {
 		m.set(fmt.Sprintf("%sfield.%d.ret", p, id), retName(r))
