@@ -28,8 +28,11 @@ build:
 ## run: build the exporter, then run it on a simulated node (Ctrl-C stops it); ARGS="--web.listen-address=:9948" adds flags
 # exec: the process is the exporter itself, not a shell or `go run` above it,
 # so Ctrl-C and kill reach it.
+# The build's own output (module downloads on a fresh machine) is shown only
+# when it fails.
 run:
-	@go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
+	@echo "make run: building ./gpu-pool-exporter (a few minutes on a fresh machine)"
+	@log=$$(mktemp); go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter >$$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
 	@exec ./gpu-pool-exporter --simulate --log.format=console $(ARGS)
 
 ## bench: Go benchmarks and a load run against --simulate; prints one table

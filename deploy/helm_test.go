@@ -376,8 +376,8 @@ func checkSecured(t *testing.T, m *manifests) {
 		if e.TLSConfig == nil || e.TLSConfig.ServerName == nil || *e.TLSConfig.ServerName != "gpu-pool-exporter" {
 			t.Errorf("%s: ServiceMonitor tlsConfig %+v", m.name, e.TLSConfig)
 		}
-		if sm.Metadata.Labels["release"] != "kube-prometheus-stack" {
-			t.Errorf("%s: ServiceMonitor additionalLabels missing: %v", m.name, sm.Metadata.Labels)
+		if sm.Labels["release"] != "kube-prometheus-stack" {
+			t.Errorf("%s: ServiceMonitor additionalLabels missing: %v", m.name, sm.Labels)
 		}
 	}
 	for _, pm := range m.podMonitorings {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -302,10 +303,10 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: %s selector %v does not select %v", m.name, kind, s, set)
 		}
 	}
-	nodeLabel := func(kind string, r []promRelabel) {
+	nodeLabel := func(kind string, r []monitoringv1.RelabelConfig) {
 		t.Helper()
-		if !slices.ContainsFunc(r, func(r promRelabel) bool {
-			return slices.Equal(r.SourceLabels, []string{"__meta_kubernetes_pod_node_name"}) && r.TargetLabel == "node"
+		if !slices.ContainsFunc(r, func(r monitoringv1.RelabelConfig) bool {
+			return slices.Equal(r.SourceLabels, []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}) && r.TargetLabel == "node"
 		}) {
 			t.Errorf("%s: %s does not set the node label", m.name, kind)
 		}
@@ -316,13 +317,13 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: ServiceMonitor jobLabel %q gives job=%q, and the shipped rules select job=%q", m.name, sm.Spec.JobLabel, svc.Labels[sm.Spec.JobLabel], job)
 		}
 		for _, e := range sm.Spec.Endpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port != "metrics" || e.Scheme.String() != scheme {
+				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
 			if !e.HonorLabels {
 				t.Errorf("%s: ServiceMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
 			}
-			nodeLabel("ServiceMonitor", e.Relabelings)
+			nodeLabel("ServiceMonitor", e.RelabelConfigs)
 		}
 	}
 	for _, pm := range m.podMonitors {
@@ -331,13 +332,13 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: PodMonitor jobLabel %q gives job=%q, and the shipped rules select job=%q", m.name, pm.Spec.JobLabel, podLabels[pm.Spec.JobLabel], job)
 		}
 		for _, e := range pm.Spec.PodMetricsEndpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: PodMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port == nil || *e.Port != "metrics" || e.Scheme.String() != scheme {
+				t.Errorf("%s: PodMonitor endpoint %v/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
 			if !e.HonorLabels {
 				t.Errorf("%s: PodMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
 			}
-			nodeLabel("PodMonitor", e.Relabelings)
+			nodeLabel("PodMonitor", e.RelabelConfigs)
 		}
 	}
 	for _, pm := range m.podMonitorings {
@@ -346,8 +347,8 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: PodMonitoring %s: its name is the job label, and the shipped rules select job=%q", m.name, pm.Metadata.Name, job)
 		}
 		for _, e := range pm.Spec.Endpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: PodMonitoring endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port.String() != "metrics" || e.Scheme != scheme {
+				t.Errorf("%s: PodMonitoring endpoint %s/%s, want metrics/%s", m.name, e.Port.String(), e.Scheme, scheme)
 			}
 		}
 		permitted := []string{"container", "node", "pod", "top_level_controller_name", "top_level_controller_type"}
@@ -398,7 +399,11 @@ func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 		}
 	}
 	for _, r := range m.promRules {
+<<<<<<< HEAD
 		check("PrometheusRule/"+r.Metadata.Name, r.Metadata, false)
+=======
+		check("PrometheusRule/"+r.Name, rulesPath, rulesFile)
+>>>>>>> main
 	}
 	for _, r := range m.clusterRules {
 		check("ClusterRules/"+r.Metadata.Name, r.Metadata, true)
