@@ -96,7 +96,7 @@ var helmCases = []helmCase{
 		profile: gpuOperator,
 		check: func(t *testing.T, m *manifests) {
 			wantCount(t, m, "PrometheusRule", len(m.promRules), 2)
-			wantLayers(t, m, "PrometheusRule", m.promRules[0].Metadata, m.promRules[1].Metadata)
+			wantLayers(t, m, "PrometheusRule", m.promRules[0].ObjectMeta, m.promRules[1].ObjectMeta)
 		},
 	},
 	{

@@ -399,11 +399,7 @@ func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 		}
 	}
 	for _, r := range m.promRules {
-<<<<<<< HEAD
-		check("PrometheusRule/"+r.Metadata.Name, r.Metadata, false)
-=======
-		check("PrometheusRule/"+r.Name, rulesPath, rulesFile)
->>>>>>> main
+		check("PrometheusRule/"+r.Name, r.ObjectMeta, false)
 	}
 	for _, r := range m.clusterRules {
 		check("ClusterRules/"+r.Metadata.Name, r.Metadata, true)
