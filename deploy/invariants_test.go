@@ -3,7 +3,9 @@ package deploy_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -367,27 +369,49 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 
 // checkRules compares the spec of every rendered rule object with the rules
 // file, the single source of the rules: PrometheusRule with the file itself,
-// GKE Managed Prometheus' ClusterRules with its GMP variant (generated from
-// it: GMP stores the exporter's and kube-state-metrics' namespace label as
-// exported_namespace).
+// GKE Managed Prometheus' ClusterRules and GlobalRules with its GMP variant
+// (generated from it: GMP stores the exporter's and kube-state-metrics'
+// namespace label as exported_namespace); an object labelled
+// gpu-pool-exporter/rules-layer: shard|global with that layer's file, generated
+// from those (alerts/gpu-pool-exporter[.gmp].<layer>.rules.yml).
 func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 	t.Helper()
-	check := func(key, path string, file []byte) {
+	check := func(key string, meta metav1.ObjectMeta, gmp bool) {
 		t.Helper()
-		want := plainYAML(t, file)
+		source, data := rulesPath, rulesFile
+		if gmp {
+			source, data = gmpRulesPath, gmpRulesFile
+		}
+		if l := meta.Labels[rulesLayerLabel]; l != "" && l != "all" {
+			source = strings.TrimSuffix(source, ".rules.yml") + "." + l + ".rules.yml"
+			b, err := os.ReadFile(filepath.Join(repoRoot, source))
+			if err != nil {
+				t.Errorf("%s: %s is labelled %s=%s: %v", m.name, key, rulesLayerLabel, l, err)
+				return
+			}
+			data = b
+		}
+		want := plainYAML(t, data)
 		doc := plainYAML(t, m.raw[key])
 		spec := doc.(map[string]any)["spec"]
 		if !reflect.DeepEqual(spec, want) {
-			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, path, firstDifference(spec, want))
+			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, source, firstDifference(spec, want))
 		}
 	}
 	for _, r := range m.promRules {
-		check("PrometheusRule/"+r.Name, rulesPath, rulesFile)
+		check("PrometheusRule/"+r.Name, r.ObjectMeta, false)
 	}
 	for _, r := range m.clusterRules {
-		check("ClusterRules/"+r.Metadata.Name, gmpRulesPath, gmpRulesFile)
+		check("ClusterRules/"+r.Metadata.Name, r.Metadata, true)
+	}
+	for _, r := range m.globalRules {
+		check("GlobalRules/"+r.Metadata.Name, r.Metadata, true)
 	}
 }
+
+// rulesLayerLabel tells the node-level (shard) rule objects from the global
+// ones in a sharded setup.
+const rulesLayerLabel = "gpu-pool-exporter/rules-layer"
 
 // firstDifference names the first rule group whose rendering differs, to keep
 // failure messages short.

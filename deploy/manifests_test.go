@@ -103,6 +103,7 @@ type manifests struct {
 	promRules       []monitoringv1.PrometheusRule
 	podMonitorings  []podMonitoring
 	clusterRules    []clusterRules
+	globalRules     []clusterRules
 	networkPolicies []networkingv1.NetworkPolicy
 	// raw keeps every document by "Kind/name" for generic comparisons.
 	raw map[string][]byte
@@ -182,13 +183,21 @@ func decodeManifests(t *testing.T, name string, stream []byte) *manifests {
 			target = appendNew(&m.podMonitorings)
 		case "monitoring.googleapis.com/v1 ClusterRules":
 			target = appendNew(&m.clusterRules)
+		case "monitoring.googleapis.com/v1 GlobalRules":
+			target = appendNew(&m.globalRules)
 		case "networking.k8s.io/v1 NetworkPolicy":
 			target = appendNew(&m.networkPolicies)
 		default:
 			t.Errorf("%s: unexpected object %s %s", name, tm.APIVersion, key)
 			continue
 		}
-		if crd := gmpSchema(t, tm.APIVersion, tm.Kind); crd != nil {
+		schemaKind := tm.Kind
+		if schemaKind == "GlobalRules" {
+			// GMP's Rules, ClusterRules and GlobalRules share one spec
+			// (RulesSpec); testdata/gmp-crds carries ClusterRules'.
+			schemaKind = "ClusterRules"
+		}
+		if crd := gmpSchema(t, tm.APIVersion, schemaKind); crd != nil {
 			// GMP: its published schema decides; the view type only reads.
 			if errs := crd.validate(doc); len(errs) > 0 {
 				t.Errorf("%s: %s does not pass GMP's CRD schema: %v", name, key, errs.ToAggregate())
