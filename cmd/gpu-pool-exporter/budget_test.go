@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,7 +42,9 @@ func simulatedPage(t *testing.T, args ...string) string {
 		body := waitFor(t, "http://"+addr+"/metrics", 200)
 		if strings.Contains(body, `gpu_exporter_collector_up{collector="podmap"} 1`) &&
 			strings.Contains(body, `gpu_exporter_collector_up{collector="dcgm"} 1`) &&
-			strings.Contains(body, "\ngpu_allocation_info{") {
+			strings.Contains(body, "\ngpu_allocation_info{") &&
+			// byte rates need two samples
+			(!slices.Contains(args, "--compat.dcgm-exporter") || strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES{")) {
 			return body
 		}
 		if time.Now().After(deadline) {
