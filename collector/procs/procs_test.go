@@ -236,3 +236,40 @@ func TestCRIErrors(t *testing.T) {
 		t.Errorf("missing log dir: %v", err)
 	}
 }
+
+func TestAttribute(t *testing.T) {
+	a := procs.Identity{Namespace: "inference", Pod: "chat-api-0", Container: "server"}
+	b := procs.Identity{Namespace: "inference", Pod: "chat-api-1", Container: "server"}
+	owners := map[uint32]procs.Owner{
+		10: {Found: true, Identity: a}, 11: {Found: true, Identity: a},
+		20: {Found: true, Identity: b},
+		30: {Found: true}, // host process
+	}
+	d := &procs.DeviceProcesses{Known: true, SMKnown: true, Processes: []procs.GPUProcess{
+		{PID: 10, MemoryBytes: 1 << 30, MemoryKnown: true, SM: 0.25},
+		{PID: 11, MemoryBytes: 2 << 30, MemoryKnown: true, SM: 0.5},
+		{PID: 20, MemoryBytes: 4 << 30, MemoryKnown: true, SM: 0.1},
+		{PID: 30, MemoryBytes: 512 << 20, MemoryKnown: true},
+		{PID: 40, MemoryBytes: 256 << 20, MemoryKnown: true}, // exited before it was looked up
+	}}
+	u := procs.Attribute(d, owners)
+	if got := *u.ByContainer[a]; got != (procs.Use{Processes: 2, MemoryBytes: 3 << 30, MemoryKnown: true, SM: 0.75, SMKnown: true}) {
+		t.Errorf("container a: %+v", got)
+	}
+	if got := *u.ByContainer[b]; got.MemoryBytes != 4<<30 || got.SM != 0.1 {
+		t.Errorf("container b: %+v", got)
+	}
+	if got := u.OutsidePods; got.Processes != 2 || got.MemoryBytes != 768<<20 {
+		t.Errorf("outside pods: %+v", got)
+	}
+	// Memory NVML cannot report makes the sum unknown, not smaller.
+	d.Processes[1].MemoryKnown = false
+	if u := procs.Attribute(d, owners); u.ByContainer[a].MemoryKnown {
+		t.Errorf("a sum with an unknown part is known: %+v", u.ByContainer[a])
+	}
+	// Time slices add up to at most the whole device.
+	d.Processes[0].SM, d.Processes[1].SM = 0.7, 0.6
+	if u := procs.Attribute(d, owners); u.ByContainer[a].SM != 1 {
+		t.Errorf("SM over 1: %v", u.ByContainer[a].SM)
+	}
+}
