@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite needs on a fresh Debian machine with Go:
 #   promtool and the Prometheus server (Debian's prometheus package, 2.42: 30 s
-#   by apt-get, against 13 min to build v3 from source), and helm (go install).
+#   by apt-get, against 13 min to build v3 from source), helm (go install), and
+#   Debian's chromium for the landing page's headless-browser test (about 75 s
+#   of apt-get, in the same apt-get run, in parallel with the helm build).
 # Idempotent: tools already present are kept.
 set -euo pipefail
 
@@ -12,6 +14,7 @@ HELM_VERSION=v4.3.2
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 helm_pid=""
 if ! command -v helm >/dev/null 2>&1; then
@@ -23,14 +26,14 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "install-tools: apt-get install prometheus (promtool and the server)"
+  echo "install-tools: apt-get install ${need_apt[*]} (promtool and the server; chromium for the landing page test)"
   $SUDO apt-get update -qq
   # The package's init script would start a server on :9090; tests start their own.
-  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
   $SUDO pkill -x prometheus 2>/dev/null || true
 fi
 
 if [ -n "$helm_pid" ]; then
   wait "$helm_pid"
 fi
-echo "install-tools: $(promtool --version 2>&1 | head -1); helm $(helm version --short 2>/dev/null)"
+echo "install-tools: $(promtool --version 2>&1 | head -1); helm $(helm version --short 2>/dev/null); $(chromium --version 2>/dev/null)"

@@ -93,7 +93,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 			o, code, err = nil, exitOK, nil
 		}
 	}()
-	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation.")
+	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. "+
+		"`gpu-pool-exporter status [--url=http://localhost:"+DefaultPort+"]` prints who is on each GPU of a running exporter.")
 	app.Version(version.Print("gpu-pool-exporter"))
 	app.HelpFlag.Short('h')
 	app.UsageWriter(stdout)
@@ -240,6 +241,9 @@ func newLogger(o *options, w io.Writer) zerolog.Logger {
 
 // run is main without os.Exit, for tests. It returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)
@@ -277,7 +281,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived,
+		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}}
 	if src, ok := collector.XIDSource(lib); ok {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }

@@ -18,6 +18,7 @@ type Row struct {
 	Kind                       string // holder, user (uses without holding), free, outside
 	VRAM, Activity, Idle       string
 	Health                     string // on the GPU's first row
+	Model, Device, UUID        string // on the GPU's first row
 	HealthOK, Up, IsIdle       bool
 }
 
@@ -30,6 +31,7 @@ func (n *Node) Rows() []Row {
 			r.GPU = strconv.Itoa(g.Index)
 			r.Up = g.Up
 			if first {
+				r.Model, r.Device, r.UUID = g.Model, g.Device, g.UUID
 				r.Health = healthText(g)
 				r.HealthOK = g.Up && g.Health.OK()
 				first = false
@@ -181,7 +183,7 @@ process accounting: <span id="process-accounting">{{.N.Processes}}</span>; pod m
 <thead><tr><th>GPU</th><th>Unit</th><th>Replica</th><th>Namespace/pod/container</th><th>VRAM</th><th>Activity</th><th>Idle</th><th>Health</th></tr></thead>
 <tbody>
 {{range .Rows}}<tr class="{{.Kind}}{{if .Health}} gpu-first{{end}}" data-gpu="{{.GPU}}"{{if .Pod}} data-namespace="{{.Namespace}}" data-pod="{{.Pod}}" data-container="{{.Container}}"{{end}}>
-<td>{{.GPU}}</td><td>{{.Unit}}</td><td>{{.Replicas}}</td><td class="holder">{{.Holder}}</td><td class="vram num">{{.VRAM}}</td><td class="activity num">{{.Activity}}</td><td class="idle-for{{if .IsIdle}} idle{{end}}">{{.Idle}}</td><td class="health{{if .Health}}{{if .HealthOK}} ok{{else}} bad{{end}}{{end}}">{{.Health}}</td></tr>
+<td class="gpu">{{.GPU}}{{if .Model}}<br><small>{{.Model}}{{with .Device}}, {{.}}{{end}}</small>{{end}}</td><td>{{.Unit}}</td><td>{{.Replicas}}</td><td class="holder">{{.Holder}}</td><td class="vram num">{{.VRAM}}</td><td class="activity num">{{.Activity}}</td><td class="idle-for{{if .IsIdle}} idle{{end}}">{{.Idle}}</td><td class="health{{if .Health}}{{if .HealthOK}} ok{{else}} bad{{end}}{{end}}">{{.Health}}</td></tr>
 {{else}}<tr><td colspan="8">no GPUs</td></tr>{{end}}
 </tbody></table>
 </body></html>
