@@ -147,15 +147,15 @@ var (
 	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
 		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
 		allocLabels, nil)
-	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
-	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes",
+	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
+	containerMemDesc = prometheus.NewDesc("gpu_container_memory_used_bytes",
 		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
 		containerLabels, nil)
 	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio",
 		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a device it holds alone), dcgm_sm_active (DCGM SM activity of a MIG instance it holds alone), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
 		append(append([]string(nil), containerLabels...), "source"), nil)
-	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
-	allocatableDesc   = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
+	containerSMDesc = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
+	allocatableDesc = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"}, nil)
 	devicesDesc = prometheus.NewDesc("gpu_devices",

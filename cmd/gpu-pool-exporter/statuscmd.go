@@ -111,5 +111,3 @@ func redact(u string) string {
 	}
 	return p.Redacted()
 }
-
-

@@ -14,12 +14,12 @@ import (
 // processes of a unit that run in no pod.
 type Row struct {
 	GPU, Unit, Replicas, Holder string
-	Namespace, Pod, Container  string // empty on free and outside-pods rows
-	Kind                       string // holder, user (uses without holding), free, outside
-	VRAM, Activity, Idle       string
-	Health                     string // on the GPU's first row
-	Model, Device, UUID        string // on the GPU's first row
-	HealthOK, Up, IsIdle       bool
+	Namespace, Pod, Container   string // empty on free and outside-pods rows
+	Kind                        string // holder, user (uses without holding), free, outside
+	VRAM, Activity, Idle        string
+	Health                      string // on the GPU's first row
+	Model, Device, UUID         string // on the GPU's first row
+	HealthOK, Up, IsIdle        bool
 }
 
 // Rows flattens the status into table rows, GPU by GPU.
