@@ -2,6 +2,7 @@ package collector
 
 import (
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -205,7 +206,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 				allocatableHealthy++
 			}
 		}
-		lv := d.labelValues()
+		lv := labelValues(d)
 		for _, h := range holders {
 			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], h.Namespace, h.Pod, h.Container, h.Resource)
 		}
@@ -259,3 +260,6 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
 	}
 }
+// validUTF8 keeps a label value that a kubelet or driver bug made invalid
+// from panicking the metrics registry.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }

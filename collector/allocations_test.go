@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
@@ -53,7 +54,7 @@ func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
@@ -40,7 +41,7 @@ func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), coun
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go ds.Run(ctx)
-	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestNoLibDCGMFallsBackToNVML(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go ds.Run(ctx)
-	s, _ := collector.NewNVMLSampler(node, collector.SamplerConfig{Log: zerolog.Nop()})
+	s, _ := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{Log: zerolog.Nop()})
 	e, _ := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds}, s)
 	deadline := time.Now().Add(5 * time.Second)
 	for ds.Snapshot() == nil || ds.Snapshot().Mode != dcgm.ModeOff {

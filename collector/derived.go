@@ -177,7 +177,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
-			lv := dev.labelValues()
+			lv := labelValues(dev)
 			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], dev.Model)
 		}
 	})
@@ -208,11 +208,11 @@ func unitLabels(s *NodeSample, gpu, gi int) []string {
 		return nil
 	}
 	if gi < 0 {
-		return g.labelValues()
+		return labelValues(&g.DeviceState)
 	}
 	for j := range g.MIG {
 		if g.MIG[j].GPUInstance == gi {
-			return g.MIG[j].labelValues()
+			return labelValues(&g.MIG[j])
 		}
 	}
 	return nil

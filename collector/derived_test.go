@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
@@ -17,7 +18,7 @@ import (
 func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
 	t.Helper()
 	pn := newPodNode(t, sc)
-	s, err := collector.NewNVMLSampler(pn.node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now})
+	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

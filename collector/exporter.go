@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -105,7 +106,7 @@ type Page struct {
 // Exporter samples in the background and keeps the rendered page.
 type Exporter struct {
 	cfg     Config
-	sampler *NVMLSampler
+	sampler *nvml.Sampler
 	reg     *prometheus.Registry
 	page    atomic.Pointer[Page]
 
@@ -122,7 +123,7 @@ type Exporter struct {
 type renderResult struct{ err error }
 
 // New builds an exporter over a sampler.
-func New(cfg Config, sampler *NVMLSampler) (*Exporter, error) {
+func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 	if cfg.Interval < MinInterval {
 		return nil, fmt.Errorf("collect interval %s is below the minimum of %s", cfg.Interval, MinInterval)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
@@ -48,17 +49,17 @@ func newClock() *fixedClock {
 }
 
 // newExporter builds an exporter over a simulated node with a fixed clock.
-func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(collector.NVML) collector.NVML) (*collector.Exporter, *simnode.Node) {
+func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(nvmlsampler.NVML) nvmlsampler.NVML) (*collector.Exporter, *simnode.Node) {
 	t.Helper()
 	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lib collector.NVML = node
+	var lib nvmlsampler.NVML = node
 	if wrap != nil {
 		lib = wrap(node)
 	}
-	s, err := collector.NewNVMLSampler(lib, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,9 +221,9 @@ gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="2",mig_profile="1g.5gb",
 
 // unsupportedNVML answers NOT_SUPPORTED for temperature and power on GPU 2,
 // as consumer or virtualised GPUs do.
-type unsupportedNVML struct{ collector.NVML }
+type unsupportedNVML struct{ nvmlsampler.NVML }
 
-func (u unsupportedNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+func (u unsupportedNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	d, ret := u.NVML.DeviceGetHandleByIndex(i)
 	if i == 2 && ret == nvml.SUCCESS {
 		return unsupportedDevice{d}, ret
@@ -230,7 +231,7 @@ func (u unsupportedNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.R
 	return d, ret
 }
 
-type unsupportedDevice struct{ collector.Device }
+type unsupportedDevice struct{ nvmlsampler.Device }
 
 func (unsupportedDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	return 0, nvml.ERROR_NOT_SUPPORTED
@@ -238,7 +239,7 @@ func (unsupportedDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.R
 func (unsupportedDevice) GetPowerUsage() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
 func TestNotSupportedFieldsAreSkipped(t *testing.T) {
-	e, _ := newExporter(t, nil, newClock(), func(n collector.NVML) collector.NVML { return unsupportedNVML{n} })
+	e, _ := newExporter(t, nil, newClock(), func(n nvmlsampler.NVML) nvmlsampler.NVML { return unsupportedNVML{n} })
 	e.SampleOnce(context.Background())
 	text := string(e.Page().Plain)
 	if strings.Contains(text, `gpu_temperature_celsius{gpu="2"`) || strings.Contains(text, `gpu_power_watts{gpu="2"`) {
@@ -330,7 +331,7 @@ func TestReadyGoesStale(t *testing.T) {
 
 func TestIntervalBoundedBelow(t *testing.T) {
 	node, _ := simnode.New(nil)
-	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{Log: zerolog.Nop()})
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,15 +27,16 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
-// faultyNVML wraps a collector.NVML and fails chosen calls on chosen devices.
+// faultyNVML wraps a nvmlsampler.NVML and fails chosen calls on chosen devices.
 type faultyNVML struct {
-	collector.NVML
+	nvmlsampler.NVML
 
 	mu sync.Mutex
 	// once fails the next call of a method on a device, then disarms.
@@ -57,7 +58,7 @@ type faultKey struct {
 	method   string
 }
 
-func newFaultyNVML(lib collector.NVML) *faultyNVML {
+func newFaultyNVML(lib nvmlsampler.NVML) *faultyNVML {
 	return &faultyNVML{NVML: lib, once: map[faultKey]nvml.Return{}, lostGPU: -1}
 }
 
@@ -116,7 +117,7 @@ func (f *faultyNVML) check(gpu, mig int, method string) nvml.Return {
 	return nvml.SUCCESS
 }
 
-func (f *faultyNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+func (f *faultyNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	f.mu.Lock()
 	lost := f.lost && i == f.lostGPU
 	f.mu.Unlock()
@@ -131,9 +132,9 @@ func (f *faultyNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Retur
 	return &faultyDevice{Device: d, f: f, gpu: i, mig: -1}, ret
 }
 
-// faultyDevice wraps every method of collector.Device.
+// faultyDevice wraps every method of nvmlsampler.Device.
 type faultyDevice struct {
-	collector.Device
+	nvmlsampler.Device
 	f        *faultyNVML
 	gpu, mig int
 }
@@ -189,7 +190,7 @@ func (d *faultyDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
 	return d.Device.GetMaxMigDeviceCount()
 }
 
-func (d *faultyDevice) GetMigDeviceHandleByIndex(i int) (collector.Device, nvml.Return) {
+func (d *faultyDevice) GetMigDeviceHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	if r := d.c("GetMigDeviceHandleByIndex"); r != nvml.SUCCESS {
 		return nil, r
 	}
@@ -382,7 +383,7 @@ func (d *faultyDevice) GetGpuInstances(p *nvml.GpuInstanceProfileInfo) ([]nvml.G
 	return d.Device.GetGpuInstances(p)
 }
 
-var _ collector.Device = (*faultyDevice)(nil)
+var _ nvmlsampler.Device = (*faultyDevice)(nil)
 
 // flakyEvents wraps an XID event source: while broken, Open fails once and
 // every Wait fails, as an NVML event set does when the driver resets it.
@@ -510,7 +511,7 @@ func newFaultNode(t *testing.T, sc *simnode.Scenario) *faultNode {
 		}
 	})
 
-	s, err := collector.NewNVMLSampler(fn.lib, collector.SamplerConfig{DeviceTimeout: 2 * time.Second, Log: zerolog.Nop(), Now: fn.clk.Now})
+	s, err := nvmlsampler.NewSampler(fn.lib, nvmlsampler.SamplerConfig{DeviceTimeout: 2 * time.Second, Log: zerolog.Nop(), Now: fn.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

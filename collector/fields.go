@@ -1,41 +1,47 @@
 package collector
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// Field is one per-device value read by a sampler. Every device series carries
-// the same identity labels (deviceLabels), so a field is just a name and a slot.
-type Field int
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+)
 
-// The per-device fields. Sources are named in fieldSpecs and in the README.
+// The per-device value record and its fields live with the NVML sampler,
+// which fills most of them; the orchestration merges DCGM's into it.
+type (
+	Field  = nvml.Field
+	Values = nvml.Values
+)
+
+// The per-device fields, named here for the orchestration and the renderer.
 const (
-	FieldMemoryUsed Field = iota
-	FieldMemoryTotal
-	FieldUtilization
-	FieldMemoryUtilization
-	FieldTemperature
-	FieldPower
-	FieldEnergy
-	FieldSMClock
-	FieldMemoryClock
-	FieldPCIeLinkGeneration
-	FieldPCIeLinkWidth
-	FieldPowerLimit
-	FieldSlowdownTemperature
-	FieldShutdownTemperature
-	// DCGM profiling fields.
-	FieldSMActive
-	FieldSMOccupancy
-	FieldTensorActive
-	FieldDRAMActive
-	FieldGraphicsActive
-	FieldFP64Active
-	FieldFP32Active
-	FieldFP16Active
-	FieldPCIeTxBytes
-	FieldPCIeRxBytes
-	FieldNVLinkTxBytes
-	FieldNVLinkRxBytes
-	numFields
+	FieldMemoryUsed          = nvml.FieldMemoryUsed
+	FieldMemoryTotal         = nvml.FieldMemoryTotal
+	FieldUtilization         = nvml.FieldUtilization
+	FieldMemoryUtilization   = nvml.FieldMemoryUtilization
+	FieldTemperature         = nvml.FieldTemperature
+	FieldPower               = nvml.FieldPower
+	FieldEnergy              = nvml.FieldEnergy
+	FieldSMClock             = nvml.FieldSMClock
+	FieldMemoryClock         = nvml.FieldMemoryClock
+	FieldPCIeLinkGeneration  = nvml.FieldPCIeLinkGeneration
+	FieldPCIeLinkWidth       = nvml.FieldPCIeLinkWidth
+	FieldPowerLimit          = nvml.FieldPowerLimit
+	FieldSlowdownTemperature = nvml.FieldSlowdownTemperature
+	FieldShutdownTemperature = nvml.FieldShutdownTemperature
+	FieldSMActive            = nvml.FieldSMActive
+	FieldSMOccupancy         = nvml.FieldSMOccupancy
+	FieldTensorActive        = nvml.FieldTensorActive
+	FieldDRAMActive          = nvml.FieldDRAMActive
+	FieldGraphicsActive      = nvml.FieldGraphicsActive
+	FieldFP64Active          = nvml.FieldFP64Active
+	FieldFP32Active          = nvml.FieldFP32Active
+	FieldFP16Active          = nvml.FieldFP16Active
+	FieldPCIeTxBytes         = nvml.FieldPCIeTxBytes
+	FieldPCIeRxBytes         = nvml.FieldPCIeRxBytes
+	FieldNVLinkTxBytes       = nvml.FieldNVLinkTxBytes
+	FieldNVLinkRxBytes       = nvml.FieldNVLinkRxBytes
+	numFields                = nvml.NumFields
 )
 
 // Source says which sampler a field comes from; it decides merges when two
@@ -96,19 +102,3 @@ var fieldDescs = func() [numFields]*prometheus.Desc {
 	}
 	return d
 }()
-
-// Values holds the fields read for one device in one sample. A field that is
-// not set (not supported, or failed) is not exported.
-type Values struct {
-	v   [numFields]float64
-	set [numFields]bool
-}
-
-// Set records a field's value.
-func (v *Values) Set(f Field, x float64) { v.v[f], v.set[f] = x, true }
-
-// Get returns a field's value and whether it was read.
-func (v *Values) Get(f Field) (float64, bool) { return v.v[f], v.set[f] }
-
-// Clear forgets a field.
-func (v *Values) Clear(f Field) { v.v[f], v.set[f] = 0, false }

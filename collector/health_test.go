@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
@@ -165,7 +166,7 @@ faults:
 		t.Fatal(err)
 	}
 	defer node.Close()
-	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: 50 * time.Millisecond, Now: clk.Now})
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: 50 * time.Millisecond, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +245,11 @@ func TestLostGPUKeepsReadiness(t *testing.T) {
 
 // nvlinkNVML gives GPU 0's link 3 five CRC errors, then takes the link down.
 type nvlinkNVML struct {
-	collector.NVML
+	nvmlsampler.NVML
 	down *bool
 }
 
-func (n nvlinkNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+func (n nvlinkNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	d, ret := n.NVML.DeviceGetHandleByIndex(i)
 	if i == 0 && ret == nvml.SUCCESS {
 		return nvlinkDevice{d, n.down}, ret
@@ -257,7 +258,7 @@ func (n nvlinkNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return
 }
 
 type nvlinkDevice struct {
-	collector.Device
+	nvmlsampler.Device
 	down *bool
 }
 
@@ -278,7 +279,7 @@ func (d nvlinkDevice) GetNvLinkErrorCounter(link int, c nvml.NvLinkErrorCounter)
 func TestNVLinkErrorsNeverFallWhenALinkGoesDown(t *testing.T) {
 	down := false
 	clk := newClock()
-	e, _ := newExporter(t, nil, clk, func(n collector.NVML) collector.NVML { return nvlinkNVML{n, &down} })
+	e, _ := newExporter(t, nil, clk, func(n nvmlsampler.NVML) nvmlsampler.NVML { return nvlinkNVML{n, &down} })
 	e.SampleOnce(context.Background())
 	if v := value(t, e.Page(), "gpu_nvlink_errors_total", `gpu="0"`, `type="crc_flit"`); v != "5" {
 		t.Fatalf("crc_flit errors %s, want 5", v)
@@ -298,9 +299,9 @@ func TestNVLinkErrorsNeverFallWhenALinkGoesDown(t *testing.T) {
 }
 
 // badNameNVML answers GPU 1's name with bytes that are not UTF-8.
-type badNameNVML struct{ collector.NVML }
+type badNameNVML struct{ nvmlsampler.NVML }
 
-func (b badNameNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+func (b badNameNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	d, ret := b.NVML.DeviceGetHandleByIndex(i)
 	if i == 1 && ret == nvml.SUCCESS {
 		return badNameDevice{d}, ret
@@ -308,12 +309,12 @@ func (b badNameNVML) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Retur
 	return d, ret
 }
 
-type badNameDevice struct{ collector.Device }
+type badNameDevice struct{ nvmlsampler.Device }
 
 func (badNameDevice) GetName() (string, nvml.Return) { return "NVIDIA \xff\xfe H100", nvml.SUCCESS }
 
 func TestInvalidUTF8FromNVMLDoesNotPanic(t *testing.T) {
-	e, _ := newExporter(t, nil, newClock(), func(n collector.NVML) collector.NVML { return badNameNVML{n} })
+	e, _ := newExporter(t, nil, newClock(), func(n nvmlsampler.NVML) nvmlsampler.NVML { return badNameNVML{n} })
 	e.SampleOnce(context.Background()) // a panic here would take the exporter down
 	if s := series(e.Page(), "gpu_info", `gpu="1"`); len(s) != 1 || !strings.Contains(s[0], "NVIDIA \ufffd") {
 		t.Errorf("GPU 1's info with a mangled name: %v", s)

@@ -104,7 +104,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 }
 
 func collectDevice(d *DeviceState, ch chan<- prometheus.Metric) {
-	lv := d.labelValues()
+	lv := labelValues(d)
 	ch <- prometheus.MustNewConstMetric(gpuUpDesc, prometheus.GaugeValue, b2f(d.Up), lv...)
 	for f := Field(0); f < numFields; f++ {
 		if v, ok := d.Values.Get(f); ok {

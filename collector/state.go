@@ -2,96 +2,26 @@ package collector
 
 import (
 	"strconv"
-	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 )
 
-// DeviceState is one device in one sample: a whole GPU, or a MIG instance of
-// one (GPUInstance >= 0).
-type DeviceState struct {
-	GPU             int // NVML index of the physical GPU
-	UUID            string
-	Model           string
-	PCIBusID        string
-	Minor           int // NVML minor number: /dev/nvidiaN, GKE's "nvidiaN" device IDs
-	MIGEnabled      bool
-	GPUInstance     int // -1 for a whole GPU
-	ComputeInstance int // -1 for a whole GPU
-	MIGProfile      string
-	MIGUUID         string
-	Up              bool
-	Values          Values
-	// Processes are the device's processes from NVML's process lists.
-	Processes procs.DeviceProcesses
-}
+// What the NVML sampler saw, as the orchestration joins and renders it.
+type (
+	DeviceState    = nvml.DeviceState
+	GPUState       = nvml.GPUState
+	MIGLayout      = nvml.MIGLayout
+	MIGProfileInfo = nvml.MIGProfileInfo
+	MIGPlacement   = nvml.MIGPlacement
+	DriverInfo     = nvml.DriverInfo
+	NodeSample     = nvml.NodeSample
+)
 
-// IsMIG reports whether the device is a MIG instance.
-func (d *DeviceState) IsMIG() bool { return d.GPUInstance >= 0 }
-
-func (d *DeviceState) labelValues() []string {
+// labelValues are a device series' identity labels (deviceLabels).
+func labelValues(d *DeviceState) []string {
 	gi := ""
 	if d.IsMIG() {
 		gi = strconv.Itoa(d.GPUInstance)
 	}
 	return []string{strconv.Itoa(d.GPU), d.UUID, gi, d.MIGProfile}
-}
-
-// GPUState is a physical GPU with its MIG instances, if any.
-type GPUState struct {
-	DeviceState
-	Health     Health
-	DCGMHealth map[string]string // DCGM health watch: system -> pass|warn|fail
-	MIG        []DeviceState
-	MIGLayout  *MIGLayout // nil unless MIG is enabled
-	// Hung: NVML calls on the GPU did not return within the device timeout
-	// (unlike a lost GPU, which answers with an error).
-	Hung bool
-}
-
-// MIGLayout is a MIG GPU's profiles, their possible placements, and where
-// each existing GPU instance sits.
-type MIGLayout struct {
-	TotalSlices int
-	Profiles    []MIGProfileInfo
-	Instances   map[int]MIGPlacement // by GPU instance ID
-}
-
-// MIGProfileInfo is one GPU instance profile.
-type MIGProfileInfo struct {
-	Name        string
-	Slices      int
-	MemoryBytes float64
-	Placements  []nvml.GpuInstancePlacement
-}
-
-// MIGPlacement is where a GPU instance sits.
-type MIGPlacement struct {
-	Profile     string
-	Start, Size int
-}
-
-// DriverInfo is the node's driver stack.
-type DriverInfo struct {
-	DriverVersion     string
-	CUDADriverVersion string
-	NVMLVersion       string
-}
-
-// NodeSample is what one run of the NVML sampler saw.
-type NodeSample struct {
-	Time     time.Time
-	Duration time.Duration
-	Driver   DriverInfo
-	GPUs     []GPUState
-}
-
-// cudaVersionString turns NVML's integer CUDA driver version (12040) into "12.4".
-func cudaVersionString(v int) string {
-	if v <= 0 {
-		return ""
-	}
-	return strconv.Itoa(v/1000) + "." + strconv.Itoa((v%1000)/10)
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
@@ -162,7 +163,7 @@ func gpuHealth(st *State, g *GPUState) status.Health {
 		return h
 	}
 	if r := g.Health.ClockReasons; r.OK {
-		for _, cr := range ClockEventReasons {
+		for _, cr := range nvml.ClockEventReasons {
 			if r.V&cr.Bit != 0 && slowdownReasons[cr.Name] {
 				h.Throttle = append(h.Throttle, cr.Name)
 			}

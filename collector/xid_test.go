@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
@@ -26,7 +27,7 @@ faults:
 		t.Fatal(err)
 	}
 	defer node.Close()
-	src, ok := collector.XIDSource(node)
+	src, ok := nvmlsampler.XIDSource(node)
 	if !ok {
 		t.Fatal("the simulated node has no XID source")
 	}
@@ -35,7 +36,7 @@ faults:
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go reader.Run(ctx)
-	s, err := collector.NewNVMLSampler(node, collector.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

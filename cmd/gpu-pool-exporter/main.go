@@ -27,6 +27,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -69,6 +70,13 @@ type options struct {
 	kubeletRefresh   time.Duration
 	kubeletTimeout   time.Duration
 	kubeletResources []string
+
+	procsEnabled   bool
+	procsRoot      string
+	procsRootSet   bool
+	procsLogDir    string
+	procsLogDirSet bool
+	procsCRISocket string
 }
 
 func main() {
@@ -131,6 +139,12 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
+	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&o.procsEnabled)
+	app.Flag("procs.proc-root", "The host's /proc as mounted in the exporter (read-only hostPath, e.g. /host/proc; no host PID namespace needed): NVML reports host PIDs, whose cgroup names their container.").
+		Default("/proc").IsSetByUser(&o.procsRootSet).StringVar(&o.procsRoot)
+	app.Flag("procs.container-log-dir", "The kubelet's /var/log/containers (read-only hostPath): its <pod>_<namespace>_<container>-<id>.log names turn container IDs into pods. Only names are read.").
+		Default("/var/log/containers").IsSetByUser(&o.procsLogDirSet).StringVar(&o.procsLogDir)
+	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&o.procsCRISocket)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
 	}
@@ -269,7 +283,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if node != nil {
 		defer node.Close()
 	}
-	sampler, err := collector.NewNVMLSampler(lib, collector.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log})
+	resolver, closeResolver, err := processResolver(o, node, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitUsage
+	}
+	defer closeResolver()
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
@@ -282,8 +302,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 
 	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived,
-		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}}
-	if src, ok := collector.XIDSource(lib); ok {
+		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver}
+	if src, ok := nvmlsampler.XIDSource(lib); ok {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)
@@ -417,9 +437,9 @@ func listen(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
-func openNVML(o *options, log zerolog.Logger) (collector.NVML, *simnode.Node, error) {
+func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, error) {
 	if !o.simulate {
-		lib, err := collector.NewNVML(o.nvmlLibrary)
+		lib, err := nvmlsampler.NewNVML(o.nvmlLibrary)
 		return lib, nil, err
 	}
 	sc := simnode.DefaultScenario()

@@ -103,7 +103,7 @@ func (n *Node) DevicePluginAllocatable() (int, bool) {
 
 // Close releases NVML calls blocked by a hang fault.
 func (n *Node) Close() {
-	n.closeOnce.Do(func() { close(n.closed) })
+	n.closeOnce.Do(func() { close(n.closed); n.closeHost() })
 }
 
 // enter is called first by every device method that can fail: it counts the
@@ -132,7 +132,7 @@ func (d *Device) enter() nvml.Return {
 
 func (d *Device) faults() faultState { return d.node.faultsAt(d.index, d.node.elapsed()) }
 
-// GetTotalEccErrors implements collector.Device.
+// GetTotalEccErrors implements nvmlsampler.Device.
 func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -150,7 +150,7 @@ func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType
 	return v, nvml.SUCCESS
 }
 
-// GetRetiredPages implements collector.Device: Ampere and later remap rows
+// GetRetiredPages implements nvmlsampler.Device: Ampere and later remap rows
 // instead, as real GPUs do.
 func (d *Device) GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
@@ -159,7 +159,7 @@ func (d *Device) GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Retur
 	return nil, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetRetiredPagesPendingStatus implements collector.Device.
+// GetRetiredPagesPendingStatus implements nvmlsampler.Device.
 func (d *Device) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -167,7 +167,7 @@ func (d *Device) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetRemappedRows implements collector.Device.
+// GetRemappedRows implements nvmlsampler.Device.
 func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, 0, false, false, ret
@@ -176,7 +176,7 @@ func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
 }
 
-// GetCurrentClocksEventReasons implements collector.Device.
+// GetCurrentClocksEventReasons implements nvmlsampler.Device.
 func (d *Device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -188,7 +188,7 @@ func (d *Device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
 	return r, nvml.SUCCESS
 }
 
-// GetPcieReplayCounter implements collector.Device.
+// GetPcieReplayCounter implements nvmlsampler.Device.
 func (d *Device) GetPcieReplayCounter() (int, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -209,7 +209,7 @@ func (d *Device) nvlinks() int {
 	return 0
 }
 
-// GetNvLinkState implements collector.Device.
+// GetNvLinkState implements nvmlsampler.Device.
 func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
 	d.node.count()
 	if link >= d.nvlinks() {
@@ -218,7 +218,7 @@ func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
 	return nvml.FEATURE_ENABLED, nvml.SUCCESS
 }
 
-// GetNvLinkErrorCounter implements collector.Device.
+// GetNvLinkErrorCounter implements nvmlsampler.Device.
 func (d *Device) GetNvLinkErrorCounter(link int, _ nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	d.node.count()
 	if link >= d.nvlinks() {
@@ -227,13 +227,13 @@ func (d *Device) GetNvLinkErrorCounter(link int, _ nvml.NvLinkErrorCounter) (uin
 	return 0, nvml.SUCCESS
 }
 
-// GetPowerManagementLimit implements collector.Device (milliwatts).
+// GetPowerManagementLimit implements nvmlsampler.Device (milliwatts).
 func (d *Device) GetPowerManagementLimit() (uint32, nvml.Return) {
 	d.node.count()
 	return uint32(d.board.maxW * 1000), nvml.SUCCESS
 }
 
-// GetTemperatureThreshold implements collector.Device.
+// GetTemperatureThreshold implements nvmlsampler.Device.
 func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, nvml.Return) {
 	d.node.count()
 	switch t {
@@ -245,7 +245,7 @@ func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetFieldValues implements collector.Device; only the recovery action.
+// GetFieldValues implements nvmlsampler.Device; only the recovery action.
 func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return ret
@@ -262,7 +262,7 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// GetNumaNodeId implements collector.Device: two sockets, GPUs split evenly.
+// GetNumaNodeId implements nvmlsampler.Device: two sockets, GPUs split evenly.
 func (d *Device) GetNumaNodeId() (int, nvml.Return) {
 	d.node.count()
 	return d.index * 2 / len(d.node.devices), nvml.SUCCESS
@@ -272,50 +272,50 @@ func (m *MIGDevice) unsupported() nvml.Return { m.count(); return nvml.ERROR_NOT
 
 // The board-level health calls are not supported on MIG device handles.
 
-// GetTotalEccErrors implements collector.Device.
+// GetTotalEccErrors implements nvmlsampler.Device.
 func (m *MIGDevice) GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
 	return 0, m.unsupported()
 }
 
-// GetRetiredPages implements collector.Device.
+// GetRetiredPages implements nvmlsampler.Device.
 func (m *MIGDevice) GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return) {
 	return nil, m.unsupported()
 }
 
-// GetRetiredPagesPendingStatus implements collector.Device.
+// GetRetiredPagesPendingStatus implements nvmlsampler.Device.
 func (m *MIGDevice) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) {
 	return 0, m.unsupported()
 }
 
-// GetRemappedRows implements collector.Device.
+// GetRemappedRows implements nvmlsampler.Device.
 func (m *MIGDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return 0, 0, false, false, m.unsupported()
 }
 
-// GetCurrentClocksEventReasons implements collector.Device.
+// GetCurrentClocksEventReasons implements nvmlsampler.Device.
 func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) { return 0, m.unsupported() }
 
-// GetPcieReplayCounter implements collector.Device.
+// GetPcieReplayCounter implements nvmlsampler.Device.
 func (m *MIGDevice) GetPcieReplayCounter() (int, nvml.Return) { return 0, m.unsupported() }
 
-// GetNvLinkState implements collector.Device.
+// GetNvLinkState implements nvmlsampler.Device.
 func (m *MIGDevice) GetNvLinkState(int) (nvml.EnableState, nvml.Return) { return 0, m.unsupported() }
 
-// GetNvLinkErrorCounter implements collector.Device.
+// GetNvLinkErrorCounter implements nvmlsampler.Device.
 func (m *MIGDevice) GetNvLinkErrorCounter(int, nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	return 0, m.unsupported()
 }
 
-// GetPowerManagementLimit implements collector.Device.
+// GetPowerManagementLimit implements nvmlsampler.Device.
 func (m *MIGDevice) GetPowerManagementLimit() (uint32, nvml.Return) { return 0, m.unsupported() }
 
-// GetTemperatureThreshold implements collector.Device.
+// GetTemperatureThreshold implements nvmlsampler.Device.
 func (m *MIGDevice) GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return) {
 	return 0, m.unsupported()
 }
 
-// GetFieldValues implements collector.Device.
+// GetFieldValues implements nvmlsampler.Device.
 func (m *MIGDevice) GetFieldValues([]nvml.FieldValue) nvml.Return { return m.unsupported() }
 
-// GetNumaNodeId implements collector.Device.
+// GetNumaNodeId implements nvmlsampler.Device.
 func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) { return 0, m.unsupported() }

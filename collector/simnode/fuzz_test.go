@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 )
 
 // fuzzClock is a clock the fuzz target moves; hung NVML calls read it from
@@ -81,7 +81,7 @@ func FuzzParseScenario(f *testing.F) {
 		if got := len(n.Devices()); got != sc.Node.Count {
 			t.Fatalf("%d devices for node.count %d", got, sc.Node.Count)
 		}
-		s, err := collector.NewNVMLSampler(n, collector.SamplerConfig{DeviceTimeout: 20 * time.Millisecond, Log: zerolog.Nop(), Now: clk.now})
+		s, err := nvmlsampler.NewSampler(n, nvmlsampler.SamplerConfig{DeviceTimeout: 20 * time.Millisecond, Log: zerolog.Nop(), Now: clk.now})
 		if err != nil {
 			t.Fatalf("the sampler refuses a node that builds: %v", err)
 		}

@@ -8,7 +8,7 @@ import (
 // instances directly: the mock server records every call it serves, which
 // would grow without bound in a long-running simulation.
 
-// GetGpuInstanceProfileInfo implements collector.Device.
+// GetGpuInstanceProfileInfo implements nvmlsampler.Device.
 func (d *Device) GetGpuInstanceProfileInfo(id int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	d.node.count()
 	info, ok := d.cfg.MIGProfiles.GpuInstanceProfiles[id]
@@ -18,13 +18,13 @@ func (d *Device) GetGpuInstanceProfileInfo(id int) (nvml.GpuInstanceProfileInfo,
 	return info, nvml.SUCCESS
 }
 
-// GetGpuInstancePossiblePlacements implements collector.Device.
+// GetGpuInstancePossiblePlacements implements nvmlsampler.Device.
 func (d *Device) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 	d.node.count()
 	return d.cfg.MIGProfiles.GpuInstancePlacements[int(info.Id)], nvml.SUCCESS
 }
 
-// GetGpuInstances implements collector.Device.
+// GetGpuInstances implements nvmlsampler.Device.
 func (d *Device) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 	d.node.count()
 	var out []nvml.GpuInstance
@@ -44,17 +44,17 @@ type simGPUInstance struct {
 
 func (g simGPUInstance) GetInfo() (nvml.GpuInstanceInfo, nvml.Return) { return g.info, nvml.SUCCESS }
 
-// GetGpuInstanceProfileInfo implements collector.Device.
+// GetGpuInstanceProfileInfo implements nvmlsampler.Device.
 func (m *MIGDevice) GetGpuInstanceProfileInfo(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	return nvml.GpuInstanceProfileInfo{}, m.unsupported()
 }
 
-// GetGpuInstancePossiblePlacements implements collector.Device.
+// GetGpuInstancePossiblePlacements implements nvmlsampler.Device.
 func (m *MIGDevice) GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 	return nil, m.unsupported()
 }
 
-// GetGpuInstances implements collector.Device.
+// GetGpuInstances implements nvmlsampler.Device.
 func (m *MIGDevice) GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 	return nil, m.unsupported()
 }

@@ -1,6 +1,8 @@
 package simnode
 
 import (
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"bytes"
 	"errors"
 	"fmt"
@@ -25,6 +27,8 @@ type Scenario struct {
 	// Pods hold the node's devices, as the kubelet reports them.
 	Pods    []PodSpec   `yaml:"pods"`
 	Sharing SharingSpec `yaml:"sharing"`
+	// HostProcesses run on GPUs outside any pod.
+	HostProcesses []HostProcessSpec `yaml:"hostProcesses"`
 
 	// Source file, for error messages.
 	file string
@@ -45,6 +49,11 @@ type NodeSpec struct {
 	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
 	// its index). Real nodes need not number /dev/nvidiaN in index order.
 	MinorNumbers []int `yaml:"minorNumbers"`
+	// CgroupDriver and Runtime shape the generated host /proc/<pid>/cgroup:
+	// systemd-v2 (default), cgroupfs-v2, systemd-v1, cgroupfs-v1; containerd
+	// (default), cri-o, docker.
+	CgroupDriver string `yaml:"cgroupDriver"`
+	Runtime      string `yaml:"runtime"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -61,6 +70,9 @@ type PodSpec struct {
 type ContainerSpec struct {
 	Name    string       `yaml:"name"`
 	Devices []DeviceSpec `yaml:"devices"`
+	// Processes are what the container runs on its devices; a container
+	// without any holds its devices and runs nothing there.
+	Processes []ProcessSpec `yaml:"processes"`
 }
 
 // DeviceSpec names a simulated device: a GPU by index, a replica of a
@@ -101,7 +113,9 @@ type FaultSpec struct {
 	Throttle []string `yaml:"throttle"`
 	// Remap sets the row remapper's state.
 	Remap *RemapFault `yaml:"remap"`
-	// RecoveryAction sets NVML's recovery action: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset.
+	// RecoveryAction sets NVML's recovery action, one of RecoveryActions
+	// (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset,
+	// recover_imex_domain, bus_reset, system_reboot).
 	RecoveryAction string `yaml:"recoveryAction"`
 	// DevicePlugin changes what the kubelet says is allocatable.
 	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
@@ -127,21 +141,37 @@ type DevicePluginFault struct {
 	Allocatable int `yaml:"allocatable"`
 }
 
-// ThrottleReasons maps scenario names to NVML clock event reason bits.
+// ThrottleReasons maps scenario names to NVML's clock event reason bits,
+// taken from go-nvml's constants (nvml.h) so that the simulator can never
+// agree with a wrong table of the exporter's. R535 renamed the
+// ClocksThrottleReason* macros ClocksEventReason*; go-nvml keeps the three
+// hardware ones under the old name only.
 var ThrottleReasons = map[string]uint64{
-	"gpu_idle":                    0x1,
-	"applications_clocks_setting": 0x2,
-	"sw_power_cap":                0x4,
-	"hw_slowdown":                 0x8,
-	"sync_boost":                  0x10,
-	"sw_thermal_slowdown":         0x20,
-	"hw_thermal_slowdown":         0x40,
-	"hw_power_brake_slowdown":     0x80,
-	"display_clock_setting":       0x100,
+	"gpu_idle":                    nvml.ClocksEventReasonGpuIdle,
+	"applications_clocks_setting": nvml.ClocksEventReasonApplicationsClocksSetting,
+	"sw_power_cap":                nvml.ClocksEventReasonSwPowerCap,
+	"hw_slowdown":                 nvml.ClocksThrottleReasonHwSlowdown,
+	"sync_boost":                  nvml.ClocksEventReasonSyncBoost,
+	"sw_thermal_slowdown":         nvml.ClocksEventReasonSwThermalSlowdown,
+	"hw_thermal_slowdown":         nvml.ClocksThrottleReasonHwThermalSlowdown,
+	"hw_power_brake_slowdown":     nvml.ClocksThrottleReasonHwPowerBrakeSlowdown,
+	"display_clock_setting":       nvml.ClocksEventReasonDisplayClockSetting,
+	"board_limit":                 nvml.ClocksEventReasonBoardLimit,
+	"reliability":                 nvml.ClocksEventReasonReliability,
 }
 
-// RecoveryActions maps scenario names to NVML's recovery action values.
-var RecoveryActions = map[string]int{"none": 0, "gpu_reset": 1, "node_reboot": 2, "drain_p2p": 3, "drain_and_reset": 4}
+// RecoveryActions maps scenario names to NVML's recovery action values
+// (nvmlDeviceGpuRecoveryAction_t), taken from go-nvml's constants.
+var RecoveryActions = map[string]int{
+	"none":                int(nvml.GPU_RECOVERY_ACTION_NONE),
+	"gpu_reset":           int(nvml.GPU_RECOVERY_ACTION_GPU_RESET),
+	"node_reboot":         int(nvml.GPU_RECOVERY_ACTION_NODE_REBOOT),
+	"drain_p2p":           int(nvml.GPU_RECOVERY_ACTION_DRAIN_P2P),
+	"drain_and_reset":     int(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET),
+	"recover_imex_domain": int(nvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN),
+	"bus_reset":           int(nvml.GPU_RECOVERY_ACTION_BUS_RESET),
+	"system_reboot":       int(nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT),
+}
 
 // GPUSpec overrides one GPU, by index.
 type GPUSpec struct {
@@ -284,6 +314,8 @@ gpus:
       - {profile: 1g.10gb}
 sharing:
   timeSlicing: {gpus: [6], replicas: 4}
+hostProcesses:
+  - {gpu: 6, comm: ollama, docker: true, memory: {mean: 0.04}, utilization: {mean: 0.02, noise: 0.01}}
 pods:
   - namespace: ml-training
     name: llm-pretrain-0
@@ -305,16 +337,21 @@ pods:
     containers:
       - name: server
         devices: [{gpu: 6, replica: 0}]
+        processes:
+          - {comm: vllm, memory: {mean: 0.30, noise: 0.002}, utilization: {mean: 0.35, amplitude: 0.15, period: 5m, noise: 0.05}}
   - namespace: inference
     name: chat-api-1
     containers:
       - name: server
         devices: [{gpu: 6, replica: 1}]
+        processes:
+          - {comm: tritonserver, memory: {mean: 0.12, noise: 0.002}, utilization: {mean: 0.2, amplitude: 0.1, period: 3m, noise: 0.03}}
+          - {comm: python3, memory: {mean: 0.05}, utilization: {mean: 0.05, noise: 0.02}}
   - namespace: inference
     name: chat-api-2
     containers:
       - name: server
-        devices: [{gpu: 6, replica: 2}]
+        devices: [{gpu: 6, replica: 2}]  # holds a replica, runs nothing: idle on its own
   - namespace: ml-training
     name: finetune-small
     containers:
@@ -365,6 +402,12 @@ func (s *Scenario) applyDefaults() {
 	}
 	if s.Node.Flavour == "" {
 		s.Node.Flavour = "nvidia"
+	}
+	if s.Node.CgroupDriver == "" {
+		s.Node.CgroupDriver = "systemd-v2"
+	}
+	if s.Node.Runtime == "" {
+		s.Node.Runtime = "containerd"
 	}
 	if s.Node.CUDADriverVersion == "" {
 		s.Node.CUDADriverVersion = "12.4"
@@ -501,10 +544,19 @@ func (s *Scenario) validate() error {
 			return err
 		}
 	}
+	if _, ok := cgroupDrivers[s.Node.CgroupDriver]; !ok {
+		return s.errorAt([]any{"node", "cgroupDriver"}, "unknown cgroup driver %q; known: %s", s.Node.CgroupDriver, strings.Join(sortedKeys(cgroupDrivers), ", "))
+	}
+	if _, ok := runtimes[s.Node.Runtime]; !ok {
+		return s.errorAt([]any{"node", "runtime"}, "unknown container runtime %q; known: %s", s.Node.Runtime, strings.Join(sortedKeys(runtimes), ", "))
+	}
 	if err := s.validateSharing(); err != nil {
 		return err
 	}
-	return s.validatePods()
+	if err := s.validatePods(); err != nil {
+		return err
+	}
+	return s.validateProcesses()
 }
 
 func (s *Scenario) migCount(gpu int) int {

@@ -18,7 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 )
 
 var models = map[string]gpus.Config{
@@ -59,7 +59,7 @@ func boardFor(cfg gpus.Config) boardSpec {
 	}
 }
 
-// Node is a simulated GPU node. It implements collector.NVML.
+// Node is a simulated GPU node. It implements nvmlsampler.NVML.
 type Node struct {
 	Scenario *Scenario
 	mock     *server.Server
@@ -72,6 +72,9 @@ type Node struct {
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	procs []*simProcess // the scenario's GPU processes, in pods and outside
+	host  host          // the generated host /proc and container log directory
 }
 
 // Option changes a Node.
@@ -125,6 +128,7 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		}
 		n.devices = append(n.devices, d)
 	}
+	n.resolveProcesses()
 	return n, nil
 }
 
@@ -138,38 +142,38 @@ func (n *Node) elapsed() time.Duration { return n.now().Sub(n.start) }
 // Devices returns the simulated GPUs.
 func (n *Node) Devices() []*Device { return n.devices }
 
-// Init implements collector.NVML.
+// Init implements nvmlsampler.NVML.
 func (n *Node) Init() nvml.Return { n.count(); return nvml.SUCCESS }
 
-// Shutdown implements collector.NVML.
+// Shutdown implements nvmlsampler.NVML.
 func (n *Node) Shutdown() nvml.Return { n.count(); return nvml.SUCCESS }
 
-// SystemGetDriverVersion implements collector.NVML.
+// SystemGetDriverVersion implements nvmlsampler.NVML.
 func (n *Node) SystemGetDriverVersion() (string, nvml.Return) {
 	n.count()
 	return n.driver, nvml.SUCCESS
 }
 
-// SystemGetNVMLVersion implements collector.NVML.
+// SystemGetNVMLVersion implements nvmlsampler.NVML.
 func (n *Node) SystemGetNVMLVersion() (string, nvml.Return) {
 	n.count()
 	return n.mock.NvmlVersion, nvml.SUCCESS
 }
 
-// SystemGetCudaDriverVersion implements collector.NVML.
+// SystemGetCudaDriverVersion implements nvmlsampler.NVML.
 func (n *Node) SystemGetCudaDriverVersion() (int, nvml.Return) {
 	n.count()
 	return n.cuda, nvml.SUCCESS
 }
 
-// DeviceGetCount implements collector.NVML.
+// DeviceGetCount implements nvmlsampler.NVML.
 func (n *Node) DeviceGetCount() (int, nvml.Return) {
 	n.count()
 	return len(n.devices), nvml.SUCCESS
 }
 
-// DeviceGetHandleByIndex implements collector.NVML.
-func (n *Node) DeviceGetHandleByIndex(i int) (collector.Device, nvml.Return) {
+// DeviceGetHandleByIndex implements nvmlsampler.NVML.
+func (n *Node) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	n.count()
 	if i < 0 || i >= len(n.devices) {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
@@ -279,7 +283,7 @@ func ProfileNames(cfg gpus.Config) []string {
 	sort.Ints(ids)
 	var out []string
 	for _, id := range ids {
-		out = append(out, collector.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
 	}
 	return out
 }
@@ -299,7 +303,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	}
 	byName := map[string]int{}
 	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[collector.MIGProfileName(id, info)] = id
+		byName[nvmlsampler.MIGProfileName(id, info)] = id
 	}
 	var used [8]bool
 	var plans []migPlan
@@ -332,7 +336,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	return plans, nil
 }
 
-// Device is a simulated GPU or MIG instance. It implements collector.Device.
+// Device is a simulated GPU or MIG instance. It implements nvmlsampler.Device.
 type Device struct {
 	node     *Node
 	mock     *server.Device
@@ -347,6 +351,9 @@ type Device struct {
 	migs    []*MIGDevice
 	energy  float64 // joules
 	lastE   time.Duration
+	// hasProcs: the scenario runs processes on the GPU, whose memory and SM
+	// use then make the device's, rather than its workload curves.
+	hasProcs bool
 }
 
 // UUID returns the device's UUID.
@@ -387,6 +394,9 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 func (d *Device) key(f string) string { return fmt.Sprintf("%d/%s", d.index, f) }
 
 func (d *Device) utilAt(t time.Duration) float64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procUtil(t)
+	}
 	if len(d.migs) > 0 {
 		// A MIG GPU is as busy as its instances, weighted by slices.
 		var u float64
@@ -399,6 +409,9 @@ func (d *Device) utilAt(t time.Duration) float64 {
 }
 
 func (d *Device) memUsedAt(t time.Duration) uint64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procMemUsed(t)
+	}
 	total := d.cfg.MemoryMB << 20
 	if len(d.migs) > 0 {
 		var used uint64
@@ -416,19 +429,19 @@ func (d *Device) powerAt(t time.Duration) float64 {
 	return d.board.idleW + (d.board.maxW-d.board.idleW)*d.utilAt(t)*0.92
 }
 
-// GetUUID implements collector.Device.
+// GetUUID implements nvmlsampler.Device.
 func (d *Device) GetUUID() (string, nvml.Return) { d.node.count(); return d.mock.UUID, nvml.SUCCESS }
 
-// GetName implements collector.Device.
+// GetName implements nvmlsampler.Device.
 func (d *Device) GetName() (string, nvml.Return) { d.node.count(); return d.cfg.Name, nvml.SUCCESS }
 
-// GetIndex implements collector.Device.
+// GetIndex implements nvmlsampler.Device.
 func (d *Device) GetIndex() (int, nvml.Return) { d.node.count(); return d.index, nvml.SUCCESS }
 
-// GetMinorNumber implements collector.Device.
+// GetMinorNumber implements nvmlsampler.Device.
 func (d *Device) GetMinorNumber() (int, nvml.Return) { d.node.count(); return d.minor, nvml.SUCCESS }
 
-// GetPciInfo implements collector.Device.
+// GetPciInfo implements nvmlsampler.Device.
 func (d *Device) GetPciInfo() (nvml.PciInfo, nvml.Return) {
 	d.node.count()
 	var p nvml.PciInfo
@@ -439,7 +452,7 @@ func (d *Device) GetPciInfo() (nvml.PciInfo, nvml.Return) {
 	return p, nvml.SUCCESS
 }
 
-// GetMigMode implements collector.Device.
+// GetMigMode implements nvmlsampler.Device.
 func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	d.node.count()
 	if len(d.cfg.MIGProfiles.GpuInstanceProfiles) == 0 {
@@ -448,7 +461,7 @@ func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	return d.migMode, d.migMode, nvml.SUCCESS
 }
 
-// GetMaxMigDeviceCount implements collector.Device.
+// GetMaxMigDeviceCount implements nvmlsampler.Device.
 func (d *Device) GetMaxMigDeviceCount() (int, nvml.Return) {
 	d.node.count()
 	if d.migMode != nvml.DEVICE_MIG_ENABLE {
@@ -457,8 +470,8 @@ func (d *Device) GetMaxMigDeviceCount() (int, nvml.Return) {
 	return 7, nvml.SUCCESS
 }
 
-// GetMigDeviceHandleByIndex implements collector.Device.
-func (d *Device) GetMigDeviceHandleByIndex(i int) (collector.Device, nvml.Return) {
+// GetMigDeviceHandleByIndex implements nvmlsampler.Device.
+func (d *Device) GetMigDeviceHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
 	d.node.count()
 	if i < 0 || i >= len(d.migs) {
 		return nil, nvml.ERROR_NOT_FOUND
@@ -466,25 +479,25 @@ func (d *Device) GetMigDeviceHandleByIndex(i int) (collector.Device, nvml.Return
 	return d.migs[i], nvml.SUCCESS
 }
 
-// GetGpuInstanceId implements collector.Device.
+// GetGpuInstanceId implements nvmlsampler.Device.
 func (d *Device) GetGpuInstanceId() (int, nvml.Return) {
 	d.node.count()
 	return 0, nvml.ERROR_INVALID_ARGUMENT
 }
 
-// GetComputeInstanceId implements collector.Device.
+// GetComputeInstanceId implements nvmlsampler.Device.
 func (d *Device) GetComputeInstanceId() (int, nvml.Return) {
 	d.node.count()
 	return 0, nvml.ERROR_INVALID_ARGUMENT
 }
 
-// GetAttributes implements collector.Device.
+// GetAttributes implements nvmlsampler.Device.
 func (d *Device) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	d.node.count()
 	return nvml.DeviceAttributes{MemorySizeMB: d.cfg.MemoryMB}, nvml.SUCCESS
 }
 
-// GetMemoryInfo implements collector.Device.
+// GetMemoryInfo implements nvmlsampler.Device.
 func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return nvml.Memory{}, ret
@@ -494,7 +507,7 @@ func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 }
 
-// GetUtilizationRates implements collector.Device.
+// GetUtilizationRates implements nvmlsampler.Device.
 func (d *Device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return nvml.Utilization{}, ret
@@ -507,7 +520,7 @@ func (d *Device) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	return nvml.Utilization{Gpu: uint32(math.Round(u * 100)), Memory: uint32(math.Round(u * 55))}, nvml.SUCCESS
 }
 
-// GetTemperature implements collector.Device.
+// GetTemperature implements nvmlsampler.Device.
 func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -516,7 +529,7 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
 }
 
-// GetPowerUsage implements collector.Device (milliwatts).
+// GetPowerUsage implements nvmlsampler.Device (milliwatts).
 func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
@@ -524,7 +537,7 @@ func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 	return uint32(d.powerAt(d.node.elapsed()) * 1000), nvml.SUCCESS
 }
 
-// GetTotalEnergyConsumption implements collector.Device (millijoules since
+// GetTotalEnergyConsumption implements nvmlsampler.Device (millijoules since
 // the driver loaded). Integrated from the power curve, so it only grows.
 func (d *Device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	d.node.count()
@@ -539,7 +552,7 @@ func (d *Device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	return uint64((d.energy + d.board.idleW*86400) * 1000), nvml.SUCCESS
 }
 
-// GetClockInfo implements collector.Device (MHz).
+// GetClockInfo implements nvmlsampler.Device (MHz).
 func (d *Device) GetClockInfo(c nvml.ClockType) (uint32, nvml.Return) {
 	d.node.count()
 	switch c {
@@ -555,13 +568,13 @@ func (d *Device) GetClockInfo(c nvml.ClockType) (uint32, nvml.Return) {
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetCurrPcieLinkGeneration implements collector.Device.
+// GetCurrPcieLinkGeneration implements nvmlsampler.Device.
 func (d *Device) GetCurrPcieLinkGeneration() (int, nvml.Return) {
 	d.node.count()
 	return d.board.pcieGen, nvml.SUCCESS
 }
 
-// GetCurrPcieLinkWidth implements collector.Device.
+// GetCurrPcieLinkWidth implements nvmlsampler.Device.
 func (d *Device) GetCurrPcieLinkWidth() (int, nvml.Return) {
 	d.node.count()
 	return d.board.pcieWidth, nvml.SUCCESS
@@ -598,6 +611,13 @@ func (m *MIGDevice) utilAt(t time.Duration) float64 {
 }
 
 func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
+	if ps := m.parent.node.processesOn(m.parent.index, m.slot, t); len(ps) > 0 {
+		used := uint64(64 << 20)
+		for _, p := range ps {
+			used += m.parent.node.processMemory(p, t)
+		}
+		return min(used, m.info.MemorySizeMB<<20)
+	}
 	total := m.info.MemorySizeMB << 20
 	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
 	return uint64(f*float64(total-(64<<20))) + 64<<20
@@ -605,52 +625,52 @@ func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
 
 func (m *MIGDevice) count() { m.parent.node.count() }
 
-// GetUUID implements collector.Device.
+// GetUUID implements nvmlsampler.Device.
 func (m *MIGDevice) GetUUID() (string, nvml.Return) { m.count(); return m.uuid, nvml.SUCCESS }
 
-// GetName implements collector.Device.
+// GetName implements nvmlsampler.Device.
 func (m *MIGDevice) GetName() (string, nvml.Return) {
 	m.count()
 	return m.parent.cfg.Name + " MIG " + m.profile, nvml.SUCCESS
 }
 
-// GetIndex implements collector.Device.
+// GetIndex implements nvmlsampler.Device.
 func (m *MIGDevice) GetIndex() (int, nvml.Return) { m.count(); return m.slot, nvml.SUCCESS }
 
-// GetMinorNumber implements collector.Device.
+// GetMinorNumber implements nvmlsampler.Device.
 func (m *MIGDevice) GetMinorNumber() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetPciInfo implements collector.Device.
+// GetPciInfo implements nvmlsampler.Device.
 func (m *MIGDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) { return m.parent.GetPciInfo() }
 
-// GetMigMode implements collector.Device.
+// GetMigMode implements nvmlsampler.Device.
 func (m *MIGDevice) GetMigMode() (int, int, nvml.Return) {
 	m.count()
 	return 0, 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetMaxMigDeviceCount implements collector.Device.
+// GetMaxMigDeviceCount implements nvmlsampler.Device.
 func (m *MIGDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetMigDeviceHandleByIndex implements collector.Device.
-func (m *MIGDevice) GetMigDeviceHandleByIndex(int) (collector.Device, nvml.Return) {
+// GetMigDeviceHandleByIndex implements nvmlsampler.Device.
+func (m *MIGDevice) GetMigDeviceHandleByIndex(int) (nvmlsampler.Device, nvml.Return) {
 	m.count()
 	return nil, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetGpuInstanceId implements collector.Device.
+// GetGpuInstanceId implements nvmlsampler.Device.
 func (m *MIGDevice) GetGpuInstanceId() (int, nvml.Return) { m.count(); return m.gi, nvml.SUCCESS }
 
-// GetComputeInstanceId implements collector.Device.
+// GetComputeInstanceId implements nvmlsampler.Device.
 func (m *MIGDevice) GetComputeInstanceId() (int, nvml.Return) { m.count(); return m.ci, nvml.SUCCESS }
 
-// GetAttributes implements collector.Device.
+// GetAttributes implements nvmlsampler.Device.
 func (m *MIGDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	m.count()
 	return nvml.DeviceAttributes{
@@ -660,7 +680,7 @@ func (m *MIGDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	}, nvml.SUCCESS
 }
 
-// GetMemoryInfo implements collector.Device.
+// GetMemoryInfo implements nvmlsampler.Device.
 func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	m.count()
 	total := m.info.MemorySizeMB << 20
@@ -668,43 +688,43 @@ func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 }
 
-// GetUtilizationRates implements collector.Device: not on MIG instances.
+// GetUtilizationRates implements nvmlsampler.Device: not on MIG instances.
 func (m *MIGDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	m.count()
 	return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetTemperature implements collector.Device: per board only.
+// GetTemperature implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetPowerUsage implements collector.Device: per board only.
+// GetPowerUsage implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetPowerUsage() (uint32, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetTotalEnergyConsumption implements collector.Device: per board only.
+// GetTotalEnergyConsumption implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetClockInfo implements collector.Device: per board only.
+// GetClockInfo implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetClockInfo(nvml.ClockType) (uint32, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetCurrPcieLinkGeneration implements collector.Device: per board only.
+// GetCurrPcieLinkGeneration implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetCurrPcieLinkGeneration() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetCurrPcieLinkWidth implements collector.Device: per board only.
+// GetCurrPcieLinkWidth implements nvmlsampler.Device: per board only.
 func (m *MIGDevice) GetCurrPcieLinkWidth() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED

@@ -1,4 +1,4 @@
-package collector
+package nvml
 
 import (
 	"context"
@@ -24,19 +24,22 @@ type SamplerConfig struct {
 	Log             zerolog.Logger
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Processes reads every device's process lists and per-process
+	// utilization, for per-container use of shared devices.
+	Processes bool
 }
 
-// NVMLSampler reads every GPU through NVML. Each GPU is read by its own
+// Sampler reads every GPU through NVML. Each GPU is read by its own
 // goroutine so that one hanging or lost GPU never delays the others.
-type NVMLSampler struct {
+type Sampler struct {
 	lib     NVML
 	cfg     SamplerConfig
 	driver  DriverInfo
 	workers []*gpuWorker
 }
 
-// NewNVMLSampler initialises NVML and discovers the GPUs.
-func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
+// NewSampler initialises NVML and discovers the GPUs.
+func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if cfg.DeviceTimeout <= 0 {
 		cfg.DeviceTimeout = 2 * time.Second
 	}
@@ -52,7 +55,7 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 		}
 		return nil, fmt.Errorf("NVML init: %w", ret)
 	}
-	s := &NVMLSampler{lib: lib, cfg: cfg}
+	s := &Sampler{lib: lib, cfg: cfg}
 	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
 	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
 	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
@@ -64,7 +67,7 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
 		w.discover()
 		s.workers = append(s.workers, w)
 	}
@@ -72,11 +75,11 @@ func NewNVMLSampler(lib NVML, cfg SamplerConfig) (*NVMLSampler, error) {
 }
 
 // Driver returns the driver stack read at start.
-func (s *NVMLSampler) Driver() DriverInfo { return s.driver }
+func (s *Sampler) Driver() DriverInfo { return s.driver }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
 // library down under a call in flight is asking for a crash at exit.
-func (s *NVMLSampler) Close() {
+func (s *Sampler) Close() {
 	for _, w := range s.workers {
 		if w.busy.Load() {
 			return
@@ -86,7 +89,7 @@ func (s *NVMLSampler) Close() {
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each.
-func (s *NVMLSampler) Sample(ctx context.Context) *NodeSample {
+func (s *Sampler) Sample(ctx context.Context) *NodeSample {
 	start := time.Now()
 	out := &NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]GPUState, len(s.workers))}
 	done := make(chan struct{}, len(s.workers))
@@ -157,6 +160,8 @@ type gpuWorker struct {
 	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
+	processes  bool
+	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	result     GPUState
 	identMu    sync.Mutex // guards ident for staleState while a read is stuck
 }
@@ -332,9 +337,16 @@ func (w *gpuWorker) read() GPUState {
 	}
 	w.failures = 0
 	w.prevHealth = &g.Health
+	if w.processes && len(w.migHandles) == 0 {
+		g.Processes = readProcesses(w.handle, true, &w.lastSeen)
+	}
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
 		ms.Up, _ = readDevice(m, &ms, nil, nil, false, nil)
+		if w.processes && ms.Up {
+			var none uint64
+			ms.Processes = readProcesses(m, false, &none)
+		}
 		g.MIG = append(g.MIG, ms)
 	}
 	return g

@@ -1,4 +1,4 @@
-package collector
+package nvml
 
 import (
 	"errors"
@@ -44,6 +44,7 @@ type Device interface {
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
 	HealthDevice
+	ProcessDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)

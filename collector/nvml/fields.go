@@ -1,0 +1,55 @@
+package nvml
+
+// Field is one per-device value slot. NVML fills its own fields here; the
+// orchestration (package collector) merges DCGM's profiling fields into the
+// same record and names every field in its metric table.
+type Field int
+
+// The per-device fields. Sources are named in collector.fieldSpecs and in the README.
+const (
+	FieldMemoryUsed Field = iota
+	FieldMemoryTotal
+	FieldUtilization
+	FieldMemoryUtilization
+	FieldTemperature
+	FieldPower
+	FieldEnergy
+	FieldSMClock
+	FieldMemoryClock
+	FieldPCIeLinkGeneration
+	FieldPCIeLinkWidth
+	FieldPowerLimit
+	FieldSlowdownTemperature
+	FieldShutdownTemperature
+	// DCGM profiling fields.
+	FieldSMActive
+	FieldSMOccupancy
+	FieldTensorActive
+	FieldDRAMActive
+	FieldGraphicsActive
+	FieldFP64Active
+	FieldFP32Active
+	FieldFP16Active
+	FieldPCIeTxBytes
+	FieldPCIeRxBytes
+	FieldNVLinkTxBytes
+	FieldNVLinkRxBytes
+	// NumFields is the number of fields.
+	NumFields
+)
+
+// Values holds the fields read for one device in one sample. A field that is
+// not set (not supported, or failed) is not exported.
+type Values struct {
+	v   [NumFields]float64
+	set [NumFields]bool
+}
+
+// Set records a field's value.
+func (v *Values) Set(f Field, x float64) { v.v[f], v.set[f] = x, true }
+
+// Get returns a field's value and whether it was read.
+func (v *Values) Get(f Field) (float64, bool) { return v.v[f], v.set[f] }
+
+// Clear forgets a field.
+func (v *Values) Clear(f Field) { v.v[f], v.set[f] = 0, false }

@@ -1,0 +1,160 @@
+package nvml
+
+import (
+	"encoding/binary"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// HealthDevice is what the health reader needs beyond Device. It is part
+// of Device; split out to keep the list readable.
+type HealthDevice interface {
+	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
+	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
+	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
+	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)
+	GetPcieReplayCounter() (int, nvml.Return)
+	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
+	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+	GetPowerManagementLimit() (uint32, nvml.Return)
+	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
+	GetFieldValues([]nvml.FieldValue) nvml.Return
+	GetNumaNodeId() (int, nvml.Return)
+}
+
+// opt is a value NVML may not have given.
+type opt[T any] struct {
+	V  T
+	OK bool
+}
+
+func some[T any](v T) opt[T] { return opt[T]{V: v, OK: true} }
+
+// Health is a GPU's board-level health in one sample. Fields NVML does not
+// support on the device are left unset and not exported.
+type Health struct {
+	ECC            [2][2]opt[uint64] // [corrected, uncorrected][volatile, aggregate]
+	RetiredPages   [2]opt[int]       // [single bit, double bit]
+	RetiredPending opt[bool]
+	RemapCorr      opt[int]
+	RemapUncorr    opt[int]
+	RemapPending   opt[bool]
+	RemapFailed    opt[bool]
+	ClockReasons   opt[uint64]
+	PCIeReplay     opt[int]
+	// NVLinkErrors sums each error type over every link ever seen up, with
+	// a link's last value kept while it is down: a link going down must not
+	// make the counter fall.
+	NVLinkErrors   [4]uint64
+	HasNVLink      bool
+	RecoveryAction opt[int]
+	NUMANode       opt[int]
+	NVLinkActive   int // number of active NVLinks
+}
+
+// nvlinkKey is one error counter of one link.
+type nvlinkKey struct{ link, typ int }
+
+var (
+	// NVLinkErrorTypes are the NVLink data-link error counters read, in
+	// the order of Health.NVLinkErrors.
+	NVLinkErrorTypes = []struct {
+		Name    string
+		Counter nvml.NvLinkErrorCounter
+	}{
+		{"replay", nvml.NVLINK_ERROR_DL_REPLAY},
+		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY},
+		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT},
+		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA},
+	}
+
+	// ClockEventReasons are NVML's clock event (throttle) reason bits.
+	ClockEventReasons = []struct {
+		Name string
+		Bit  uint64
+	}{
+		{"gpu_idle", 0x1},
+		{"applications_clocks_setting", 0x2},
+		{"sw_power_cap", 0x4},
+		{"hw_slowdown", 0x8},
+		{"sync_boost", 0x10},
+		{"sw_thermal_slowdown", 0x20},
+		{"hw_thermal_slowdown", 0x40},
+		{"hw_power_brake_slowdown", 0x80},
+		{"display_clock_setting", 0x100},
+	}
+
+	// RecoveryActionNames are NVML's recovery actions, by value.
+	RecoveryActionNames = []string{"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"}
+)
+
+// readHealth reads the board's health; slow-moving counters (NVLink errors)
+// only when full is set, otherwise they are carried from prev.
+func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
+	for e := 0; e < 2; e++ {
+		for sc := 0; sc < 2; sc++ {
+			if v, ret := d.GetTotalEccErrors(nvml.MemoryErrorType(e), nvml.EccCounterType(sc)); ok(ret) {
+				h.ECC[e][sc] = some(v)
+			}
+		}
+	}
+	for c := 0; c < 2; c++ {
+		if pages, ret := d.GetRetiredPages(nvml.PageRetirementCause(c)); ok(ret) {
+			h.RetiredPages[c] = some(len(pages))
+		}
+	}
+	if p, ret := d.GetRetiredPagesPendingStatus(); ok(ret) {
+		h.RetiredPending = some(p == nvml.FEATURE_ENABLED)
+	}
+	if corr, unc, pending, failed, ret := d.GetRemappedRows(); ok(ret) {
+		h.RemapCorr, h.RemapUncorr, h.RemapPending, h.RemapFailed = some(corr), some(unc), some(pending), some(failed)
+	}
+	if r, ret := d.GetCurrentClocksEventReasons(); ok(ret) {
+		h.ClockReasons = some(r)
+	}
+	if n, ret := d.GetPcieReplayCounter(); ok(ret) {
+		h.PCIeReplay = some(n)
+	}
+	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
+	if ret := d.GetFieldValues(fv); ok(ret) && nvml.Return(fv[0].NvmlReturn) == nvml.SUCCESS {
+		h.RecoveryAction = some(int(binary.LittleEndian.Uint32(fv[0].Value[:4])))
+	}
+	carry := func() {
+		if prev != nil {
+			h.NVLinkErrors, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
+		}
+	}
+	if !full {
+		carry()
+		return
+	}
+	if n, ret := d.GetNumaNodeId(); ok(ret) {
+		h.NUMANode = some(n)
+	} else if prev != nil {
+		h.NUMANode = prev.NUMANode
+	}
+	for link := 0; link < nvml.NVLINK_MAX_LINKS; link++ {
+		st, ret := d.GetNvLinkState(link)
+		if ret != nvml.SUCCESS {
+			if link == 0 && !unsupported(ret) && ret != nvml.ERROR_INVALID_ARGUMENT {
+				carry() // a failed read says nothing about the links
+				return
+			}
+			break // no NVLink, or past the last link
+		}
+		if st != nvml.FEATURE_ENABLED {
+			continue
+		}
+		h.NVLinkActive++
+		for t, et := range NVLinkErrorTypes {
+			if v, ret := d.GetNvLinkErrorCounter(link, et.Counter); ok(ret) {
+				seen[nvlinkKey{link, t}] = v
+			}
+		}
+	}
+	for k, v := range seen {
+		h.NVLinkErrors[k.typ] += v
+		h.HasNVLink = true
+	}
+}
