@@ -260,6 +260,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
 	}
 }
+
 // validUTF8 keeps a label value that a kubelet or driver bug made invalid
 // from panicking the metrics registry.
 func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }

@@ -50,7 +50,9 @@ func newProcNode(t *testing.T, sc *simnode.Scenario) (*podNode, *procs.Resolver)
 	return pn, r
 }
 
-func within(got, want, rel float64) bool { return math.Abs(got-want) <= rel*math.Max(1, math.Abs(want)) }
+func within(got, want, rel float64) bool {
+	return math.Abs(got-want) <= rel*math.Max(1, math.Abs(want))
+}
 
 // Done-when: three pods time-slice GPU 6 of the default node; each has its
 // own VRAM and activity, the memory of a process outside any pod is a
