@@ -74,6 +74,11 @@ func hexID(parts ...any) string {
 	return hex.EncodeToString(b[:])
 }
 
+// containerID is a pod container's runtime ID.
+func containerID(seed int64, ns, pod, container string) string {
+	return hexID("container", seed, ns, pod, container)
+}
+
 func podUID(seed int64, ns, pod string) string {
 	b := sha256.Sum256([]byte(fmt.Sprintf("pod/%d/%s/%s", seed, ns, pod)))
 	b[6] = (b[6] & 0x0f) | 0x40
@@ -120,7 +125,7 @@ func (n *Node) resolveProcesses() {
 	}
 	for _, p := range sc.Pods {
 		for _, c := range p.Containers {
-			cid := hexID("container", sc.Seed, p.Namespace, p.Name, c.Name)
+			cid := containerID(sc.Seed, p.Namespace, p.Name, c.Name)
 			for i, ps := range c.Processes {
 				d := c.Devices[ps.Device]
 				sp := &simProcess{gpu: d.GPU, mig: -1, mem: ps.Memory, util: ps.Utilization, mps: ps.MPS, comm: ps.Comm,
@@ -154,6 +159,15 @@ func (n *Node) resolveProcesses() {
 		}
 		n.procs = append(n.procs, sp)
 	}
+	var bounds []time.Duration
+	for _, p := range sc.Pods {
+		bounds = append(bounds, time.Duration(p.Start), time.Duration(p.Stop))
+	}
+	for _, sp := range n.procs {
+		bounds = append(bounds, sp.start, sp.stop)
+	}
+	sort.Slice(bounds, func(i, j int) bool { return bounds[i] < bounds[j] })
+	n.host.bounds = bounds
 	for _, sp := range n.procs {
 		if sp.comm == "" {
 			sp.comm = "python3"
@@ -216,6 +230,10 @@ type host struct {
 	running map[uint32]*simProcess
 	logs    map[string]bool
 	err     error
+	// bounds are the times at which a process or pod starts or stops; the
+	// tree is rewritten only when t crosses one.
+	bounds  []time.Duration
+	lastSeg int
 }
 
 // WithHostDir puts the generated host /proc and container log directory
@@ -257,6 +275,10 @@ func (n *Node) syncHost(t time.Duration) error {
 	if hs.err != nil {
 		return hs.err
 	}
+	seg := sort.Search(len(hs.bounds), func(i int) bool { return hs.bounds[i] > t })
+	if hs.h != nil && seg == hs.lastSeg {
+		return nil // nothing started or stopped since the last call
+	}
 	if hs.h == nil {
 		if hs.dir == "" {
 			d, err := os.MkdirTemp("", "gpe-simhost-")
@@ -273,6 +295,7 @@ func (n *Node) syncHost(t time.Duration) error {
 		}
 		hs.h, hs.running, hs.logs = h, map[uint32]*simProcess{}, map[string]bool{}
 	}
+	hs.lastSeg = seg
 	want := map[uint32]*simProcess{}
 	for _, p := range n.procs {
 		if p.liveAt(t) {
@@ -308,7 +331,7 @@ func (n *Node) syncHost(t time.Duration) error {
 			continue
 		}
 		for _, c := range p.Containers {
-			cid := hexID("container", n.Scenario.Seed, p.Namespace, p.Name, c.Name)
+			cid := containerID(n.Scenario.Seed, p.Namespace, p.Name, c.Name)
 			logs[fakehost.LogName(p.Namespace, p.Name, c.Name, cid)] = [4]string{p.Namespace, p.Name, c.Name, cid}
 		}
 	}
