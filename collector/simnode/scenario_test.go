@@ -215,3 +215,20 @@ pods:
 		t.Errorf("host tree did not follow: cgroup %q -> %q, logs %v -> %v", cg1, cg2, logs1, logs2)
 	}
 }
+
+func TestResetAndECCFaultChecks(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"faults:\n  - {gpu: 0, at: 1m, reset: true}\n", ""},
+		{"faults:\n  - {gpu: 0, at: 1m, until: 2m, reset: true}\n", "field faults[0].until: a reset happens at one moment"},
+		{"faults:\n  - {gpu: 0, reset: true, lost: true}\n", "exactly one of"},
+		{"faults:\n  - {gpu: 0, ecc: {corrected: 18000000000000000000}}\n", "field faults[0].ecc.corrected: 18000000000000000000 errors: at most 1000000000000"},
+	} {
+		_, err := ParseScenario("f.yaml", []byte(tc.yaml))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.yaml, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}
