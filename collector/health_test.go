@@ -90,9 +90,8 @@ faults:
 		{"gpu_remapped_rows", []string{`gpu="2"`, `type="uncorrectable"`}, "3"},
 		{"gpu_remapped_rows_pending", []string{`gpu="2"`}, "1"},
 		{"gpu_remapped_rows_failed", []string{`gpu="2"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="node_reboot"`}, "1"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="none"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="2"`, `action="none"`}, "1"},
+		{"gpu_recovery_action_code", []string{`gpu="3"`}, "2"}, // node_reboot
+		{"gpu_recovery_action_code", []string{`gpu="2"`}, "0"}, // none
 		{"gpu_nvlink_active_links", []string{`gpu="0"`}, "18"},
 	} {
 		if v := value(t, p, c.name, c.match...); v != c.want {
@@ -170,7 +169,7 @@ faults:
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
-// slowdownReasons are the clock event reasons the landing page calls
-// throttling: the GPU runs slower than asked because of heat or power.
-var slowdownReasons = map[string]bool{
-	"hw_slowdown": true, "sw_thermal_slowdown": true, "hw_thermal_slowdown": true, "hw_power_brake_slowdown": true,
-}
 
 // buildStatus turns one sample's state into the landing page's table.
 func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Node {
@@ -164,7 +159,7 @@ func gpuHealth(st *State, g *GPUState) status.Health {
 	}
 	if r := g.Health.ClockReasons; r.OK {
 		for _, cr := range nvml.ClockEventReasons {
-			if r.V&cr.Bit != 0 && slowdownReasons[cr.Name] {
+			if r.V&cr.Bit&slowdownReasons != 0 { // throttling: heat or power
 				h.Throttle = append(h.Throttle, cr.Name)
 			}
 		}

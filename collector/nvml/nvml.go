@@ -43,6 +43,8 @@ type Device interface {
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
+	GetEncoderUtilization() (uint32, uint32, nvml.Return) // utilisation %, sampling period µs
+	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	HealthDevice
 	ProcessDevice
 	// MIG layout, for fragmentation.

@@ -413,6 +413,20 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
 		v.Set(FieldShutdownTemperature, float64(t))
 	}
+	if u, _, ret := d.GetEncoderUtilization(); ok(ret) {
+		v.Set(FieldEncoderUtilization, float64(u)/100)
+	}
+	if u, _, ret := d.GetDecoderUtilization(); ok(ret) {
+		v.Set(FieldDecoderUtilization, float64(u)/100)
+	}
+	// Memory (HBM) temperature is a field value: GPUs without a memory
+	// sensor (GDDR boards) answer NOT_SUPPORTED for the field alone.
+	mt := []nvml.FieldValue{{FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	if ret := d.GetFieldValues(mt); ok(ret) && nvml.Return(mt[0].NvmlReturn) == nvml.SUCCESS {
+		if t, known := fieldValue(mt[0]); known {
+			v.Set(FieldMemoryTemperature, t)
+		}
+	}
 	if health != nil {
 		readHealth(d, health, prevHealth, fullHealth, nvlinkSeen, ok)
 	}
