@@ -243,10 +243,9 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 			return
 		}
 		du := st.Usage.device(key)
-		if du != nil && du.Known {
-			ch <- prometheus.MustNewConstMetric(outsidePodsDesc, prometheus.GaugeValue, du.OutsidePods.MemoryBytes, lv...)
-		}
 		if du != nil && du.Known && du.Shared {
+			// On a device held alone its holder's series is the device's.
+			ch <- prometheus.MustNewConstMetric(outsidePodsDesc, prometheus.GaugeValue, du.OutsidePods.MemoryBytes, lv...)
 			// Shared: each container's own processes, 0 for a holder running nothing.
 			for i := range du.Containers {
 				cu := &du.Containers[i]

@@ -100,7 +100,7 @@ const (
 
 var (
 	outsidePodsDesc = prometheus.NewDesc("gpu_memory_used_outside_pods_bytes",
-		"Framebuffer memory used by processes that run in no pod (host processes, containers of other runtimes), from NVML's process lists. Only where process accounting is on.",
+		"Framebuffer memory used by processes that run in no pod (host processes, containers of other runtimes) on a shared device (time-sliced, MPS, or used by a pod that does not hold it), from NVML's process lists; only where process accounting is on.",
 		deviceLabels, nil)
 )
 

@@ -193,12 +193,21 @@ pods:
 		t.Errorf("outside pods %v, want %v", v, 0.01*room)
 	}
 	// MIG: process lists are read per instance; one held alone keeps the
-	// instance's own figures.
-	if v := num(t, p, "gpu_memory_used_outside_pods_bytes", `gpu="1"`, `gpu_instance="1"`); v != 0 {
-		t.Errorf("outside pods on MIG instance: %v", v)
+	// instance's own figures, and no outside-pods series (a device held
+	// alone has its holder's).
+	if s := series(p, "gpu_memory_used_outside_pods_bytes", `gpu="1"`); len(s) != 0 {
+		t.Errorf("outside pods on MIG instances held alone: %v", s)
 	}
 	if s := series(p, "gpu_container_memory_used_bytes", `pod="mig-user"`); len(s) != 1 {
 		t.Errorf("MIG holder: %v", s)
+	}
+	n, err := status.Decode(bytes.NewReader(p.StatusJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig := n.GPUs[1].Units[0]
+	if len(mig.Holders) != 1 || mig.Holders[0].Processes != 1 || mig.OutsidePodsMemoryBytes == nil || *mig.OutsidePodsMemoryBytes != 0 {
+		t.Errorf("MIG instance 0 on the status page: %+v", mig)
 	}
 }
 
