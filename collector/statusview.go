@@ -10,7 +10,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
-
 // buildStatus turns one sample's state into the landing page's table.
 func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Node {
 	s := st.Sample
