@@ -32,7 +32,12 @@ type DeviceKey struct {
 
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
-	Up       bool
+	Up bool
+	// Known: the kubelet answered within staleAllocations, so who holds what
+	// is known. Otherwise (no pod source, socket missing, kubelet down for
+	// longer) the gauges that depend on it are left out rather than showing
+	// every device free.
+	Known    bool
 	Duration time.Duration
 	// Holders per device, sorted.
 	ByDevice    map[DeviceKey][]Holder
@@ -84,6 +89,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
 		return a
 	}
+	a.Known = true
 	a.Allocatable = snap.Allocatable
 	inv := inventory(s)
 	if snap.AllocatableIDs != nil {
@@ -179,14 +185,14 @@ var (
 		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
 		containerLabels, nil)
 	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio",
-		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a device it holds alone), dcgm_sm_active (DCGM SM activity of a MIG instance it holds alone), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
+		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
 		append(append([]string(nil), containerLabels...), "source"), nil)
 	containerSMDesc = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
 	allocatableDesc = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"}, nil)
 	devicesDesc = prometheus.NewDesc("gpu_devices",
-		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (GPU down).",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, or a reset pending: rows to remap, pages to retire, a recovery action). free and allocated are absent while the pod map is unknown.",
 		[]string{"state"}, nil)
 	healthyDesc = prometheus.NewDesc("gpu_healthy_devices",
 		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil, nil)
@@ -200,19 +206,53 @@ var (
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
 )
 
-// unitState is the state of each schedulable unit of the sample.
+// healthy says whether a GPU can take new work: NVML answers, its memory can
+// still be repaired, and no reset is pending. A GPU whose row remapping
+// failed (GPURowRemapFailed: replace it), or that waits for a reset (rows to
+// remap, pages to retire, an NVML recovery action) is unhealthy: never free
+// capacity, even though NVML answers and pods may still run on it.
+func healthy(g *GPUState) bool {
+	h := &g.Health
+	switch {
+	case !g.Up,
+		h.RemapFailed.OK && h.RemapFailed.V,
+		h.RemapPending.OK && h.RemapPending.V,
+		h.RetiredPending.OK && h.RetiredPending.V,
+		h.RecoveryAction.OK && h.RecoveryAction.V != 0:
+		return false
+	}
+	return true
+}
+
+// eachUnit calls f for each schedulable unit of the sample (whole GPUs, MIG
+// instances) with its health (see healthy).
 func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)) {
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
+		ok := healthy(g)
 		if len(g.MIG) == 0 {
-			f(&g.DeviceState, DeviceKey{g.GPU, -1}, g.Up)
+			f(&g.DeviceState, DeviceKey{g.GPU, -1}, ok)
 			continue
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			f(m, DeviceKey{g.GPU, m.GPUInstance}, g.Up && m.Up)
+			f(m, DeviceKey{g.GPU, m.GPUInstance}, ok && m.Up)
 		}
 	}
+}
+
+// sharedFree lists the units that have at least one free allocatable
+// device ID while held: time-sliced GPUs with free replicas.
+func (a *Allocations) sharedFree() map[DeviceKey]bool {
+	out := map[DeviceKey]bool{}
+	for res, refs := range a.allocatableRefs {
+		for id, k := range refs {
+			if !a.heldIDs[res][id] && len(a.ByDevice[k]) > 0 {
+				out[k] = true
+			}
+		}
+	}
+	return out
 }
 
 func collectAllocations(st *State, ch chan<- prometheus.Metric) {
@@ -274,8 +314,10 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
 		}
 	})
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	if a.Known {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	}
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
 	if a.AllocatableUnits != nil {

@@ -84,9 +84,11 @@ func gpuOf(s *NodeSample, gpu int) *GPUState {
 // fragInput turns the sample and its allocations into the model's input.
 func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 	out := make([]fragmentation.GPU, 0, len(s.GPUs))
+	shared := a.sharedFree()
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
-		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: g.Up, NVLinkDomain: -1, NUMANode: -1}
+		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: healthy(g), NVLinkDomain: -1, NUMANode: -1,
+			SharedFree: shared[DeviceKey{g.GPU, -1}]}
 		fg.MemoryTotal, _ = g.Values.Get(FieldMemoryTotal)
 		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
 		if g.Health.NVLinkActive > 0 {
@@ -165,6 +167,9 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	}
 	s := st.Sample
 	for _, is := range d.Idle {
+		if !is.Known {
+			continue // neither idle nor busy: left out rather than "not idle"
+		}
 		k := is.Key
 		lv := unitLabels(s, k.GPU, k.GPUInstance)
 		if lv == nil {
@@ -174,7 +179,10 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(idleDesc, prometheus.GaugeValue, b2f(is.Idle), labels...)
 		ch <- prometheus.MustNewConstMetric(idleSecondsDesc, prometheus.CounterValue, is.IdleSeconds, labels...)
 	}
-	ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	known := st.Allocations != nil && st.Allocations.Known
+	if known {
+		ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	}
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
 			lv := labelValues(dev)
@@ -182,10 +190,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		}
 	})
 	f := &d.Frag
-	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
-	for dom, n := range f.LargestFreeGroup {
-		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
-	}
+	// MIG slices and placements depend on the GPU instances only.
 	for _, m := range f.MIG {
 		gpu := strconv.Itoa(m.GPU)
 		ch <- prometheus.MustNewConstMetric(migFreeSlicesDesc, prometheus.GaugeValue, float64(m.FreeSlices), gpu, m.UUID)
@@ -193,6 +198,15 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		for prof, n := range m.Placeable {
 			ch <- prometheus.MustNewConstMetric(migPlaceableDesc, prometheus.GaugeValue, float64(n), gpu, m.UUID, prof)
 		}
+	}
+	if !known {
+		// Who holds what is unknown: free capacity, stranded VRAM and
+		// fragmentation would all say "everything is free".
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
+	for dom, n := range f.LargestFreeGroup {
+		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
 	}
 	for shape, v := range f.PerShape {
 		ch <- prometheus.MustNewConstMetric(fragDesc, prometheus.GaugeValue, v, shape)

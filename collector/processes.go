@@ -93,8 +93,8 @@ func attributeProcesses(ctx context.Context, r *procs.Resolver, s *NodeSample, a
 
 // Sources of gpu_container_utilization_ratio.
 const (
-	sourceDevice    = "device"         // the held device's NVML busy ratio
-	sourceDCGM      = "dcgm_sm_active" // DCGM SM activity (MIG instances)
+	sourceDevice    = "device"         // the held whole GPU's NVML busy ratio
+	sourceDCGM      = "dcgm_sm_active" // DCGM SM activity (MIG instances; landing page only)
 	sourceProcesses = "processes"      // the container's own processes (NVML per-process SM utilization)
 )
 
@@ -129,6 +129,16 @@ func containerActivity(du *DeviceUsage, d *DeviceState, cu *ContainerUse) (float
 	}
 	if v, ok := d.Values.Get(FieldUtilization); ok {
 		return v, sourceDevice, true
+	}
+	return 0, "", false // MIG instances: see gpu_container_sm_active_ratio
+}
+
+// statusActivity is the landing page's activity of a unit or of a holder
+// with no figure of its own: NVML's busy ratio, or on a MIG instance
+// DCGM's SM activity, with its source.
+func statusActivity(du *DeviceUsage, d *DeviceState, cu *ContainerUse) (float64, string, bool) {
+	if v, src, ok := containerActivity(du, d, cu); ok || (du != nil && du.Shared) {
+		return v, src, ok
 	}
 	if v, ok := d.Values.Get(FieldSMActive); ok {
 		return v, sourceDCGM, true

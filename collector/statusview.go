@@ -67,7 +67,7 @@ func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle ma
 	if d.Up {
 		u.MemoryUsedBytes = value(d, FieldMemoryUsed)
 		u.MemoryTotalBytes = value(d, FieldMemoryTotal)
-		if v, _, ok := containerActivity(nil, d, nil); ok {
+		if v, _, ok := statusActivity(nil, d, nil); ok {
 			u.Activity = &v
 		}
 	}
@@ -91,12 +91,12 @@ func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle ma
 					sh.MemoryUsedBytes = &v
 				}
 			}
-			if v, src, ok := containerActivity(du, d, cu); ok {
+			if v, src, ok := statusActivity(du, d, cu); ok {
 				sh.Activity, sh.ActivitySource = &v, src
 			}
 		case len(holders) == 1 && holding:
 			sh.MemoryUsedBytes = value(d, FieldMemoryUsed)
-			if v, src, ok := containerActivity(nil, d, nil); ok {
+			if v, src, ok := statusActivity(nil, d, nil); ok {
 				sh.Activity, sh.ActivitySource = &v, src
 			}
 			if cu != nil {

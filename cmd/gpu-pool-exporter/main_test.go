@@ -440,3 +440,42 @@ func TestHelpAndVersionExit0(t *testing.T) {
 		}
 	}
 }
+
+// TestGoBuildSaysWhatItIs builds a clean clone with plain `go build` (no
+// -ldflags), as a user would, and reads --version: the version and revision
+// come from what Go embeds.
+func TestGoBuildSaysWhatItIs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	top, _ := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	clone := filepath.Join(t.TempDir(), "src")
+	if out, err := exec.Command("git", "clone", "--quiet", "--no-local", strings.TrimSpace(string(top)), clone).CombinedOutput(); err != nil {
+		t.Skipf("git clone: %v\n%s", err, out)
+	}
+	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter")
+	build.Dir = clone
+	// A fresh machine's default; this one's go env may say -buildvcs=false.
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=auto")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	rev := strings.TrimSpace(string(head))
+	first := strings.SplitN(string(out), "\n", 2)[0]
+	// A tagged commit is vX.Y.Z; any other, Go's pseudo-version naming it.
+	if !regexp.MustCompile(`version v\d+\.\d+\.\d+(-\S*` + rev[:12] + `)? `).MatchString(first) {
+		t.Errorf("a plain go build of %s says %q: want Go's module version, which names the commit", rev[:12], first)
+	}
+	if !strings.Contains(first, "revision: "+rev+")") {
+		t.Errorf("a plain go build of %s says %q: want revision %s", rev[:12], first, rev)
+	}
+}
