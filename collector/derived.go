@@ -134,7 +134,7 @@ var (
 	idleDesc = prometheus.NewDesc("gpu_allocation_idle",
 		"1 if the holder's device stayed below the idle threshold for the whole idle window (--idle.threshold, --idle.window).", allocLabels, nil)
 	idleSecondsDesc = prometheus.NewDesc("gpu_allocation_idle_seconds_total",
-		"Seconds the holder's device has been idle while held, counted once the idle window is met; starts afresh for a new holder.", allocLabels, nil)
+		"Seconds the holder's device has been idle while held, counted once the idle window is met; like every counter here it never falls: a holder with the same labels within an hour goes on from its last value.", allocLabels, nil)
 	idleDevicesDesc = prometheus.NewDesc("gpu_idle_allocated_devices",
 		"Allocated devices all of whose holders are idle.", nil, nil)
 	priceDesc = prometheus.NewDesc("gpu_price_dollars_per_hour",
