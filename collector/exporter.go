@@ -128,7 +128,7 @@ type Exporter struct {
 	renderErr atomic.Pointer[renderResult]
 	// procsWarned: the proc-root warning was logged (under renderMu).
 	procsWarned bool
-	compat    *compatRenderer
+	compat      *compatRenderer
 }
 
 type renderResult struct{ err error }
