@@ -94,7 +94,7 @@ var Groups = []GroupInfo{
 	{GroupContainer, "per-container memory and busy ratio of the devices a container holds, on shared GPUs from per-process accounting; memory outside pods per device", true, true},
 	{GroupIdle, "idle allocations, idle seconds, prices", true, true},
 	{GroupFragmentation, "stranded VRAM, free GPU groups, MIG placement, fragmentation", true, true},
-	{GroupGo, "the exporter's Go runtime metrics (go_*, without the memstats family: process_resident_memory_bytes shows leaks)", true, false},
+	{GroupGo, "the exporter's Go runtime metrics (go_*, without the memstats family; process_resident_memory_bytes shows leaks)", false, false},
 	{GroupProcess, "the exporter's process metrics (process_*)", true, false},
 }
 

@@ -123,7 +123,7 @@ func checkExposition(body []byte, gpus int) error {
 		return fmt.Errorf("exposition does not parse: %v", err)
 	}
 	for _, f := range []string{"gpu_info", "gpu_up", "gpu_memory_used_bytes", "gpu_energy_joules_total", "gpu_exporter_build_info",
-		"gpu_exporter_last_sample_timestamp_seconds", "go_goroutines"} {
+		"gpu_exporter_last_sample_timestamp_seconds", "process_resident_memory_bytes"} {
 		if mfs[f] == nil {
 			return fmt.Errorf("exposition lacks %s", f)
 		}
