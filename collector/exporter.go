@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
@@ -53,6 +54,18 @@ type Config struct {
 	// Compat, when set, also serves dcgm-exporter's default families under
 	// its names, from the same sample and in the same render.
 	Compat *CompatConfig
+	// Processes, when set, maps the processes NVML lists to containers:
+	// per-container use of shared devices.
+	Processes *procs.Resolver
+	// Status names the exporter on the landing page.
+	Status StatusInfo
+}
+
+// StatusInfo is what the landing page says about the exporter itself.
+type StatusInfo struct {
+	Version   string
+	Node      string
+	Simulated bool
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -69,7 +82,9 @@ type State struct {
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
 	Derived     *Derived
-	Collectors  []CollectorStatus
+	// Usage is per-container use from process accounting; nil when off.
+	Usage      *Usage
+	Collectors []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
 	// LastAnswer is, per GPU, the time NVML last answered at all (a lost
@@ -90,6 +105,9 @@ type Page struct {
 	plainLen, gzipLen []string
 	// State is what the page shows, for the landing page.
 	State *State
+	// StatusHTML and StatusJSON are the landing page and /status.json,
+	// rendered with the metrics.
+	StatusHTML, StatusJSON []byte
 }
 
 // Exporter samples in the background and keeps the rendered page.
@@ -108,7 +126,9 @@ type Exporter struct {
 	idle      *fragmentation.IdleTracker
 	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
-	compat    *compatRenderer
+	// procsWarned: the proc-root warning was logged (under renderMu).
+	procsWarned bool
+	compat      *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -218,7 +238,18 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
 	}
-	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, s.Time)
+	if e.cfg.Processes != nil {
+		st.Usage = attributeProcesses(ctx, e.cfg.Processes, s, st.Allocations)
+		// Every PID missing is a proc root that is not the host's, not
+		// processes that happened to exit: say so once.
+		lost := st.Usage.PIDs > 0 && st.Usage.NotFound == st.Usage.PIDs
+		if lost && !e.procsWarned {
+			e.cfg.Log.Warn().Int("pids", st.Usage.PIDs).Msg("none of the PIDs NVML reports is in the proc root: mount the host's /proc (read-only hostPath) and pass --procs.proc-root; until then every GPU process counts as outside pods")
+		}
+		e.procsWarned = lost
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "", Duration: st.Usage.Duration})
+	}
+	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, st.Usage, s.Time)
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()
@@ -272,8 +303,17 @@ func (e *Exporter) render(st *State) error {
 	if err := e.gz.Close(); err != nil {
 		return err
 	}
+	var html, js bytes.Buffer
+	view := buildStatus(st, e.cfg.Status, e.cfg.Pods != nil, e.cfg.Processes != nil)
+	if err := view.HTML(&html); err != nil {
+		return err
+	}
+	if err := view.JSON(&js); err != nil {
+		return err
+	}
 	e.page.Store(&Page{Plain: buf.Bytes(), Gzip: zbuf.Bytes(), Time: st.Rendered, State: st,
-		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())}})
+		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())},
+		StatusHTML: html.Bytes(), StatusJSON: js.Bytes()})
 	return nil
 }
 

@@ -46,6 +46,7 @@ type Device interface {
 	GetEncoderUtilization() (uint32, uint32, nvml.Return) // utilisation %, sampling period µs
 	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	HealthDevice
+	ProcessDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)

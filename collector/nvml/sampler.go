@@ -24,6 +24,9 @@ type SamplerConfig struct {
 	Log             zerolog.Logger
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Processes reads every device's process lists and per-process
+	// utilization, for per-container use of shared devices.
+	Processes bool
 }
 
 // Sampler reads every GPU through NVML. Each GPU is read by its own
@@ -64,7 +67,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
 		w.discover()
 		s.workers = append(s.workers, w)
 	}
@@ -157,6 +160,8 @@ type gpuWorker struct {
 	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
+	processes  bool
+	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	result     GPUState
 	identMu    sync.Mutex // guards ident for staleState while a read is stuck
 }
@@ -332,9 +337,16 @@ func (w *gpuWorker) read() GPUState {
 	}
 	w.failures = 0
 	w.prevHealth = &g.Health
+	if w.processes && len(w.migHandles) == 0 {
+		g.Processes = readProcesses(w.handle, true, &w.lastSeen)
+	}
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
 		ms.Up, _ = readDevice(m, &ms, nil, nil, false, nil)
+		if w.processes && ms.Up {
+			var none uint64
+			ms.Processes = readProcesses(m, false, &none)
+		}
 		g.MIG = append(g.MIG, ms)
 	}
 	return g
