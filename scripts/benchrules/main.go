@@ -90,7 +90,7 @@ type config struct {
 func main() {
 	var cfg config
 	flag.IntVar(&cfg.nodes, "n", 200, "synthetic GPU nodes")
-	flag.IntVar(&cfg.pools, "pools", 10, "node pools the nodes are spread over")
+	flag.IntVar(&cfg.pools, "pools", 0, "node pools the nodes are spread over (0: ten, or one per node below ten nodes)")
 	flag.IntVar(&cfg.pending, "pending", -1, "Pending GPU pods (-1: 5% of the nodes, at least ten)")
 	flag.DurationVar(&cfg.interval, "interval", 15*time.Second, "scrape and evaluation interval")
 	flag.IntVar(&cfg.warmup, "warmup", 2, "evaluation cycles to let pass after every target is up, before measuring")
@@ -122,6 +122,9 @@ func main() {
 }
 
 func (c *config) check() error {
+	if c.pools == 0 {
+		c.pools = min(10, max(c.nodes, 1))
+	}
 	switch {
 	case c.nodes < 1:
 		return fmt.Errorf("-n %d: want at least one node", c.nodes)
