@@ -87,7 +87,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: g.Up, NVLinkDomain: -1, NUMANode: -1}
-		fg.MemoryTotal, _ = g.Values.Get(FieldMemoryTotal)
+		fg.MemoryTotal = usableMemory(&g.Values)
 		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
 		if g.Health.NVLinkActive > 0 {
 			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
@@ -115,7 +115,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 				}
 				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
 					Allocated: len(a.ByDevice[DeviceKey{g.GPU, m.GPUInstance}]) > 0}
-				mi.MemoryTotal, _ = m.Values.Get(FieldMemoryTotal)
+				mi.MemoryTotal = usableMemory(&m.Values)
 				mi.MemoryUsed, _ = m.Values.Get(FieldMemoryUsed)
 				ms.Instances = append(ms.Instances, mi)
 			}
@@ -216,4 +216,12 @@ func unitLabels(s *NodeSample, gpu, gi int) []string {
 		}
 	}
 	return nil
+}
+
+// usableMemory is the memory pods can allocate: the total less what the
+// driver reserves for itself (known from NVML memory v2).
+func usableMemory(v *Values) float64 {
+	total, _ := v.Get(FieldMemoryTotal)
+	reserved, _ := v.Get(FieldMemoryReserved)
+	return total - reserved
 }

@@ -17,6 +17,7 @@ type (
 const (
 	FieldMemoryUsed          = nvml.FieldMemoryUsed
 	FieldMemoryTotal         = nvml.FieldMemoryTotal
+	FieldMemoryReserved      = nvml.FieldMemoryReserved
 	FieldUtilization         = nvml.FieldUtilization
 	FieldMemoryUtilization   = nvml.FieldMemoryUtilization
 	FieldTemperature         = nvml.FieldTemperature
@@ -69,6 +70,7 @@ var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
 var fieldSpecs = [numFields]fieldSpec{
 	FieldMemoryUsed:          {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
 	FieldMemoryTotal:         {"gpu_memory_total_bytes", "Framebuffer memory in total, in bytes.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryReserved:      {"gpu_memory_reserved_bytes", "Framebuffer memory reserved by the driver, in bytes; not in gpu_memory_used_bytes (NVML memory v2, R510 and later).", prometheus.GaugeValue, SourceNVML},
 	FieldUtilization:         {"gpu_utilization_ratio", "Fraction of the last sample period during which one or more kernels ran on the GPU (NVML busy time, 0-1).", prometheus.GaugeValue, SourceNVML},
 	FieldMemoryUtilization:   {"gpu_memory_utilization_ratio", "Fraction of the last sample period during which device memory was read or written (0-1).", prometheus.GaugeValue, SourceNVML},
 	FieldTemperature:         {"gpu_temperature_celsius", "GPU die temperature in degrees Celsius.", prometheus.GaugeValue, SourceNVML},

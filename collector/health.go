@@ -36,7 +36,7 @@ var (
 	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
 		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
 	recoveryDesc = prometheus.NewDesc("gpu_recovery_action",
-		"The recovery action NVML asks for (XID 154); a state set, 1 for the current action.", []string{"gpu", "uuid", "action"}, nil)
+		"The recovery action NVML asks for (XID 154, R570 and later); a state set, 1 for the current action, unknown for a value newer than the exporter.", []string{"gpu", "uuid", "action"}, nil)
 	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
 		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"}, nil)
 	numaDesc = prometheus.NewDesc("gpu_numa_node",
@@ -86,9 +86,13 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		}
 	}
 	if h.RecoveryAction.OK {
-		for i, name := range nvml.RecoveryActionNames {
-			ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, b2f(h.RecoveryAction.V == i), gpu, uuid, name)
+		known := false
+		for _, a := range nvml.RecoveryActions {
+			cur := h.RecoveryAction.V == int(a.Value)
+			known = known || cur
+			ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, b2f(cur), gpu, uuid, a.Name)
 		}
+		ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, b2f(!known), gpu, uuid, nvml.RecoveryActionUnknown)
 	}
 	ch <- prometheus.MustNewConstMetric(nvlinkActiveDesc, prometheus.GaugeValue, float64(h.NVLinkActive), gpu, uuid)
 	if h.NUMANode.OK {

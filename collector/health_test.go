@@ -3,6 +3,7 @@ package collector_test
 import (
 	"context"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -318,5 +319,65 @@ func TestInvalidUTF8FromNVMLDoesNotPanic(t *testing.T) {
 	e.SampleOnce(context.Background()) // a panic here would take the exporter down
 	if s := series(e.Page(), "gpu_info", `gpu="1"`); len(s) != 1 || !strings.Contains(s[0], "NVIDIA \ufffd") {
 		t.Errorf("GPU 1's info with a mangled name: %v", s)
+	}
+}
+
+// Issue 12 defects 6 and 11: recovery actions 5-7 and clock event reasons
+// 0x200/0x400 (board limit, reliability) are exported like the others;
+// the simulated node takes both lists from go-nvml's constants.
+func TestNewerRecoveryActionsAndClockReasons(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 4}
+faults:
+  - {at: 0s, gpu: 0, recoveryAction: recover_imex_domain}
+  - {at: 0s, gpu: 1, recoveryAction: bus_reset}
+  - {at: 0s, gpu: 2, recoveryAction: system_reboot}
+  - {at: 0s, gpu: 3, throttle: [board_limit, reliability]}
+`)
+	clk := newClock()
+	e, _ := newExporter(t, sc, clk, nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	for gpu, action := range []string{"recover_imex_domain", "bus_reset", "system_reboot"} {
+		g := `gpu="` + strconv.Itoa(gpu) + `"`
+		if v := value(t, p, "gpu_recovery_action", g, `action="`+action+`"`); v != "1" {
+			t.Errorf("GPU %d: recovery action %s = %s, want 1", gpu, action, v)
+		}
+		if v := value(t, p, "gpu_recovery_action", g, `action="unknown"`); v != "0" {
+			t.Errorf("GPU %d: unknown = %s, want 0", gpu, v)
+		}
+	}
+	for _, r := range []string{"board_limit", "reliability"} {
+		if v := value(t, p, "gpu_clock_event_active", `gpu="3"`, `reason="`+r+`"`); v != "1" {
+			t.Errorf("clock event reason %s = %s, want 1", r, v)
+		}
+	}
+}
+
+// recoveryNVML reports a recovery action value newer than go-nvml knows.
+type recoveryNVML struct{ nvmlsampler.NVML }
+
+func (r recoveryNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	d, ret := r.NVML.DeviceGetHandleByIndex(i)
+	return recoveryDevice{d}, ret
+}
+
+type recoveryDevice struct{ nvmlsampler.Device }
+
+func (recoveryDevice) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
+	for i := range fv {
+		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+		fv[i].Value = [8]byte{42}
+	}
+	return nvml.SUCCESS
+}
+
+// Issue 12 defect 6: a value the exporter does not know is shown, not hidden.
+func TestUnknownRecoveryActionIsExported(t *testing.T) {
+	clk := newClock()
+	e, _ := newExporter(t, scenario(t, "node: {model: H100-SXM5-80GB, count: 1}"), clk, func(l nvmlsampler.NVML) nvmlsampler.NVML { return recoveryNVML{l} })
+	e.SampleOnce(context.Background())
+	if v := value(t, e.Page(), "gpu_recovery_action", `gpu="0"`, `action="unknown"`); v != "1" {
+		t.Errorf("unknown recovery action = %s, want 1", v)
 	}
 }

@@ -9,6 +9,7 @@ type Field int
 const (
 	FieldMemoryUsed Field = iota
 	FieldMemoryTotal
+	FieldMemoryReserved
 	FieldUtilization
 	FieldMemoryUtilization
 	FieldTemperature

@@ -13,14 +13,15 @@ type HealthDevice interface {
 	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
 	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
 	GetRemappedRows() (int, int, bool, bool, nvml.Return)
-	GetCurrentClocksEventReasons() (uint64, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
 	GetPcieReplayCounter() (int, nvml.Return)
 	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
 	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
 	GetPowerManagementLimit() (uint32, nvml.Return)
 	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
 	GetFieldValues([]nvml.FieldValue) nvml.Return
-	GetNumaNodeId() (int, nvml.Return)
+	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
 }
 
 // opt is a value NVML may not have given.
@@ -69,29 +70,52 @@ var (
 		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA},
 	}
 
-	// ClockEventReasons are NVML's clock event (throttle) reason bits.
+	// ClockEventReasons are NVML's clock event (throttle) reason bits, from
+	// go-nvml's constants (nvml.h). R535 renamed ClocksThrottleReason* to
+	// ClocksEventReason*; go-nvml keeps the three hardware ones under the
+	// old name only. Every bit of nvml.ClocksEventReasonAll is here.
 	ClockEventReasons = []struct {
 		Name string
 		Bit  uint64
 	}{
-		{"gpu_idle", 0x1},
-		{"applications_clocks_setting", 0x2},
-		{"sw_power_cap", 0x4},
-		{"hw_slowdown", 0x8},
-		{"sync_boost", 0x10},
-		{"sw_thermal_slowdown", 0x20},
-		{"hw_thermal_slowdown", 0x40},
-		{"hw_power_brake_slowdown", 0x80},
-		{"display_clock_setting", 0x100},
+		{"gpu_idle", nvml.ClocksEventReasonGpuIdle},
+		{"applications_clocks_setting", nvml.ClocksEventReasonApplicationsClocksSetting},
+		{"sw_power_cap", nvml.ClocksEventReasonSwPowerCap},
+		{"hw_slowdown", nvml.ClocksThrottleReasonHwSlowdown},
+		{"sync_boost", nvml.ClocksEventReasonSyncBoost},
+		{"sw_thermal_slowdown", nvml.ClocksEventReasonSwThermalSlowdown},
+		{"hw_thermal_slowdown", nvml.ClocksThrottleReasonHwThermalSlowdown},
+		{"hw_power_brake_slowdown", nvml.ClocksThrottleReasonHwPowerBrakeSlowdown},
+		{"display_clock_setting", nvml.ClocksEventReasonDisplayClockSetting},
+		{"board_limit", nvml.ClocksEventReasonBoardLimit},
+		{"reliability", nvml.ClocksEventReasonReliability},
 	}
 
-	// RecoveryActionNames are NVML's recovery actions, by value.
-	RecoveryActionNames = []string{"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"}
+	// RecoveryActions are NVML's recovery actions
+	// (nvmlDeviceGpuRecoveryAction_t), from go-nvml's constants. A value
+	// not listed is exported as "unknown", never hidden.
+	RecoveryActions = []struct {
+		Name  string
+		Value nvml.DeviceGpuRecoveryAction
+	}{
+		{"none", nvml.GPU_RECOVERY_ACTION_NONE},
+		{"gpu_reset", nvml.GPU_RECOVERY_ACTION_GPU_RESET},
+		{"node_reboot", nvml.GPU_RECOVERY_ACTION_NODE_REBOOT},
+		{"drain_p2p", nvml.GPU_RECOVERY_ACTION_DRAIN_P2P},
+		{"drain_and_reset", nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET},
+		{"recover_imex_domain", nvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN},
+		{"bus_reset", nvml.GPU_RECOVERY_ACTION_BUS_RESET},
+		{"system_reboot", nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT},
+	}
 )
+
+// RecoveryActionUnknown is the state exported for an action NVML reports
+// that go-nvml does not name (a newer driver).
+const RecoveryActionUnknown = "unknown"
 
 // readHealth reads the board's health; slow-moving counters (NVLink errors)
 // only when full is set, otherwise they are carried from prev.
-func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
+func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
 	for e := 0; e < 2; e++ {
 		for sc := 0; sc < 2; sc++ {
 			if v, ret := d.GetTotalEccErrors(nvml.MemoryErrorType(e), nvml.EccCounterType(sc)); ok(ret) {
@@ -110,7 +134,7 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 	if corr, unc, pending, failed, ret := d.GetRemappedRows(); ok(ret) {
 		h.RemapCorr, h.RemapUncorr, h.RemapPending, h.RemapFailed = some(corr), some(unc), some(pending), some(failed)
 	}
-	if r, ret := d.GetCurrentClocksEventReasons(); ok(ret) {
+	if r, ret := clockReasons(d, p); ok(ret) {
 		h.ClockReasons = some(r)
 	}
 	if n, ret := d.GetPcieReplayCounter(); ok(ret) {
@@ -129,7 +153,9 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 		carry()
 		return
 	}
-	if n, ret := d.GetNumaNodeId(); ok(ret) {
+	if !p.numaNodeID {
+		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill the process.
+	} else if n, ret := d.GetNumaNodeId(); ok(ret) {
 		h.NUMANode = some(n)
 	} else if prev != nil {
 		h.NUMANode = prev.NUMANode
@@ -157,4 +183,14 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 		h.NVLinkErrors[k.typ] += v
 		h.HasNVLink = true
 	}
+}
+
+// clockReasons reads the clock event reasons under the name the driver
+// exports: R535 renamed nvmlDeviceGetCurrentClocksThrottleReasons, which
+// older drivers have alone (same bits).
+func clockReasons(d Device, p probes) (uint64, nvml.Return) {
+	if p.clocksEventReasons {
+		return d.GetCurrentClocksEventReasons()
+	}
+	return d.GetCurrentClocksThrottleReasons()
 }

@@ -19,6 +19,9 @@ type NVML interface {
 	SystemGetNVMLVersion() (string, nvml.Return)
 	DeviceGetCount() (int, nvml.Return)
 	DeviceGetHandleByIndex(index int) (Device, nvml.Return)
+	// LookupSymbol says whether the loaded library exports a C function;
+	// see symbols.go for why every function newer than R470 is probed.
+	SymbolLookup
 }
 
 // Device is the part of an NVML device handle the exporter uses. A MIG device
@@ -36,6 +39,7 @@ type Device interface {
 	GetComputeInstanceId() (int, nvml.Return)
 	GetAttributes() (nvml.DeviceAttributes, nvml.Return)
 	GetMemoryInfo() (nvml.Memory, nvml.Return)
+	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) // R510+: probe first
 	GetUtilizationRates() (nvml.Utilization, nvml.Return)
 	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
 	GetPowerUsage() (uint32, nvml.Return)
@@ -100,6 +104,10 @@ func (r *realNVML) SystemGetCudaDriverVersion() (int, nvml.Return) {
 	return r.lib.SystemGetCudaDriverVersion()
 }
 func (r *realNVML) DeviceGetCount() (int, nvml.Return) { return r.lib.DeviceGetCount() }
+
+// LookupSymbol asks the dynamic loader, through go-nvml, whether the
+// driver's library exports name. Valid only between Init and Shutdown.
+func (r *realNVML) LookupSymbol(name string) error { return r.lib.Extensions().LookupSymbol(name) }
 func (r *realNVML) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
 	d, ret := r.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {

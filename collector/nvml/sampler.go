@@ -32,6 +32,7 @@ type Sampler struct {
 	lib     NVML
 	cfg     SamplerConfig
 	driver  DriverInfo
+	probes  probes
 	workers []*gpuWorker
 }
 
@@ -52,7 +53,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 		}
 		return nil, fmt.Errorf("NVML init: %w", ret)
 	}
-	s := &Sampler{lib: lib, cfg: cfg}
+	s := &Sampler{lib: lib, cfg: cfg, probes: probe(lib)}
 	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
 	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
 	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
@@ -64,7 +65,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w := &gpuWorker{index: i, lib: lib, probes: s.probes, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
 		w.discover()
 		s.workers = append(s.workers, w)
 	}
@@ -141,6 +142,7 @@ const healthEvery = 6
 type gpuWorker struct {
 	index           int
 	lib             NVML
+	probes          probes
 	log             zerolog.Logger
 	rediscoverEvery int
 
@@ -316,7 +318,7 @@ func (w *gpuWorker) read() GPUState {
 	if w.nvlinkSeen == nil {
 		w.nvlinkSeen = map[nvlinkKey]uint64{}
 	}
-	up, err := readDevice(w.handle, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
+	up, err := readDevice(w.handle, w.probes, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
 	g.Up = up
 	if !up {
 		w.failures++
@@ -334,22 +336,25 @@ func (w *gpuWorker) read() GPUState {
 	w.prevHealth = &g.Health
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
-		ms.Up, _ = readDevice(m, &ms, nil, nil, false, nil)
+		ms.Up, _ = readDevice(m, w.probes, &ms, nil, nil, false, nil)
 		g.MIG = append(g.MIG, ms)
 	}
 	return g
 }
 
-// readDevice reads one device's fields. Memory is the field every device has:
-// if it cannot be read the device is down. Other fields are skipped when NVML
-// says they are not supported, and on any other error.
-func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
+// readDevice reads one device's fields. Memory is the field every device
+// has: an error reading it marks the device down, unless NVML says the
+// device answered but will not tell (NOT_SUPPORTED on integrated GPUs,
+// NO_PERMISSION on a MIG parent from a container). Other fields are skipped
+// when NVML says they are not supported, and on any other error; GPU_IS_LOST
+// on any of them marks the device down.
+func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
 	whole := health != nil
-	mem, ret := d.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
+	v := &s.Values
+	if ret := readMemory(d, p, v); ret != nvml.SUCCESS && !memoryWithheld(ret) {
+		*v = Values{}
 		return false, fmt.Errorf("memory info: %w", ret)
 	}
-	v := &s.Values
 	lost := false
 	ok := func(ret nvml.Return) bool {
 		if ret == nvml.ERROR_GPU_IS_LOST {
@@ -362,14 +367,15 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 			*v = Values{}
 		}
 	}()
-	v.Set(FieldMemoryUsed, float64(mem.Used))
-	v.Set(FieldMemoryTotal, float64(mem.Total))
 	if u, ret := d.GetUtilizationRates(); ok(ret) {
 		v.Set(FieldUtilization, float64(u.Gpu)/100)
 		v.Set(FieldMemoryUtilization, float64(u.Memory)/100)
 	}
 	if !whole {
-		return !lost, nil // the rest is per board, read on the parent GPU
+		if lost {
+			return false, nvml.ERROR_GPU_IS_LOST
+		}
+		return true, nil // the rest is per board, read on the parent GPU
 	}
 	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
 		v.Set(FieldTemperature, float64(t))
@@ -392,8 +398,8 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 	if wd, ret := d.GetCurrPcieLinkWidth(); ok(ret) {
 		v.Set(FieldPCIeLinkWidth, float64(wd))
 	}
-	if p, ret := d.GetPowerManagementLimit(); ok(ret) {
-		v.Set(FieldPowerLimit, float64(p)/1000)
+	if pl, ret := d.GetPowerManagementLimit(); ok(ret) {
+		v.Set(FieldPowerLimit, float64(pl)/1000)
 	}
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); ok(ret) {
 		v.Set(FieldSlowdownTemperature, float64(t))
@@ -401,11 +407,40 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
 		v.Set(FieldShutdownTemperature, float64(t))
 	}
-	if health != nil {
-		readHealth(d, health, prevHealth, fullHealth, nvlinkSeen, ok)
-	}
+	readHealth(d, p, health, prevHealth, fullHealth, nvlinkSeen, ok)
 	if lost {
 		return false, nvml.ERROR_GPU_IS_LOST
 	}
 	return true, nil
+}
+
+// readMemory reads memory with v2 where the driver has it (R510+): v1
+// counts the driver's reserved memory as used, so idle GPUs would show
+// hundreds of MiB used, unlike nvidia-smi and DCGM. Reserved is its own field.
+func readMemory(d Device, p probes, v *Values) nvml.Return {
+	if p.memoryInfoV2 {
+		m, ret := d.GetMemoryInfo_v2()
+		switch ret {
+		case nvml.SUCCESS:
+			v.Set(FieldMemoryUsed, float64(m.Used))
+			v.Set(FieldMemoryTotal, float64(m.Total))
+			v.Set(FieldMemoryReserved, float64(m.Reserved))
+			return ret
+		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+			// fall back to v1
+		default:
+			return ret
+		}
+	}
+	m, ret := d.GetMemoryInfo()
+	if ret == nvml.SUCCESS {
+		v.Set(FieldMemoryUsed, float64(m.Used))
+		v.Set(FieldMemoryTotal, float64(m.Total))
+	}
+	return ret
+}
+
+// memoryWithheld: the device answered, it just does not report memory.
+func memoryWithheld(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_NO_PERMISSION
 }

@@ -176,8 +176,19 @@ func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
 }
 
-// GetCurrentClocksEventReasons implements nvmlsampler.Device.
+// GetCurrentClocksEventReasons implements nvmlsampler.Device (R535 and later).
 func (d *Device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	d.node.require("nvmlDeviceGetCurrentClocksEventReasons")
+	return d.clockReasons()
+}
+
+// GetCurrentClocksThrottleReasons implements nvmlsampler.Device: the same
+// bits under the name every branch exports (deprecated since R535).
+func (d *Device) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	return d.clockReasons()
+}
+
+func (d *Device) clockReasons() (uint64, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
@@ -262,11 +273,15 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// GetNumaNodeId implements nvmlsampler.Device: two sockets, GPUs split evenly.
+// GetNumaNodeId implements nvmlsampler.Device (R550 and later): two
+// sockets, GPUs split evenly.
 func (d *Device) GetNumaNodeId() (int, nvml.Return) {
+	d.node.require("nvmlDeviceGetNumaNodeId")
 	d.node.count()
-	return d.index * 2 / len(d.node.devices), nvml.SUCCESS
+	return d.numaNode(), nvml.SUCCESS
 }
+
+func (d *Device) numaNode() int { return d.index * 2 / len(d.node.devices) }
 
 func (m *MIGDevice) unsupported() nvml.Return { m.count(); return nvml.ERROR_NOT_SUPPORTED }
 
@@ -293,7 +308,15 @@ func (m *MIGDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 }
 
 // GetCurrentClocksEventReasons implements nvmlsampler.Device.
-func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) { return 0, m.unsupported() }
+func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetCurrentClocksEventReasons")
+	return 0, m.unsupported()
+}
+
+// GetCurrentClocksThrottleReasons implements nvmlsampler.Device.
+func (m *MIGDevice) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	return 0, m.unsupported()
+}
 
 // GetPcieReplayCounter implements nvmlsampler.Device.
 func (m *MIGDevice) GetPcieReplayCounter() (int, nvml.Return) { return 0, m.unsupported() }
@@ -318,4 +341,7 @@ func (m *MIGDevice) GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32,
 func (m *MIGDevice) GetFieldValues([]nvml.FieldValue) nvml.Return { return m.unsupported() }
 
 // GetNumaNodeId implements nvmlsampler.Device.
-func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) { return 0, m.unsupported() }
+func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetNumaNodeId")
+	return 0, m.unsupported()
+}

@@ -47,6 +47,9 @@ type NodeSpec struct {
 	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
 	// its index). Real nodes need not number /dev/nvidiaN in index order.
 	MinorNumbers []int `yaml:"minorNumbers"`
+	// DriverBranch (R470, R510, R535, R550, R570, R580; default the newest)
+	// limits the NVML functions the node exports to that branch's nvml.h.
+	DriverBranch string `yaml:"driverBranch"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -469,6 +472,9 @@ func (s *Scenario) validate() error {
 	case "nvidia", "gke":
 	default:
 		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
+	}
+	if _, ok := driverBranches[s.Node.DriverBranch]; s.Node.DriverBranch != "" && !ok {
+		return s.errorAt([]any{"node", "driverBranch"}, "unknown driver branch %q; known: %s", s.Node.DriverBranch, branchNames())
 	}
 	if len(s.Node.MinorNumbers) > 0 {
 		if len(s.Node.MinorNumbers) != s.Node.Count {
