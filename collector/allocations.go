@@ -85,19 +85,28 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 		}
 	}
 	matched, unmatched := podmap.Match(snap, inv)
+	add := func(k DeviceKey, h Holder) {
+		hs := a.ByDevice[k]
+		for _, x := range hs { // two replicas of one GPU in one container are one holder
+			if x == h {
+				return
+			}
+		}
+		a.ByDevice[k] = append(hs, h)
+	}
 	for _, m := range matched {
 		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
-		hs := a.ByDevice[k]
-		dup := false
-		for _, x := range hs { // two replicas of one GPU in one container are one holder
-			if x == h {
-				dup = true
+		if g := gpuOf(s, k.GPU); k.GPUInstance < 0 && g != nil && len(g.MIG) > 0 {
+			// A whole MIG-mode GPU, held by its GPU UUID (the device
+			// plugin's migStrategy none): its holder holds every
+			// instance, and the devices are only counted per instance.
+			for _, mi := range g.MIG {
+				add(DeviceKey{GPU: k.GPU, GPUInstance: mi.GPUInstance}, h)
 			}
+			continue
 		}
-		if !dup {
-			a.ByDevice[k] = append(hs, h)
-		}
+		add(k, h)
 	}
 	for k, hs := range a.ByDevice {
 		sort.Slice(hs, func(i, j int) bool { return holderLess(hs[i], hs[j]) })

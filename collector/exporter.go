@@ -129,7 +129,8 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 		return nil, err
 	}
 	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
-		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 1000), idle: idle}
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle}
+	e.unmatched.Now = cfg.Now
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
@@ -290,10 +291,21 @@ var (
 	contentType  = []string{string(expfmt.NewFormat(expfmt.TypeTextPlain))}
 	varyEncoding = []string{"Accept-Encoding"}
 	gzipEncoding = []string{"gzip"}
+	allowGetHead = []string{"GET, HEAD"}
 )
 
 // ServeHTTP serves the cached page: no NVML, DCGM or kubelet call happens here.
+//
+// Every Accept header gets the text format (version 0.0.4): OpenMetrics would
+// add nothing the page needs (no exemplars, no created timestamps) for a second
+// rendering per sample, and Prometheus 2 and 3 both list text/plain in their
+// Accept header and parse the answer by its Content-Type.
 func (e *Exporter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header()["Allow"] = allowGetHead
+		http.Error(w, "method "+r.Method+" not allowed: /metrics answers GET and HEAD", http.StatusMethodNotAllowed)
+		return
+	}
 	p := e.page.Load()
 	if p == nil {
 		http.Error(w, "no sample yet: the first sample is being taken", http.StatusServiceUnavailable)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -189,42 +190,95 @@ func TestMatch(t *testing.T) {
 func TestUnmatchedLogger(t *testing.T) {
 	var buf bytes.Buffer
 	u := NewUnmatchedLogger(zerolog.New(&buf), 3)
+	now := time.Unix(1e9, 0)
+	u.Now = func() time.Time { return now }
 	h := func(id string) Holding {
 		r, err := ParseDeviceID(id)
 		return Holding{Namespace: "ns", Pod: "p", Container: "c", Resource: ResourceGPU, DeviceID: id, Ref: r, ParseErr: err}
 	}
-	if n := u.Log([]Holding{h("nvidia9"), h("bogus"), h("nvidia9")}); n != 2 {
-		t.Fatalf("first Log logged %d, want 2", n)
+	if n := u.Log(nil); n != 0 {
+		t.Fatalf("nothing unmatched logged %d lines", n)
 	}
-	if n := u.Log([]Holding{h("nvidia9"), h("bogus")}); n != 0 {
-		t.Fatalf("second Log logged %d, want 0", n)
+	if n := u.Log([]Holding{h("nvidia9"), h("bogus"), h("nvidia9")}); n != 1 {
+		t.Fatalf("first Log logged %d, want 1", n)
+	}
+	now = now.Add(time.Hour)
+	if n := u.Log([]Holding{h("nvidia9"), h("bogus"), h("nvidia9")}); n != 0 {
+		t.Fatalf("the same set logged %d, want 0", n)
 	}
 	out := buf.String()
-	if strings.Count(out, "\n") != 2 || !strings.Contains(out, `"device_id":"bogus"`) ||
-		!strings.Contains(out, "not understood") || !strings.Contains(out, "names no GPU") {
+	if strings.Count(out, "\n") != 1 || !strings.Contains(out, `"unmatched":3`) || !strings.Contains(out, `"not_understood":1`) ||
+		!strings.Contains(out, `bogus\" held by ns/p/c: not understood`) || !strings.Contains(out, `nvidia9\" held by ns/p/c: names no`) {
 		t.Fatalf("log output:\n%s", out)
+	}
+	// A change long after the last summary is logged at once; another
+	// within the gap waits for it, then one line says what is new.
+	now = now.Add(time.Second)
+	if n := u.Log([]Holding{h("nvidia9"), h("bogus")}); n != 1 {
+		t.Fatalf("a change an hour after the last summary logged %d, want 1", n)
+	}
+	buf.Reset()
+	now = now.Add(time.Second)
+	if n := u.Log([]Holding{h("nvidia9"), h("nvidia8")}); n != 0 {
+		t.Fatalf("a change right after a summary logged %d, want 0 (not before the gap)", n)
+	}
+	now = now.Add(DefaultUnmatchedGap)
+	if n := u.Log([]Holding{h("nvidia9"), h("nvidia8")}); n != 1 {
+		t.Fatalf("a pending change after the gap logged %d, want 1", n)
+	}
+	if out := buf.String(); !strings.Contains(out, `"new":1`) || !strings.Contains(out, `"gone":1`) || !strings.Contains(out, `"examples":["nvidia.com/gpu \"nvidia8\"`) {
+		t.Errorf("change summary: %s", out)
 	}
 	dra := Holding{Resource: DRADriverNVIDIA, DeviceID: "gpu-9", Dynamic: &DynamicRef{ClaimName: "cl", ClaimNamespace: "ns"}}
 	buf.Reset()
+	now = now.Add(time.Hour)
 	u.Log([]Holding{dra})
-	if !strings.Contains(buf.String(), `"claim":"ns/cl"`) {
+	if !strings.Contains(buf.String(), `claim ns/cl`) {
 		t.Errorf("DRA log lacks claim: %s", buf.String())
 	}
-	// Bounded: it never remembers more than its limit, and evicts the oldest.
-	for i := 0; i < 100; i++ {
-		u.First(fmt.Sprint(i))
-	}
-	if u.Len() != 3 {
-		t.Fatalf("Len = %d, want 3", u.Len())
-	}
-	if u.First("99") {
-		t.Error("newest key forgotten")
-	}
-	if !u.First("0") {
-		t.Error("oldest key not evicted")
+	buf.Reset()
+	now = now.Add(time.Hour)
+	if n := u.Log(nil); n != 1 || !strings.Contains(buf.String(), "matches a GPU or MIG instance again") {
+		t.Errorf("back to none: %d lines: %s", n, buf.String())
 	}
 	if NewUnmatchedLogger(zerolog.Nop(), 0).limit != DefaultUnmatchedLimit {
 		t.Error("default limit not applied")
+	}
+}
+
+// With 1,001 and with 50,000 unknown IDs, some of them changing on every
+// sample for ten minutes of 5s samples, the log stays a handful of bounded
+// lines: one summary per change and gap, never one line per ID per sample.
+func TestUnmatchedLoggerBoundedUnderFlood(t *testing.T) {
+	for _, n := range []int{1001, 50000} {
+		var buf bytes.Buffer
+		u := NewUnmatchedLogger(zerolog.New(&buf), 0)
+		now := time.Unix(1e9, 0)
+		u.Now = func() time.Time { return now }
+		hs := make([]Holding, n)
+		for i := range hs {
+			id := fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i)
+			r, err := ParseDeviceID(id)
+			hs[i] = Holding{Namespace: "ns", Pod: fmt.Sprintf("p%d", i), Container: "c", Resource: ResourceGPU, DeviceID: id, Ref: r, ParseErr: err}
+		}
+		const samples = 120 // 10 minutes at 5s
+		for s := 0; s < samples; s++ {
+			if s >= samples/2 { // churn: one ID changes every sample
+				hs[s%n].DeviceID = fmt.Sprintf("GPU-%08d-ffff-0000-0000-000000000000", s)
+			}
+			u.Log(hs)
+			now = now.Add(5 * time.Second)
+		}
+		lines := strings.Count(buf.String(), "\n")
+		// One for the first sample, then at most one per minute of churn.
+		if lines < 2 || lines > 1+6 {
+			t.Errorf("%d unknown IDs over %d samples: %d log lines, want 2 to 7", n, samples, lines)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if len(l) > 4096 {
+				t.Errorf("%d unknown IDs: a %d-byte log line", n, len(l))
+			}
+		}
 	}
 }
 

@@ -1,84 +1,165 @@
 package podmap
 
 import (
+	"hash/maphash"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 )
 
 // DefaultUnmatchedLimit is the number of distinct IDs an UnmatchedLogger
-// remembers when NewUnmatchedLogger is given a limit <= 0.
+// keeps to tell new IDs from old ones when NewUnmatchedLogger is given a
+// limit <= 0. Past it, summaries give counts without new/gone.
 const DefaultUnmatchedLimit = 4096
 
-// UnmatchedLogger logs each unmatched device ID once, not on every sample.
-// It remembers at most limit IDs; past that the oldest is forgotten (and
-// would be logged again if it came back), so it cannot grow without bound.
-// It is safe for concurrent use.
+// DefaultUnmatchedGap is the least time between two summaries.
+const DefaultUnmatchedGap = time.Minute
+
+// unmatchedExamples is how many IDs a summary names.
+const unmatchedExamples = 5
+
+// UnmatchedLogger logs the device IDs that match no device as one bounded
+// summary line (counts and a few examples) when the set of unmatched IDs
+// changes, at most once per Gap, never one line per ID: a node with 50,000
+// stale IDs logs what one with 5 does. It is safe for concurrent use.
 type UnmatchedLogger struct {
 	log   zerolog.Logger
-	mu    sync.Mutex
-	seen  map[string]struct{}
-	ring  []string // insertion order, for eviction
-	next  int      // next ring slot to overwrite once full
 	limit int
+	// Gap is the least time between two summaries; a change within it is
+	// summarised when the gap is over (by the next Log call).
+	Gap time.Duration
+	// Now replaces time.Now in tests.
+	Now func() time.Time
+
+	mu      sync.Mutex
+	seed    maphash.Seed
+	logged  fingerprint         // the set the last summary described
+	prev    map[string]struct{} // that set, if it had at most limit IDs
+	lastLog time.Time
 }
 
-// NewUnmatchedLogger returns an UnmatchedLogger writing to log and
-// remembering up to limit IDs (DefaultUnmatchedLimit if limit <= 0).
+// fingerprint identifies a multiset of IDs without keeping them: the count
+// and two order-independent sums of their hashes.
+type fingerprint struct {
+	n        int
+	sum, xor uint64
+}
+
+// NewUnmatchedLogger returns an UnmatchedLogger writing to log that keeps
+// up to limit IDs (DefaultUnmatchedLimit if limit <= 0) to count new ones.
 func NewUnmatchedLogger(log zerolog.Logger, limit int) *UnmatchedLogger {
 	if limit <= 0 {
 		limit = DefaultUnmatchedLimit
 	}
-	return &UnmatchedLogger{log: log, seen: make(map[string]struct{}), limit: limit}
+	return &UnmatchedLogger{log: log, limit: limit, Gap: DefaultUnmatchedGap, Now: time.Now, seed: maphash.MakeSeed()}
 }
 
-// First reports whether key has not been seen before (among the remembered
-// ones), and remembers it.
-func (u *UnmatchedLogger) First(key string) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if _, ok := u.seen[key]; ok {
-		return false
-	}
-	if len(u.ring) < u.limit {
-		u.ring = append(u.ring, key)
-	} else {
-		delete(u.seen, u.ring[u.next])
-		u.ring[u.next] = key
-		u.next = (u.next + 1) % u.limit
-	}
-	u.seen[key] = struct{}{}
-	return true
-}
+func unmatchedKey(h *Holding) string { return h.Resource + "\x00" + h.DeviceID }
 
-// Len returns the number of IDs remembered.
-func (u *UnmatchedLogger) Len() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.seen)
-}
-
-// Log logs, at warning level, every holding whose (resource, device ID) has
-// not been logged before, with the reason: the parse error, or that the
-// node's inventory has no such device. It returns the number logged.
+// Log is given every sample's unmatched holdings. It logs one summary line
+// if they differ from those of the last summary and Gap has passed since
+// it; it returns the number of lines logged (0 or 1).
 func (u *UnmatchedLogger) Log(unmatched []Holding) int {
-	n := 0
-	for _, h := range unmatched {
-		if !u.First(h.Resource + "\x00" + h.DeviceID) {
-			continue
-		}
-		n++
-		ev := u.log.Warn().Str("resource", h.Resource).Str("device_id", h.DeviceID).
-			Str("namespace", h.Namespace).Str("pod", h.Pod).Str("container", h.Container)
-		if h.Dynamic != nil {
-			ev = ev.Str("claim", h.Dynamic.ClaimNamespace+"/"+h.Dynamic.ClaimName).Str("pool", h.Dynamic.PoolName)
-		}
-		if h.ParseErr != nil {
-			ev.Err(h.ParseErr).Msg("device ID not understood; its holder is not mapped to a GPU (logged once)")
-		} else {
-			ev.Str("kind", h.Ref.Kind.String()).
-				Msg("device ID names no GPU or MIG instance on this node; its holder is not mapped (logged once)")
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var fp fingerprint
+	for i := range unmatched {
+		k := unmatchedKey(&unmatched[i])
+		h := maphash.String(u.seed, k)
+		fp.n++
+		fp.sum += h
+		fp.xor ^= h
+	}
+	if fp == u.logged {
+		return 0
+	}
+	now := u.Now()
+	if !u.lastLog.IsZero() && now.Sub(u.lastLog) < u.Gap {
+		return 0 // summarised once the gap is over, if still different
+	}
+	var cur map[string]struct{}
+	if len(unmatched) <= u.limit {
+		cur = make(map[string]struct{}, len(unmatched))
+		for i := range unmatched {
+			cur[unmatchedKey(&unmatched[i])] = struct{}{}
 		}
 	}
-	return n
+	u.summarise(unmatched, cur)
+	u.logged, u.prev, u.lastLog = fp, cur, now
+	return 1
+}
+
+// summarise writes the one line.
+func (u *UnmatchedLogger) summarise(unmatched []Holding, cur map[string]struct{}) {
+	if len(unmatched) == 0 {
+		u.log.Info().Msg("every device ID the kubelet reports matches a GPU or MIG instance again")
+		return
+	}
+	ev := u.log.Warn().Int("unmatched", len(unmatched))
+	byResource := map[string]int{}
+	unparsed := 0
+	for i := range unmatched {
+		if len(byResource) < unmatchedExamples || byResource[unmatched[i].Resource] > 0 {
+			byResource[unmatched[i].Resource]++
+		}
+		if unmatched[i].ParseErr != nil {
+			unparsed++
+		}
+	}
+	ev = ev.Int("not_understood", unparsed)
+	d := zerolog.Dict()
+	for r, n := range byResource {
+		d = d.Int(r, n)
+	}
+	ev = ev.Dict("by_resource", d)
+	// Examples: new IDs first where the last set is known.
+	known := u.prev != nil && cur != nil
+	if known {
+		added, gone := 0, 0
+		for k := range cur {
+			if _, ok := u.prev[k]; !ok {
+				added++
+			}
+		}
+		for k := range u.prev {
+			if _, ok := cur[k]; !ok {
+				gone++
+			}
+		}
+		ev = ev.Int("new", added).Int("gone", gone)
+	}
+	var examples []string
+	pick := func(want func(h *Holding) bool) {
+		for i := range unmatched {
+			if len(examples) == unmatchedExamples {
+				return
+			}
+			if want(&unmatched[i]) {
+				examples = append(examples, describeUnmatched(&unmatched[i]))
+			}
+		}
+	}
+	if known {
+		isOld := func(h *Holding) bool { _, ok := u.prev[unmatchedKey(h)]; return ok }
+		pick(func(h *Holding) bool { return !isOld(h) })
+		pick(isOld)
+	} else {
+		pick(func(*Holding) bool { return true })
+	}
+	ev.Strs("examples", examples).
+		Msg("device IDs from the kubelet match no GPU or MIG instance on this node; their holders are not mapped (gpu_kubelet_unmatched_device_ids counts them; logged again when they change)")
+}
+
+// describeUnmatched is one example: who holds which ID, and why it matched nothing.
+func describeUnmatched(h *Holding) string {
+	s := h.Resource + " " + strconv.Quote(h.DeviceID) + " held by " + h.Namespace + "/" + h.Pod + "/" + h.Container
+	if h.Dynamic != nil {
+		s += " (claim " + h.Dynamic.ClaimNamespace + "/" + h.Dynamic.ClaimName + ", pool " + h.Dynamic.PoolName + ")"
+	}
+	if h.ParseErr != nil {
+		return s + ": not understood: " + h.ParseErr.Error()
+	}
+	return s + ": names no " + h.Ref.Kind.String() + " on this node"
 }

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,6 +78,14 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// Upper bounds of duration flags: past them a typo (1000000h) would leave
+// the exporter serving a page that never changes.
+const (
+	maxInterval        = 5 * time.Minute
+	maxShutdownTimeout = 5 * time.Minute
+	maxKubeletRefresh  = 2 * time.Minute
+)
+
 // exit codes
 const (
 	exitOK    = 0
@@ -104,7 +114,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Terminate(func(int) { panic(terminated{}) })
 	o = &options{}
 	o.web = kingpinflag.AddFlags(app, ":"+DefaultPort)
-	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (at least 1s).").Default("5s")).DurationVar(&o.interval)
+	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (1s to 5m).").Default("5s")).DurationVar(&o.interval)
 	var timeoutSet bool
 	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&timeoutSet)).DurationVar(&o.deviceTimeout)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
@@ -116,9 +126,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
-	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM.").Default("5s")).DurationVar(&o.shutdownTimeout)
+	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
 	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
-	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (at least 10s). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
+	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (10s to 7d). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
 	app.Flag("idle.price-file", "YAML price list (per GPU-hour by NVML model name; see deploy/prices-example.yaml). Nothing is priced without one.").Default("").StringVar(&o.priceFile)
 	app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").Default("").StringVar(&o.priceFlag)
 	app.Flag("fragmentation.shapes", "Task shapes and popularity weights for the fragmentation gauges: whole-GPU counts and mig-<profile>.").Default(fragmentation.DefaultShapesFlag).StringVar(&o.shapes)
@@ -127,7 +137,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
 	app.Flag("kubelet.pod-resources-socket", "The kubelet's PodResources socket. With --simulate, setting it maps the simulated GPUs through that kubelet instead of the built-in fake one.").
 		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
-	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background).").Default("10s")).DurationVar(&o.kubeletRefresh)
+	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
@@ -136,6 +146,12 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.interval < collector.MinInterval {
 		return nil, exitUsage, fmt.Errorf("--collect-interval=%s is too short: it must be at least %s", o.interval, collector.MinInterval)
+	}
+	if o.interval > maxInterval {
+		return nil, exitUsage, fmt.Errorf("--collect-interval=%s is too long: it must be at most %s (a sample older than that is not worth serving)", o.interval, maxInterval)
+	}
+	if o.shutdownTimeout < 0 || o.shutdownTimeout > maxShutdownTimeout {
+		return nil, exitUsage, fmt.Errorf("--web.shutdown-timeout=%s must be 0 (do not wait) to %s", o.shutdownTimeout, maxShutdownTimeout)
 	}
 	if !timeoutSet && o.deviceTimeout > o.interval {
 		o.deviceTimeout = o.interval
@@ -155,6 +171,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	if o.idleWindow < fragmentation.MinIdleWindow {
 		return nil, exitUsage, fmt.Errorf("--idle.window=%s must be at least %s", o.idleWindow, fragmentation.MinIdleWindow)
 	}
+	if o.idleWindow > fragmentation.MaxIdleWindow {
+		return nil, exitUsage, fmt.Errorf("--idle.window=%s must be at most %s (7 days)", o.idleWindow, fragmentation.MaxIdleWindow)
+	}
 	if _, err := fragmentation.ParseShapes(o.shapes); err != nil {
 		return nil, exitUsage, fmt.Errorf("--fragmentation.shapes=%s: %v", o.shapes, err)
 	}
@@ -162,6 +181,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		return nil, exitUsage, fmt.Errorf("--idle.price=%s: %v", o.priceFlag, err)
 	}
 	if f := *o.web.WebConfigFile; f != "" {
+		if err := checkFileSize(f, maxWebConfigBytes, "TLS settings and a few users need a few KiB"); err != nil {
+			return nil, exitUsage, fmt.Errorf("--web.config.file=%s: %v", f, err)
+		}
 		if err := web.Validate(f); err != nil {
 			return nil, exitUsage, fmt.Errorf("--web.config.file=%s: %v", f, err)
 		}
@@ -193,6 +215,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	if o.kubeletRefresh < time.Second {
 		return nil, exitUsage, fmt.Errorf("--kubelet.refresh-interval=%s is too short: it must be at least 1s", o.kubeletRefresh)
 	}
+	if o.kubeletRefresh > maxKubeletRefresh {
+		return nil, exitUsage, fmt.Errorf("--kubelet.refresh-interval=%s is too long: it must be at most %s (holders the kubelet has not confirmed for 5m are dropped)", o.kubeletRefresh, maxKubeletRefresh)
+	}
 	if !kubeletTimeoutSet && o.kubeletTimeout > o.kubeletRefresh {
 		o.kubeletTimeout = o.kubeletRefresh
 	}
@@ -200,6 +225,27 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		return nil, exitUsage, fmt.Errorf("--kubelet.timeout=%s must be above 0 and at most --kubelet.refresh-interval (%s)", o.kubeletTimeout, o.kubeletRefresh)
 	}
 	return o, exitOK, nil
+}
+
+// maxWebConfigBytes bounds --web.config.file, which is read again while
+// serving: inline certificates and keys fit easily.
+const maxWebConfigBytes = 256 << 10
+
+// checkFileSize refuses a file over limit bytes before anything parses it.
+func checkFileSize(path string, limit int64, why string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	n, err := io.Copy(io.Discard, io.LimitReader(f, limit+1))
+	if err != nil {
+		return err
+	}
+	if n > limit {
+		return fmt.Errorf("the file is larger than the limit of %d bytes (%d KiB); %s", limit, limit>>10, why)
+	}
+	return nil
 }
 
 // named makes a flag's value errors name the flag: kingpin alone says only
@@ -214,9 +260,29 @@ func (n *namedFlag) wrap() {
 }
 
 func (n *namedFlag) DurationVar(t *time.Duration)         { n.fc.DurationVar(t); n.wrap() }
-func (n *namedFlag) IntVar(t *int)                        { n.fc.IntVar(t); n.wrap() }
+func (n *namedFlag) IntVar(t *int)                        { n.fc.SetValue(&strictInt{t}); n.wrap() }
 func (n *namedFlag) Int64Var(t *int64)                    { n.fc.Int64Var(t); n.wrap() }
 func (n *namedFlag) EnumVar(t *string, options ...string) { n.fc.EnumVar(t, options...); n.wrap() }
+
+// strictInt is an int flag that takes whole decimal numbers only: kingpin's
+// own parses a float and converts it, so 1.5 became 1 and
+// 99999999999999999999 became -9223372036854775808.
+type strictInt struct{ v *int }
+
+func (i *strictInt) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, strconv.IntSize)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return fmt.Errorf("out of range (at most %d)", math.MaxInt)
+		}
+		return errors.New("not a whole number")
+	}
+	*i.v = int(v)
+	return nil
+}
+
+func (i *strictInt) String() string { return strconv.Itoa(*i.v) }
 
 type namedValue struct {
 	name string

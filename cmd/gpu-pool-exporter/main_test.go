@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -42,7 +43,32 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// A bad scenario file fails at start with what is wrong (the exit code is
+// TestBadFlagsExit2's business once scenarios are checked with the flags).
+func TestBadScenarioFails(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ yaml, want string }{
+		{"node: {count: 2}\n---\nnode: {count: 3}\n", "a second YAML document"},
+		{"node: {count: 0}\n", "field node.count: 0 GPUs"},
+		{"faults:\n  - {gpu: 0, remap: {correctable: -2}}\n", "field faults[0].remap.correctable: -2 remapped rows"},
+		{"# " + strings.Repeat("x", 5<<20), "the limit is 4194304 bytes (4 MiB)"},
+	} {
+		f := filepath.Join(dir, "s.yaml")
+		os.WriteFile(f, []byte(tc.yaml), 0o644)
+		var errb bytes.Buffer
+		code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
+		if code == exitOK || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("scenario %.40q: exit %d, stderr %q; want a failure saying %q", tc.yaml, code, errb.String(), tc.want)
+		}
+	}
+}
+
 func TestBadFlagsExit2(t *testing.T) {
+	dir := t.TempDir()
+	hugeWebConfig := filepath.Join(dir, "web.yml")
+	os.WriteFile(hugeWebConfig, append([]byte("# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644)
+	hugePriceFile := filepath.Join(dir, "prices.yaml")
+	os.WriteFile(hugePriceFile, append([]byte("per_gpu_hour:\n  x: 1\n# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -65,6 +91,17 @@ func TestBadFlagsExit2(t *testing.T) {
 		{[]string{"--dcgm.mode=standalone"}, "needs --dcgm.host-engine"},
 		{[]string{"--dcgm.host-engine=nohost"}, "--dcgm.host-engine=nohost: want HOST:PORT"},
 		{[]string{"--kubelet.refresh-interval=10ms"}, "--kubelet.refresh-interval=10ms is too short"},
+		{[]string{"--kubelet.refresh-interval=1000000h"}, "--kubelet.refresh-interval=1000000h0m0s is too long: it must be at most 2m0s"},
+		{[]string{"--collect-interval=1000000h"}, "--collect-interval=1000000h0m0s is too long: it must be at most 5m0s"},
+		{[]string{"--idle.window=1000000h"}, "--idle.window=1000000h0m0s must be at most 168h0m0s"},
+		{[]string{"--web.shutdown-timeout=-1s"}, "--web.shutdown-timeout=-1s must be 0 (do not wait) to 5m0s"},
+		{[]string{"--web.shutdown-timeout=1000h"}, "--web.shutdown-timeout=1000h0m0s must be 0"},
+		{[]string{"--web.max-requests=99999999999999999999"}, "--web.max-requests=99999999999999999999: out of range"},
+		{[]string{"--web.max-requests=1.5"}, "--web.max-requests=1.5: not a whole number"},
+		{[]string{"--web.max-requests=1e3"}, "--web.max-requests=1e3: not a whole number"},
+		{[]string{"--simulate.seed=99999999999999999999"}, "--simulate.seed=99999999999999999999"},
+		{[]string{"--web.config.file=" + hugeWebConfig}, "larger than the limit of 262144 bytes (256 KiB)"},
+		{[]string{"--simulate", "--idle.price-file=" + hugePriceFile}, "the limit is 262144 bytes (256 KiB)"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), tc.args, &out, &errb)

@@ -23,6 +23,10 @@ const (
 // or two samples would decide idleness.
 const MinIdleWindow = 10 * time.Second
 
+// MaxIdleWindow is the longest window NewIdleTracker accepts: a holder idle
+// for a week is long past any cost alert, and larger values are typos.
+const MaxIdleWindow = 7 * 24 * time.Hour
+
 // IdleConfig configures an IdleTracker.
 type IdleConfig struct {
 	// Threshold is the activity ratio (0-1) below which a device counts as
@@ -92,6 +96,9 @@ func NewIdleTracker(cfg IdleConfig) (*IdleTracker, error) {
 	}
 	if cfg.Window < MinIdleWindow {
 		return nil, fmt.Errorf("idle window %v is too short; want at least %v, e.g. %v", cfg.Window, MinIdleWindow, DefaultIdleWindow)
+	}
+	if cfg.Window > MaxIdleWindow {
+		return nil, fmt.Errorf("idle window %v is too long; want at most %v, e.g. %v", cfg.Window, MaxIdleWindow, DefaultIdleWindow)
 	}
 	return &IdleTracker{cfg: cfg, holders: make(map[HolderKey]holderState)}, nil
 }

@@ -38,12 +38,31 @@ const (
 
 const priceFileForm = "want a YAML mapping with keys date, source and per_gpu_hour (NVIDIA model name: US dollars per GPU-hour)"
 
+// MaxPriceFileBytes is the largest price list LoadPriceList reads: a list
+// of every GPU model is a few KiB, and a huge file would cost the pod its
+// memory before being refused.
+const MaxPriceFileBytes = 256 << 10
+
 // LoadPriceList reads and parses the price list file at path; see
-// ParsePriceList.
+// ParsePriceList. Files over MaxPriceFileBytes are refused before parsing.
 func LoadPriceList(path string) (*PriceList, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("price list: %w", err)
+	}
+	defer f.Close()
+	tooBig := func(size string) error {
+		return fmt.Errorf("price list %s is %s: the limit is %d bytes (%d KiB); a price per GPU model needs only a few KiB", path, size, MaxPriceFileBytes, MaxPriceFileBytes>>10)
+	}
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() > MaxPriceFileBytes {
+		return nil, tooBig(fmt.Sprintf("%d bytes", fi.Size()))
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxPriceFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("price list: %w", err)
+	}
+	if len(data) > MaxPriceFileBytes {
+		return nil, tooBig("larger than that")
 	}
 	return ParsePriceList(path, data)
 }

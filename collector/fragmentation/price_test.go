@@ -1,6 +1,8 @@
 package fragmentation
 
 import (
+	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -294,4 +296,25 @@ func FuzzParsePriceFlag(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestLoadPriceListRefusesHugeFiles(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "prices.yaml")
+	big := []byte("per_gpu_hour:\n")
+	for i := 0; len(big) <= MaxPriceFileBytes; i++ {
+		big = fmt.Appendf(big, "  model-%d: 1.5\n", i)
+	}
+	if err := os.WriteFile(f, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadPriceList(f)
+	if err == nil || !strings.Contains(err.Error(), "the limit is 262144 bytes (256 KiB)") {
+		t.Fatalf("a %d-byte price list: %v", len(big), err)
+	}
+	// The same list cut below the limit loads.
+	small := big[:bytes.LastIndexByte(big[:MaxPriceFileBytes], '\n')+1]
+	os.WriteFile(f, small, 0o644)
+	if _, err := LoadPriceList(f); err != nil {
+		t.Fatalf("a %d-byte price list: %v", len(small), err)
+	}
 }

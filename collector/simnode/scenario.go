@@ -239,11 +239,30 @@ func Presets() []string {
 	return []string{"busy", "training", "inference", "idle", "idle-held", "free"}
 }
 
-// LoadScenario reads and validates a scenario file.
+// MaxScenarioBytes is the largest scenario LoadScenario reads (about
+// 40,000 pods); a larger file would take seconds and gigabytes to parse.
+const MaxScenarioBytes = 4 << 20
+
+// LoadScenario reads and validates a scenario file. Files over
+// MaxScenarioBytes are refused before parsing.
 func LoadScenario(path string) (*Scenario, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("scenario: %w", err)
+	}
+	defer f.Close()
+	tooBig := func(size string) error {
+		return fmt.Errorf("scenario %s is %s: the limit is %d bytes (%d MiB); split it or describe fewer pods", path, size, MaxScenarioBytes, MaxScenarioBytes>>20)
+	}
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() > MaxScenarioBytes {
+		return nil, tooBig(fmt.Sprintf("%d bytes", fi.Size()))
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxScenarioBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("scenario: %w", err)
+	}
+	if len(data) > MaxScenarioBytes {
+		return nil, tooBig("larger than that")
 	}
 	return ParseScenario(path, data)
 }
@@ -260,6 +279,15 @@ func ParseScenario(name string, data []byte) (*Scenario, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) { // an empty file is the default node
 		return nil, decodeError(name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fmt.Errorf("scenario %s:%d: a second YAML document (after ---): a scenario is one document; merge them or remove the ---", name, extra.Line)
+	} else if !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("scenario %s: after the first document: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if s.has([]any{"node", "count"}) && s.Node.Count == 0 {
+		return nil, s.errorAt([]any{"node", "count"}, "0 GPUs: a node has 1 to 64 (leave count out for the default of 8)")
 	}
 	s.applyDefaults()
 	if err := s.validate(); err != nil {
@@ -421,6 +449,40 @@ func formatPath(path []any) string {
 	return b.String()
 }
 
+// has reports whether the file spells out the field at path (a zero value
+// written down is a mistake where zero means "use the default").
+func (s *Scenario) has(path []any) bool {
+	n := s.root
+	if n == nil {
+		return false
+	}
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	for _, p := range path {
+		var next *yaml.Node
+		switch v := p.(type) {
+		case string:
+			if n.Kind == yaml.MappingNode {
+				for i := 0; i+1 < len(n.Content); i += 2 {
+					if n.Content[i].Value == v {
+						next = n.Content[i+1]
+					}
+				}
+			}
+		case int:
+			if n.Kind == yaml.SequenceNode && v < len(n.Content) {
+				next = n.Content[v]
+			}
+		}
+		if next == nil {
+			return false
+		}
+		n = next
+	}
+	return true
+}
+
 // lineOf finds the line of a path like {"gpus", 2, "mig", 0, "profile"}; it
 // returns the line of the deepest node that exists.
 func (s *Scenario) lineOf(path []any) int {
@@ -570,8 +632,25 @@ func (s *Scenario) validateSharing() error {
 	return nil
 }
 
+// heldUnit is one allocation unit: a GPU, a MIG instance or a replica.
+type heldUnit struct{ gpu, mig, replica int }
+
+// heldBy is a container holding a unit from start until stop (0: forever).
+type heldBy struct {
+	pod         string
+	start, stop Duration
+	path        []any
+}
+
+func overlaps(a, b heldBy) bool {
+	aEndsFirst := a.stop != 0 && a.stop <= b.start
+	bEndsFirst := b.stop != 0 && b.stop <= a.start
+	return !aEndsFirst && !bEndsFirst
+}
+
 func (s *Scenario) validatePods() error {
 	names := map[string]bool{}
+	holders := map[heldUnit][]heldBy{}
 	for i, pod := range s.Pods {
 		p := []any{"pods", i}
 		if pod.Name == "" || pod.Namespace == "" {
@@ -614,10 +693,35 @@ func (s *Scenario) validatePods() error {
 				} else if s.sharedGPU(d.GPU) {
 					return s.errorAt(dp, "GPU %d is time-sliced: name the replica a container holds", d.GPU)
 				}
+				u := heldUnit{gpu: d.GPU, mig: -1, replica: -1}
+				if d.MIG != nil {
+					u.mig = *d.MIG
+				}
+				if d.Replica != nil {
+					u.replica = *d.Replica
+				}
+				me := heldBy{pod: key + "/" + c.Name, start: pod.Start, stop: pod.Stop, path: dp}
+				for _, other := range holders[u] {
+					if overlaps(me, other) {
+						return s.errorAt(dp, "%s is already held by %s (%s) at the same time: the kubelet gives a device to one container; share a GPU through sharing.timeSlicing and replicas, or give the pods disjoint start/stop times",
+							describeUnit(u), other.pod, formatPath(other.path))
+					}
+				}
+				holders[u] = append(holders[u], me)
 			}
 		}
 	}
 	return nil
+}
+
+func describeUnit(u heldUnit) string {
+	switch {
+	case u.mig >= 0:
+		return fmt.Sprintf("MIG instance %d of GPU %d", u.mig, u.gpu)
+	case u.replica >= 0:
+		return fmt.Sprintf("replica %d of GPU %d", u.replica, u.gpu)
+	}
+	return fmt.Sprintf("GPU %d", u.gpu)
 }
 
 func (s *Scenario) validateFault(f FaultSpec, p []any) error {
@@ -651,8 +755,16 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
 	}
-	if f.Count < 0 || f.Count > 1000 {
-		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000", f.Count)
+	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
+		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000 (leave it out for 1)", f.Count)
+	}
+	if r := f.Remap; r != nil {
+		if r.Correctable < 0 {
+			return s.errorAt(append(p, "remap", "correctable"), "%d remapped rows: a count is 0 or more", r.Correctable)
+		}
+		if r.Uncorrectable < 0 {
+			return s.errorAt(append(p, "remap", "uncorrectable"), "%d remapped rows: a count is 0 or more", r.Uncorrectable)
+		}
 	}
 	for j, r := range f.Throttle {
 		if _, ok := ThrottleReasons[r]; !ok {

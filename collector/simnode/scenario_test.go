@@ -28,7 +28,23 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 	}{
 		{"unknown field", "node:\n  modle: H100-SXM5-80GB\n", "scenario bad.yaml:2: field modle not found (not a field of NodeSpec"},
 		{"bad model", "node:\n  model: H101\n", "bad.yaml:2: field node.model: unknown GPU model \"H101\""},
-		{"count", "node:\n  count: 0\n  model: A30-PCIE-24GB\n", ""}, // 0 means default 8
+		{"count", "node:\n  count: 0\n  model: A30-PCIE-24GB\n", "bad.yaml:2: field node.count: 0 GPUs: a node has 1 to 64 (leave count out"},
+		{"count left out", "node:\n  model: A30-PCIE-24GB\n", ""},
+		{"second document", "node: {count: 2}\n---\nnode: {count: 4}\n", "bad.yaml:2: a second YAML document"},
+		{"document end marker ok", "node: {count: 2}\n...\n", ""},
+		{"negative remap", "faults:\n  - gpu: 0\n    remap: {correctable: -2}\n", "bad.yaml:3: field faults[0].remap.correctable: -2 remapped rows"},
+		{"negative uncorrectable remap", "faults:\n  - gpu: 0\n    remap:\n      uncorrectable: -1\n", "bad.yaml:4: field faults[0].remap.uncorrectable: -1 remapped rows"},
+		{"fault count 0", "faults:\n  - gpu: 0\n    xid: 79\n    count: 0\n", "bad.yaml:4: field faults[0].count: 0: count is 1 to 1000"},
+		{"two pods one GPU", "pods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 1}]}]}\n  - {namespace: b, name: q, containers: [{name: c, devices: [{gpu: 1}]}]}\n",
+			"bad.yaml:3: field pods[1].containers[0].devices[0]: GPU 1 is already held by a/p/c (pods[0].containers[0].devices[0])"},
+		{"two containers one GPU", "pods:\n  - namespace: a\n    name: p\n    containers:\n      - {name: c, devices: [{gpu: 1}]}\n      - {name: d, devices: [{gpu: 1}]}\n",
+			"bad.yaml:6: field pods[0].containers[1].devices[0]: GPU 1 is already held by a/p/c"},
+		{"one GPU in turn", "pods:\n  - {namespace: a, name: p, stop: 1m, containers: [{name: c, devices: [{gpu: 1}]}]}\n  - {namespace: b, name: q, start: 1m, containers: [{name: c, devices: [{gpu: 1}]}]}\n", ""},
+		{"one MIG instance twice", "gpus:\n  - index: 0\n    mig: [{profile: 3g.40gb}, {profile: 3g.40gb}]\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}\n",
+			"field pods[1].containers[0].devices[0]: MIG instance 1 of GPU 0 is already held by a/p/c"},
+		{"one replica twice", "sharing: {timeSlicing: {gpus: [2], replicas: 4}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n",
+			"replica 0 of GPU 2 is already held by a/p/c"},
+		{"replicas shared", "sharing: {timeSlicing: {gpus: [2], replicas: 4}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 1}]}]}\n", ""},
 		{"count too big", "node:\n  count: 65\n", "bad.yaml:2: field node.count: 65 GPUs"},
 		{"index", "gpus:\n  - index: 8\n", "bad.yaml:2: field gpus[0].index: GPU index 8 is outside 0..7"},
 		{"twice", "gpus:\n  - index: 1\n  - index: 1\n", "bad.yaml:3: field gpus[1].index: GPU 1 is described twice"},
@@ -58,6 +74,25 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %q does not contain %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+func TestLoadScenarioRefusesHugeFiles(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "huge.yaml")
+	// Valid YAML all the way (a comment), so only the size can refuse it.
+	os.WriteFile(f, append([]byte("node: {count: 2}\n#"), make([]byte, MaxScenarioBytes)...), 0o644)
+	_, err := LoadScenario(f)
+	if err == nil || !strings.Contains(err.Error(), "the limit is 4194304 bytes (4 MiB)") {
+		t.Fatalf("a %d-byte scenario: %v", MaxScenarioBytes+18, err)
+	}
+	// Exactly at the limit still loads.
+	at := append([]byte("node: {count: 2}\n#"), make([]byte, MaxScenarioBytes-18)...)
+	for i := 18; i < len(at); i++ {
+		at[i] = 'x'
+	}
+	os.WriteFile(f, at, 0o644)
+	if _, err := LoadScenario(f); err != nil {
+		t.Fatalf("a scenario of exactly the limit: %v", err)
 	}
 }
 

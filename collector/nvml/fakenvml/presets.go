@@ -1,0 +1,187 @@
+package fakenvml
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+)
+
+// memorySlicePlacements are GPU instance placements in memory slices, the
+// unit NVML uses on A100 and H100 (8 slices: 7g at {0,8}, 3g at {0,4} and
+// {4,4}). Taken from go-nvml's A100 mock, which has them as the driver does;
+// its H100 mock counts compute slices instead, so both models use these.
+var memorySlicePlacements = gpus.A100_SXM4_80GB.MIGProfiles.GpuInstancePlacements
+
+// FromModel returns a GPU of a model from go-nvml's mock catalogue (name,
+// memory, architecture, PCI device ID, MIG profiles) with plausible idle
+// telemetry, every board feature an SXM data-centre GPU has, and MIG
+// disabled. index numbers its UUID, bus ID and minor.
+func FromModel(cfg gpus.Config, index int) GPU {
+	total := cfg.MemoryMB << 20
+	reserved := uint64(512 << 20)
+	g := GPU{
+		Device: Device{
+			UUID:        fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000+index, index),
+			Name:        cfg.Name,
+			Memory:      &Memory{Total: total, Reserved: reserved, Used: 0},
+			Utilization: &nvml.Utilization{Gpu: 0, Memory: 0},
+			Attributes:  &nvml.DeviceAttributes{MemorySizeMB: cfg.MemoryMB},
+			Processes:   &Processes{},
+		},
+		Serial:            fmt.Sprintf("16520%08d", index),
+		Minor:             index,
+		PCIBusID:          fmt.Sprintf("00000000:%02X:00.0", 0x18+index*0x10),
+		PCIDeviceID:       cfg.PciDeviceId,
+		Architecture:      cfg.Architecture,
+		ComputeCapability: &[2]int{cfg.CudaMajor, cfg.CudaMinor},
+		Clocks:            map[nvml.ClockType]uint32{nvml.CLOCK_SM: 345, nvml.CLOCK_MEM: 1593, nvml.CLOCK_GRAPHICS: 345},
+		MaxClocks:         map[nvml.ClockType]uint32{nvml.CLOCK_SM: 1980, nvml.CLOCK_MEM: 2619},
+		PowerUsage:        Ptr[uint32](70_000),
+		PowerLimit:        Ptr[uint32](700_000),
+		EnforcedLimit:     Ptr[uint32](700_000),
+		Energy:            Ptr[uint64](6_048_000_000),
+		Temperatures:      map[nvml.TemperatureSensors]uint32{nvml.TEMPERATURE_GPU: 31},
+		Thresholds: map[nvml.TemperatureThresholds]uint32{
+			nvml.TEMPERATURE_THRESHOLD_SHUTDOWN: 92, nvml.TEMPERATURE_THRESHOLD_SLOWDOWN: 89, nvml.TEMPERATURE_THRESHOLD_GPU_MAX: 87,
+		},
+		PCIe:                       &PCIe{Gen: 5, Width: 16, MaxGen: 5, MaxWidth: 16},
+		ECC:                        &ECC{Enabled: true},
+		RemappedRows:               &RemappedRows{},
+		ClockEventReasons:          Ptr[uint64](nvml.ClocksEventReasonGpuIdle),
+		SupportedClockEventReasons: Ptr[uint64](0x1ff),
+		Fields:                     map[uint32]uint64{nvml.FI_DEV_GET_GPU_RECOVERY_ACTION: uint64(nvml.GPU_RECOVERY_ACTION_NONE)},
+	}
+	for l := 0; l < 18; l++ {
+		g.NVLinks = append(g.NVLinks, NVLink{Active: true, Errors: map[nvml.NvLinkErrorCounter]uint64{
+			nvml.NVLINK_ERROR_DL_REPLAY: 0, nvml.NVLINK_ERROR_DL_RECOVERY: 0, nvml.NVLINK_ERROR_DL_CRC_FLIT: 0, nvml.NVLINK_ERROR_DL_CRC_DATA: 0,
+		}})
+	}
+	if len(cfg.MIGProfiles.GpuInstanceProfiles) > 0 {
+		g.MIG = &MIG{Profiles: map[int]GPUInstanceProfile{}}
+		for idx, info := range cfg.MIGProfiles.GpuInstanceProfiles {
+			g.MIG.Profiles[idx] = GPUInstanceProfile{Info: info, Name: ProfileName(idx, info), Placements: memorySlicePlacements[idx]}
+		}
+	}
+	return g
+}
+
+// ProfileName is NVIDIA's name of a GPU instance profile (1g.10gb, 1g.10gb+me).
+func ProfileName(index int, info nvml.GpuInstanceProfileInfo) string {
+	n := fmt.Sprintf("%dg.%dgb", info.SliceCount, (info.MemorySizeMB+1023)/1024)
+	if index == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || index == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
+		n += "+me"
+	}
+	return n
+}
+
+// AddGPUInstance enables MIG and creates a GPU instance of the profile at
+// its first free placement, with computeInstances compute instances of
+// equal size (slices/computeInstances each, e.g. two 1c.3g.40gb in a
+// 3g.40gb; one MIG device each). It fails as the driver does
+// when no placement is free or the profile's instance limit is reached.
+func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, error) {
+	if g.MIG == nil {
+		return nil, fmt.Errorf("%s does not support MIG", g.Name)
+	}
+	p, ok := g.MIG.Profiles[profileIndex]
+	if !ok {
+		return nil, fmt.Errorf("%s has no MIG profile index %d", g.Name, profileIndex)
+	}
+	if computeInstances < 1 || computeInstances > int(p.Info.SliceCount) {
+		return nil, fmt.Errorf("%d compute instances do not fit %d slices", computeInstances, p.Info.SliceCount)
+	}
+	g.MIG.Enabled = true
+	g.MIG.MaxDevices = 7
+	var used uint64
+	same := 0
+	for _, gi := range g.MIG.GPUInstances {
+		for s := gi.Placement.Start; s < gi.Placement.Start+gi.Placement.Size; s++ {
+			used |= 1 << s
+		}
+		if gi.ProfileID == p.Info.Id {
+			same++
+		}
+	}
+	if same >= int(p.Info.InstanceCount) {
+		return nil, fmt.Errorf("%s: profile %s allows %d instance(s) per GPU", g.Name, p.Name, p.Info.InstanceCount)
+	}
+	var place *nvml.GpuInstancePlacement
+	for _, pl := range p.Placements {
+		var m uint64
+		for s := pl.Start; s < pl.Start+pl.Size; s++ {
+			m |= 1 << s
+		}
+		if used&m == 0 {
+			place = &pl
+			break
+		}
+	}
+	if place == nil {
+		return nil, fmt.Errorf("%s: no free placement for %s", g.Name, p.Name)
+	}
+	ids := map[int]bool{}
+	for _, gi := range g.MIG.GPUInstances {
+		ids[gi.ID] = true
+	}
+	id := 1
+	for ids[id] {
+		id++
+	}
+	gi := GPUInstance{ID: id, ProfileID: p.Info.Id, Placement: *place, ComputeProfiles: map[int]ComputeInstanceProfile{}}
+	per := p.Info.SliceCount / uint32(computeInstances)
+	ciIndex := map[uint32]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+		3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}[per]
+	ciName := fmt.Sprintf("%dc.%s", per, p.Name)
+	if per == p.Info.SliceCount {
+		ciName = p.Name
+	}
+	gi.ComputeProfiles[ciIndex] = ComputeInstanceProfile{Name: ciName, Info: nvml.ComputeInstanceProfileInfo{
+		Id: uint32(ciIndex), SliceCount: per, InstanceCount: uint32(computeInstances),
+		MultiprocessorCount: p.Info.MultiprocessorCount / uint32(computeInstances), SharedCopyEngineCount: p.Info.CopyEngineCount,
+	}}
+	memTotal := p.Info.MemorySizeMB << 20
+	for c := 0; c < computeInstances; c++ {
+		gi.ComputeInstances = append(gi.ComputeInstances, ComputeInstance{ID: c, ProfileID: uint32(ciIndex),
+			Placement: nvml.ComputeInstancePlacement{Start: uint32(c) * per, Size: per}})
+		g.MIG.Devices = append(g.MIG.Devices, MIGDevice{
+			Device: Device{
+				UUID:   fmt.Sprintf("MIG-%08x-%04x-4000-8000-%012x", 0xfa4e0000+g.Minor, id, c),
+				Name:   fmt.Sprintf("%s MIG %s", g.Name, ciName),
+				Memory: &Memory{Total: memTotal, Used: 0},
+				Attributes: &nvml.DeviceAttributes{MultiprocessorCount: p.Info.MultiprocessorCount / uint32(computeInstances),
+					SharedCopyEngineCount: p.Info.CopyEngineCount, GpuInstanceSliceCount: p.Info.SliceCount,
+					ComputeInstanceSliceCount: per, MemorySizeMB: p.Info.MemorySizeMB},
+				Processes: &Processes{},
+			},
+			GPUInstance: id, ComputeInstance: c,
+		})
+	}
+	g.MIG.GPUInstances = append(g.MIG.GPUInstances, gi)
+	sort.Slice(g.MIG.GPUInstances, func(i, j int) bool { return g.MIG.GPUInstances[i].ID < g.MIG.GPUInstances[j].ID })
+	// Real MIG GPUs answer no utilisation on the parent.
+	g.Utilization = nil
+	return &g.MIG.GPUInstances[len(g.MIG.GPUInstances)-1], nil
+}
+
+// NewNode returns a node of count GPUs of one model, on a driver of branch
+// (one of Branches, or Full for the newest).
+func NewNode(cfg gpus.Config, count int, branch string) *Node {
+	n := &Node{DriverVersion: "580.65.06", NVMLVersion: "13.580.65.06", CUDADriverVersion: 13000}
+	switch branch {
+	case "r470":
+		n.DriverVersion, n.NVMLVersion, n.CUDADriverVersion = "470.256.02", "11.470.256.02", 11040
+	case "r535":
+		n.DriverVersion, n.NVMLVersion, n.CUDADriverVersion = "535.247.01", "12.535.247.01", 12020
+	case "r550":
+		n.DriverVersion, n.NVMLVersion, n.CUDADriverVersion = "550.163.01", "12.550.163.01", 12040
+	case "r570":
+		n.DriverVersion, n.NVMLVersion, n.CUDADriverVersion = "570.172.08", "12.570.172.08", 12080
+	}
+	n.FieldMax = FieldMax[branch]
+	for i := 0; i < count; i++ {
+		n.GPUs = append(n.GPUs, FromModel(cfg, i))
+	}
+	return n
+}
