@@ -56,7 +56,9 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *N
 				if dev.IsMIG() {
 					if g := gpuOf(s, key.GPU); g != nil && g.MIGLayout != nil {
 						if pl, ok := g.MIGLayout.Instances[dev.GPUInstance]; ok {
-							price = fragmentation.SliceShare(price, pl.Size, g.MIGLayout.TotalSlices)
+							// Placements are in memory slices (8 on A100/H100);
+							// the share is in compute slices, NVML's SliceCount.
+							price = fragmentation.SliceShare(price, pl.Slices, g.MIGLayout.TotalSlices)
 						}
 					}
 				}
@@ -102,7 +104,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 			l := g.MIGLayout
 			ms := &fragmentation.MIGState{TotalSlices: l.TotalSlices}
 			for _, p := range l.Profiles {
-				mp := fragmentation.MIGProfile{Name: p.Name, Slices: p.Slices, MemoryBytes: p.MemoryBytes}
+				mp := fragmentation.MIGProfile{Name: p.Name, Slices: p.Slices, MaxInstances: p.MaxInstances, MemoryBytes: p.MemoryBytes}
 				for _, pl := range p.Placements {
 					mp.Placements = append(mp.Placements, fragmentation.Placement{Start: int(pl.Start), Size: int(pl.Size)})
 				}

@@ -24,9 +24,13 @@ func discoverMIGLayout(h Device) *MIGLayout {
 			continue // not supported on this GPU
 		}
 		name := MIGProfileName(id, info)
-		p := MIGProfileInfo{Name: name, Slices: int(info.SliceCount), MemoryBytes: float64(info.MemorySizeMB) * (1 << 20)}
+		p := MIGProfileInfo{Name: name, Slices: int(info.SliceCount), MaxInstances: int(info.InstanceCount),
+			MemoryBytes: float64(info.MemorySizeMB) * (1 << 20)}
 		if pl, ret := h.GetGpuInstancePossiblePlacements(&info); ret == nvml.SUCCESS {
 			p.Placements = pl
+			for _, x := range pl {
+				l.MemorySlices = max(l.MemorySlices, int(x.Start+x.Size))
+			}
 		}
 		l.Profiles = append(l.Profiles, p)
 		if int(info.SliceCount) > l.TotalSlices {
@@ -41,7 +45,8 @@ func discoverMIGLayout(h Device) *MIGLayout {
 			if ret != nvml.SUCCESS {
 				continue
 			}
-			l.Instances[int(gii.Id)] = MIGPlacement{Profile: name, Start: int(gii.Placement.Start), Size: int(gii.Placement.Size)}
+			l.Instances[int(gii.Id)] = MIGPlacement{Profile: name, Start: int(gii.Placement.Start), Size: int(gii.Placement.Size),
+				Slices: int(info.SliceCount)}
 		}
 	}
 	if len(l.Profiles) == 0 {
