@@ -28,7 +28,18 @@ type Holder struct {
 type DeviceKey struct {
 	GPU         int
 	GPUInstance int // -1 for a whole GPU
+	// ComputeInstance tells apart the MIG devices of one GPU instance that
+	// holds several compute instances; -1 for a whole GPU.
+	ComputeInstance int
 }
+
+// migKey is the key of a MIG device.
+func migKey(gpu int, m *DeviceState) DeviceKey {
+	return DeviceKey{gpu, m.GPUInstance, m.ComputeInstance}
+}
+
+// gpuKey is the key of a whole GPU.
+func gpuKey(gpu int) DeviceKey { return DeviceKey{gpu, -1, -1} }
 
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
@@ -79,7 +90,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 					continue
 				}
 				if t, ok := inv.Resolve(ref); ok {
-					a.AllocatableUnits[DeviceKey{t.GPU, t.GPUInstance}] = true
+					a.AllocatableUnits[targetKey(t)] = true
 				}
 			}
 		}
@@ -95,14 +106,14 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 		a.ByDevice[k] = append(hs, h)
 	}
 	for _, m := range matched {
-		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
+		k := targetKey(m.Target)
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
 		if g := gpuOf(s, k.GPU); k.GPUInstance < 0 && g != nil && len(g.MIG) > 0 {
 			// A whole MIG-mode GPU, held by its GPU UUID (the device
 			// plugin's migStrategy none): its holder holds every
 			// instance, and the devices are only counted per instance.
-			for _, mi := range g.MIG {
-				add(DeviceKey{GPU: k.GPU, GPUInstance: mi.GPUInstance}, h)
+			for j := range g.MIG {
+				add(migKey(k.GPU, &g.MIG[j]), h)
 			}
 			continue
 		}
@@ -121,6 +132,14 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	return a
 }
 
+// targetKey is the device a kubelet device ID resolved to.
+func targetKey(t podmap.Target) DeviceKey {
+	if t.GPUInstance < 0 {
+		return gpuKey(t.GPU)
+	}
+	return DeviceKey{t.GPU, t.GPUInstance, t.ComputeInstance}
+}
+
 func holderLess(a, b Holder) bool {
 	if a.Namespace != b.Namespace {
 		return a.Namespace < b.Namespace
@@ -135,11 +154,11 @@ func holderLess(a, b Holder) bool {
 }
 
 var (
-	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "namespace", "pod", "container", "resource"}
+	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "namespace", "pod", "container", "resource"}
 	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
 		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
 		allocLabels, nil)
-	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
+	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes", "Framebuffer memory in use on a device the container holds alone.", containerLabels, nil)
 	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "Busy ratio of a device the container holds alone (NVML; DCGM SM activity on MIG instances).", containerLabels, nil)
 	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
@@ -163,12 +182,12 @@ func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		if len(g.MIG) == 0 {
-			f(&g.DeviceState, DeviceKey{g.GPU, -1}, g.Up)
+			f(&g.DeviceState, gpuKey(g.GPU), g.Up)
 			continue
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			f(m, DeviceKey{g.GPU, m.GPUInstance}, g.Up && m.Up)
+			f(m, migKey(g.GPU, m), g.Up && m.Up)
 		}
 	}
 }
@@ -195,13 +214,13 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		}
 		lv := labelValues(d)
 		for _, h := range holders {
-			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], h.Namespace, h.Pod, h.Container, h.Resource)
+			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 		}
 		if len(holders) != 1 || !d.Up {
 			return // shared devices: per-container use is unknown, so absent rather than duplicated
 		}
 		h := holders[0]
-		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3]}
+		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
 		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}

@@ -47,7 +47,7 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *N
 		}
 		for _, h := range a.ByDevice[key] {
 			obs = append(obs, fragmentation.Observation{
-				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance},
+				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance, ComputeInstance: key.ComputeInstance},
 				Activity: act, Known: known,
 			})
 		}
@@ -116,14 +116,14 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 					continue
 				}
 				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
-					Allocated: len(a.ByDevice[DeviceKey{g.GPU, m.GPUInstance}]) > 0}
+					Allocated: len(a.ByDevice[migKey(g.GPU, &m)]) > 0}
 				mi.MemoryTotal = usableMemory(&m.Values)
 				mi.MemoryUsed, _ = m.Values.Get(FieldMemoryUsed)
 				ms.Instances = append(ms.Instances, mi)
 			}
 			fg.MIG = ms
 		} else {
-			fg.Allocated = len(a.ByDevice[DeviceKey{g.GPU, -1}]) > 0
+			fg.Allocated = len(a.ByDevice[gpuKey(g.GPU)]) > 0
 		}
 		out = append(out, fg)
 	}
@@ -139,7 +139,7 @@ var (
 		"Allocated devices all of whose holders are idle.", nil, nil)
 	priceDesc = prometheus.NewDesc("gpu_price_dollars_per_hour",
 		"Configured on-demand price of the device per hour (a MIG instance by its share of slices); only when a price list is configured.",
-		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "model"}, nil)
+		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "model"}, nil)
 	strandedDesc = prometheus.NewDesc("gpu_memory_stranded_bytes",
 		"Free VRAM on allocated devices: under whole-device scheduling no other pod can use it.", nil, nil)
 	largestGroupDesc = prometheus.NewDesc("gpu_free_devices_largest_group",
@@ -168,11 +168,11 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	s := st.Sample
 	for _, is := range d.Idle {
 		k := is.Key
-		lv := unitLabels(s, k.GPU, k.GPUInstance)
+		lv := unitLabels(s, DeviceKey{k.GPU, k.GPUInstance, k.ComputeInstance})
 		if lv == nil {
 			continue
 		}
-		labels := []string{lv[0], lv[1], lv[2], lv[3], k.Namespace, k.Pod, k.Container, k.Resource}
+		labels := []string{lv[0], lv[1], lv[2], lv[3], lv[4], k.Namespace, k.Pod, k.Container, k.Resource}
 		ch <- prometheus.MustNewConstMetric(idleDesc, prometheus.GaugeValue, b2f(is.Idle), labels...)
 		ch <- prometheus.MustNewConstMetric(idleSecondsDesc, prometheus.CounterValue, is.IdleSeconds, labels...)
 	}
@@ -180,7 +180,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
 			lv := labelValues(dev)
-			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], dev.Model)
+			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], lv[4], dev.Model)
 		}
 	})
 	f := &d.Frag
@@ -204,16 +204,16 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 }
 
 // unitLabels are the device labels of a GPU or MIG instance of the sample.
-func unitLabels(s *NodeSample, gpu, gi int) []string {
-	g := gpuOf(s, gpu)
+func unitLabels(s *NodeSample, k DeviceKey) []string {
+	g := gpuOf(s, k.GPU)
 	if g == nil {
 		return nil
 	}
-	if gi < 0 {
+	if k.GPUInstance < 0 {
 		return labelValues(&g.DeviceState)
 	}
 	for j := range g.MIG {
-		if g.MIG[j].GPUInstance == gi {
+		if migKey(k.GPU, &g.MIG[j]) == k {
 			return labelValues(&g.MIG[j])
 		}
 	}

@@ -65,7 +65,7 @@ type fieldSpec struct {
 // deviceLabels identify a device series: a whole GPU has gpu_instance="" and
 // mig_profile="", a MIG instance has both set. They never change when pods
 // come and go.
-var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
+var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 
 var fieldSpecs = [numFields]fieldSpec{
 	FieldMemoryUsed:          {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},

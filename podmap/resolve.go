@@ -31,7 +31,10 @@ type Target struct {
 	GPU         int // NVML index of the (parent) GPU
 	UUID        string
 	GPUInstance int // -1 = whole GPU
-	MIGProfile  string
+	// ComputeInstance tells apart the MIG devices of a GPU instance that
+	// holds several compute instances; -1 for a whole GPU.
+	ComputeInstance int
+	MIGProfile      string
 }
 
 // Resolve finds the GPU or MIG instance that ref names. It returns false if
@@ -139,11 +142,11 @@ func startsWithDigitRun(s string) bool {
 }
 
 func wholeGPU(g *InventoryGPU) Target {
-	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: -1}
+	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: -1, ComputeInstance: -1}
 }
 
 func migTarget(g *InventoryGPU, m *InventoryMIG) Target {
-	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: m.GPUInstance, MIGProfile: m.Profile}
+	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, MIGProfile: m.Profile}
 }
 
 func (inv *Inventory) gpuByUUID(uuid string) *InventoryGPU {

@@ -40,8 +40,15 @@ func testInventory() *Inventory {
 func TestResolve(t *testing.T) {
 	inv := testInventory()
 	g := func(i int) string { return inv.GPUs[i].UUID }
-	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1} }
-	mig := func(i, gi int, p string) Target { return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p} }
+	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1, ComputeInstance: -1} }
+	mig := func(i, gi int, p string) Target {
+		for _, m := range inv.GPUs[i].MIG {
+			if m.GPUInstance == gi {
+				return Target{GPU: i, UUID: g(i), GPUInstance: gi, ComputeInstance: m.ComputeInstance, MIGProfile: p}
+			}
+		}
+		return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p}
+	}
 	tests := []struct {
 		id   string
 		want Target
@@ -90,8 +97,15 @@ func TestResolve(t *testing.T) {
 func TestResolveDRA(t *testing.T) {
 	inv := testInventory()
 	g := func(i int) string { return inv.GPUs[i].UUID }
-	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1} }
-	mig := func(i, gi int, p string) Target { return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p} }
+	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1, ComputeInstance: -1} }
+	mig := func(i, gi int, p string) Target {
+		for _, m := range inv.GPUs[i].MIG {
+			if m.GPUInstance == gi {
+				return Target{GPU: i, UUID: g(i), GPUInstance: gi, ComputeInstance: m.ComputeInstance, MIGProfile: p}
+			}
+		}
+		return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p}
+	}
 	tests := []struct {
 		dev  string
 		cdi  []string

@@ -179,6 +179,10 @@ type GPUSpec struct {
 type MIGSpec struct {
 	Profile  string    `yaml:"profile"`
 	Workload *Workload `yaml:"workload"`
+	// ComputeInstances splits the GPU instance into this many compute
+	// instances (default 1), each its own MIG device with its own UUID,
+	// as nvidia-smi mig -cci does.
+	ComputeInstances int `yaml:"computeInstances"`
 }
 
 // Workload is what runs on a device over time.
@@ -581,6 +585,9 @@ func (s *Scenario) validate() error {
 				if err := s.validateWorkload(m.Workload, append(p, "mig", j, "workload")); err != nil {
 					return err
 				}
+				if m.ComputeInstances < 0 || m.ComputeInstances > 8 {
+					return s.errorAt(append(p, "mig", j, "computeInstances"), "%d compute instances: a GPU instance holds 1 to 8", m.ComputeInstances)
+				}
 			}
 		}
 	}
@@ -598,7 +605,11 @@ func (s *Scenario) validate() error {
 func (s *Scenario) migCount(gpu int) int {
 	for _, g := range s.GPUs {
 		if g.Index == gpu {
-			return len(g.MIG)
+			n := 0 // MIG devices: one per compute instance
+			for _, m := range g.MIG {
+				n += max(1, m.ComputeInstances)
+			}
+			return n
 		}
 	}
 	return 0

@@ -375,13 +375,16 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 			return fmt.Errorf("create GPU instance %s: %v", p.name, ret)
 		}
 		giInfo, _ := gi.GetInfo()
-		m := &MIGDevice{
-			parent: d, slot: i, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
-			gi: int(giInfo.Id), ci: 0,
-			uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, i),
-			workload: resolveWorkload(specs[i].Workload, d.index),
+		for ci := 0; ci < max(1, specs[i].ComputeInstances); ci++ {
+			slot := len(d.migs)
+			m := &MIGDevice{
+				parent: d, slot: slot, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
+				gi: int(giInfo.Id), ci: ci,
+				uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, slot),
+				workload: resolveWorkload(specs[i].Workload, d.index),
+			}
+			d.migs = append(d.migs, m)
 		}
-		d.migs = append(d.migs, m)
 	}
 	return nil
 }
