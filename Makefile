@@ -1,6 +1,8 @@
-# The README's two commands: `go run ./cmd/gpu-pool-exporter --simulate` and `make test`.
+# The README's two commands: `make run` and `make test`.
 export CGO_ENABLED := 1
-export CGO_CFLAGS := -Wno-deprecated-declarations
+# go-nvml's cgo code prints ~150 lines of deprecation warnings without this;
+# flags of your own in CGO_CFLAGS are kept.
+export CGO_CFLAGS := $(strip $(filter-out -Wno-deprecated-declarations,$(CGO_CFLAGS)) -Wno-deprecated-declarations)
 export PATH := $(shell go env GOPATH)/bin:$(PATH)
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -23,8 +25,12 @@ vet:
 build:
 	go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
 
+## run: build the exporter, then run it on a simulated node (Ctrl-C stops it); ARGS="--web.listen-address=:9948" adds flags
+# exec: the process is the exporter itself, not a shell or `go run` above it,
+# so Ctrl-C and kill reach it.
 run:
-	go run ./cmd/gpu-pool-exporter --simulate --log.format=console
+	@go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
+	@exec ./gpu-pool-exporter --simulate --log.format=console $(ARGS)
 
 ## bench: Go benchmarks and a load run against --simulate; prints one table
 bench:

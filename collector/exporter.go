@@ -99,6 +99,7 @@ type Exporter struct {
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
 	idle      *fragmentation.IdleTracker
+	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
 }
 
@@ -129,7 +130,7 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 		return nil, err
 	}
 	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
-		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle}
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle, counters: newMonotonic()}
 	e.unmatched.Now = cfg.Now
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
@@ -234,6 +235,9 @@ func (e *Exporter) render(st *State) error {
 	mfs, err := e.reg.Gather()
 	if err != nil {
 		return err
+	}
+	if reset := e.counters.apply(mfs, st.Rendered); len(reset) > 0 {
+		e.cfg.Log.Info().Strs("metrics", reset).Msg("counters went down at the source (GPU reset, driver reload or reconnect); served values go on from where they were")
 	}
 	var buf bytes.Buffer
 	buf.Grow(sizeHint(e.page.Load()))

@@ -7,12 +7,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/prometheus/model/textparse"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
@@ -176,4 +179,68 @@ func TestMetricsMethods(t *testing.T) {
 			t.Errorf("%s /metrics: status %d", m, rec.Code)
 		}
 	}
+}
+
+// Every counter the exporter serves is monotonic for the life of the
+// process: a GPU reset takes NVML's volatile ECC count back to zero, and the
+// served value goes on from where it was (100, then 4 more after the reset:
+// 104, never 0 or 4).
+func TestCountersSurviveGPUReset(t *testing.T) {
+	sc, err := simnode.ParseScenario("reset.yaml", []byte(`
+node: {count: 2}
+faults:
+  - {gpu: 0, at: 1s, ecc: {corrected: 100}}
+  - {gpu: 0, at: 20s, reset: true}
+  - {gpu: 0, at: 40s, ecc: {corrected: 4}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPodNode(t, sc)
+	prev := map[string]float64{}
+	var volatile []float64
+	for i := 0; i < 12; i++ {
+		page := p.step(t, 5*time.Second)
+		cur := counters(t, page)
+		for k, v := range cur {
+			if old, ok := prev[k]; ok && v < old {
+				t.Errorf("sample %d: counter %s fell from %v to %v", i, k, old, v)
+			}
+		}
+		prev = cur
+		volatile = append(volatile, num(t, page, "gpu_ecc_errors_total", `gpu="0"`, `error="corrected"`, `scope="volatile"`))
+	}
+	if last := volatile[len(volatile)-1]; last != 104 {
+		t.Errorf("volatile corrected ECC over the run: %v; want it to end at 104", volatile)
+	}
+}
+
+// counters maps every counter series of the page to its value.
+func counters(t *testing.T, p *collector.Page) map[string]float64 {
+	t.Helper()
+	isCounter := map[string]bool{}
+	out := map[string]float64{}
+	for _, l := range strings.Split(string(p.Plain), "\n") {
+		if f := strings.Fields(l); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" && f[3] == "counter" {
+			isCounter[f[2]] = true
+			continue
+		}
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		name := l[:i]
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			name = name[:j]
+		}
+		if !isCounter[name] {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		out[l[:i]] = v
+	}
+	return out
 }

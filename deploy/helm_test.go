@@ -298,14 +298,22 @@ func checkSecured(t *testing.T, m *manifests) {
 		}
 	}
 
-	// Basic auth covers the probes too.
-	wantAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("prometheus:s3cret"))
+	// The probes use the probe port: plain HTTP, no Authorization header,
+	// and no form of the password anywhere in the DaemonSet (anyone who can
+	// read pods can read it).
 	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		if p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
-			t.Errorf("%s: %s probe scheme %s, want HTTPS", m.name, name, p.HTTPGet.Scheme)
+		if p.HTTPGet.Scheme != corev1.URISchemeHTTP || p.HTTPGet.Port.String() != "probe" || len(p.HTTPGet.HTTPHeaders) != 0 {
+			t.Errorf("%s: %s probe %+v, want plain HTTP on the probe port without headers", m.name, name, p.HTTPGet)
 		}
-		if len(p.HTTPGet.HTTPHeaders) != 1 || p.HTTPGet.HTTPHeaders[0].Name != "Authorization" || p.HTTPGet.HTTPHeaders[0].Value != wantAuth {
-			t.Errorf("%s: %s probe headers %+v, want the basic-auth Authorization header", m.name, name, p.HTTPGet.HTTPHeaders)
+	}
+	dsJSON, err := json.Marshal(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	basic := base64.StdEncoding.EncodeToString([]byte("prometheus:s3cret"))
+	for _, secret := range []string{"s3cret", basic, "Authorization", cfg.BasicAuthUsers["prometheus"]} {
+		if strings.Contains(string(dsJSON), secret) {
+			t.Errorf("%s: the DaemonSet spec holds %q", m.name, secret)
 		}
 	}
 

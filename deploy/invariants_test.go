@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"path"
 	"reflect"
 	"slices"
@@ -30,6 +31,7 @@ const (
 const (
 	podResourcesDir = "/var/lib/kubelet/pod-resources"
 	metricsPort     = 9947
+	probePort       = 9948
 )
 
 // checkDaemonSet checks what every rendering of the exporter must keep, and
@@ -104,14 +106,18 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 	if got := args["--web.listen-address"]; got != ":9947" {
 		errorf("--web.listen-address=%q, want :9947", got)
 	}
-	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != metricsPort {
-		errorf("want one container port metrics/%d, got %+v", metricsPort, c.Ports)
+	if len(c.Ports) != 2 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != metricsPort || c.Ports[1].Name != "probe" || c.Ports[1].ContainerPort != probePort {
+		errorf("want container ports metrics/%d and probe/%d, got %+v", metricsPort, probePort, c.Ports)
+	}
+	if got := args["--web.probe-address"]; got != fmt.Sprintf(":%d", probePort) {
+		errorf("--web.probe-address=%q, want :%d", got, probePort)
 	}
 	if got := args["--kubelet.pod-resources-socket"]; path.Dir(got) != podResourcesDir {
 		errorf("--kubelet.pod-resources-socket=%q is not inside the mounted %s", got, podResourcesDir)
 	}
 
-	// Probes: liveness on /healthz, readiness on /readyz, both on the metrics port.
+	// Probes: liveness on /healthz, readiness on /readyz, both on the probe
+	// port (plain HTTP, no auth), and no credential anywhere in the DaemonSet.
 	checkProbe(t, where+": liveness", c.LivenessProbe, "/healthz")
 	checkProbe(t, where+": readiness", c.ReadinessProbe, "/readyz")
 
@@ -248,8 +254,11 @@ func checkProbe(t *testing.T, where string, p *corev1.Probe, wantPath string) {
 		t.Errorf("%s: want an HTTP probe on %s, got %+v", where, wantPath, p)
 		return
 	}
-	if p.HTTPGet.Path != wantPath || p.HTTPGet.Port.String() != "metrics" {
-		t.Errorf("%s: probe %s on port %s, want %s on metrics", where, p.HTTPGet.Path, p.HTTPGet.Port.String(), wantPath)
+	if p.HTTPGet.Path != wantPath || p.HTTPGet.Port.String() != "probe" || p.HTTPGet.Scheme != corev1.URISchemeHTTP {
+		t.Errorf("%s: probe %s on port %s (%s), want %s on probe over HTTP", where, p.HTTPGet.Path, p.HTTPGet.Port.String(), p.HTTPGet.Scheme, wantPath)
+	}
+	if len(p.HTTPGet.HTTPHeaders) != 0 {
+		t.Errorf("%s: probe headers %+v: the probe port needs no credentials, and the DaemonSet must hold none", where, p.HTTPGet.HTTPHeaders)
 	}
 }
 

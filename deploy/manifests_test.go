@@ -18,6 +18,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -99,6 +100,7 @@ type manifests struct {
 	promRules       []prometheusRule
 	podMonitorings  []podMonitoring
 	clusterRules    []clusterRules
+	networkPolicies []networkingv1.NetworkPolicy
 	// raw keeps every document by "Kind/name" for generic comparisons.
 	raw map[string][]byte
 }
@@ -177,6 +179,8 @@ func decodeManifests(t *testing.T, name string, stream []byte) *manifests {
 			target = appendNew(&m.podMonitorings)
 		case "monitoring.googleapis.com/v1 ClusterRules":
 			target = appendNew(&m.clusterRules)
+		case "networking.k8s.io/v1 NetworkPolicy":
+			target = appendNew(&m.networkPolicies)
 		default:
 			t.Errorf("%s: unexpected object %s %s", name, tm.APIVersion, key)
 			continue

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make bench: the Go benchmarks, then a load run of the built binary on two
 # simulated nodes (the built-in 8-GPU node, and 8 x 7 MIG instances with 200
-# pods), printed as one markdown table. Run from the repository root.
+# pods), printed as one markdown table, then two hostile-client runs: memory
+# under 8,000 slow connections (fails above the chart's 100 MiB limit) and the
+# scraper's latency beside a wrong-password flood. Run from the repository root.
 #
 # BENCHTIME (default 1s) is go test's -benchtime; BENCH_ARGS go to the load
 # program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5").

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite needs on a fresh Debian machine with Go:
 #   promtool and the Prometheus server (Debian's prometheus package, 2.42: 30 s
-#   by apt-get, against 13 min to build v3 from source), and helm (go install).
+#   by apt-get, against 13 min to build v3 from source), helm (go install) and
+#   the kustomize CLI README names (go install, in parallel with helm: it
+#   builds in about a minute, under helm's five).
 # Idempotent: tools already present are kept.
 set -euo pipefail
 
 GOBIN="$(go env GOPATH)/bin"
 export PATH="$GOBIN:$PATH"
 HELM_VERSION=v4.3.2
+# v5.8.2 is built from sigs.k8s.io/kustomize/api v0.21.2, the library go.mod
+# requires; v5.8.3 needs Go 1.27.
+KUSTOMIZE_VERSION=v5.8.2
 
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
@@ -18,6 +23,13 @@ if ! command -v helm >/dev/null 2>&1; then
   echo "install-tools: building helm $HELM_VERSION with go install (about 5 minutes on cold caches)"
   go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" &
   helm_pid=$!
+fi
+
+kustomize_pid=""
+if ! kustomize version 2>/dev/null | grep -qx "$KUSTOMIZE_VERSION"; then
+  echo "install-tools: building kustomize $KUSTOMIZE_VERSION with go install"
+  go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION" &
+  kustomize_pid=$!
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -33,4 +45,7 @@ fi
 if [ -n "$helm_pid" ]; then
   wait "$helm_pid"
 fi
-echo "install-tools: $(promtool --version 2>&1 | head -1); helm $(helm version --short 2>/dev/null)"
+if [ -n "$kustomize_pid" ]; then
+  wait "$kustomize_pid"
+fi
+echo "install-tools: $(promtool --version 2>&1 | head -1); helm $(helm version --short 2>/dev/null); kustomize $(kustomize version 2>/dev/null)"

@@ -3,19 +3,39 @@ package main
 import (
 	"fmt"
 	"html/template"
+	stdlog "log"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/common/version"
+	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
 
-// newMux routes the exporter's endpoints.
-func newMux(exp *collector.Exporter, o *options) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", limitConcurrency(exp, o.maxRequests))
+// probeMaxConnections bounds the probe listener: the kubelet opens one or two.
+const probeMaxConnections = 16
+
+// newHTTPServer is a server with bounded timeouts and headers; its own
+// error lines (TLS handshake failures, which any client can cause at will)
+// go to the debug log.
+func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
+	return &http.Server{
+		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger().Level(zerolog.DebugLevel), "", 0),
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ConnState:         trackConnState,
+	}
+}
+
+// addHealth adds /healthz (alive) and /readyz (a fresh sample exists).
+func addHealth(mux *http.ServeMux, exp *collector.Exporter) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -28,6 +48,21 @@ func newMux(exp *collector.Exporter, o *options) http.Handler {
 		}
 		fmt.Fprintln(w, why)
 	})
+}
+
+// newProbeMux serves the health endpoints alone: no metrics, no landing
+// page, no profiler, so it needs no secret.
+func newProbeMux(exp *collector.Exporter) http.Handler {
+	mux := http.NewServeMux()
+	addHealth(mux, exp)
+	return mux
+}
+
+// newMux routes the exporter's endpoints.
+func newMux(exp *collector.Exporter, o *options) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", limitConcurrency(exp, o.maxRequests))
+	addHealth(mux, exp)
 	if o.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 	"github.com/rs/zerolog"
+	"gopkg.in/yaml.v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
@@ -54,6 +55,8 @@ type options struct {
 	logFormat       string
 	nodeName        string
 	maxRequests     int
+	maxConnections  int
+	probeAddress    string
 	shutdownTimeout time.Duration
 	pprof           bool
 
@@ -74,8 +77,53 @@ type options struct {
 	kubeletResources []string
 }
 
+func init() {
+	// Log durations with their unit ("took":"15.99ms"), never a bare number.
+	zerolog.DurationFieldFormat = zerolog.DurationFormatString
+	stampVersion()
+}
+
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// stampVersion fills version.Version from the module and VCS data Go embeds
+// (go build, go install) when the Makefile's -ldflags did not set it, so that
+// every build says what it is; the revision (vcs.revision, "-modified" when
+// vcs.modified) prometheus/common reads itself.
+func stampVersion() {
+	if bi, ok := debug.ReadBuildInfo(); ok && version.Version == "" {
+		version.Version = buildVersion(bi)
+	}
+}
+
+// buildVersion is the main module's version ("v1.2.0", or Go's pseudo-version
+// "v0.0.0-20261203091500-fbbfe06a1b2c+dirty" for an untagged build); a build
+// without any (go run) is "devel" plus the revision where Go recorded one.
+func buildVersion(bi *debug.BuildInfo) string {
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev string
+	var modified bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if modified {
+		rev += "+dirty"
+	}
+	return "devel-" + rev
 }
 
 // Upper bounds of duration flags: past them a typo (1000000h) would leave
@@ -86,12 +134,21 @@ const (
 	maxKubeletRefresh  = 2 * time.Minute
 )
 
-// exit codes
+// Exit codes: one rule for every input error, as README's "Failure
+// behaviour" says. exitUsage: what the user wrote is wrong (a flag, the
+// scenario, the price file, the web config); exitError: the machine is
+// (no NVML, the port taken, the server failing).
 const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
 )
+
+// inputError marks an error in what the user wrote (exit 2), where the
+// same call can also fail for the machine's reasons (exit 1).
+type inputError struct{ error }
+
+func (e inputError) Unwrap() error { return e.error }
 
 type terminated struct{}
 
@@ -125,6 +182,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
 	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
 	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; more wait in the kernel's accept queue. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
 	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
@@ -161,6 +220,19 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	}
 	if o.maxRequests < 0 {
 		return nil, exitUsage, fmt.Errorf("--web.max-requests=%d must be 0 (no limit) or more", o.maxRequests)
+	}
+	if o.maxConnections < 0 || (o.maxConnections > 0 && o.maxConnections < 8) {
+		return nil, exitUsage, fmt.Errorf("--web.max-connections=%d must be 0 (no limit) or at least 8", o.maxConnections)
+	}
+	if o.probeAddress != "" {
+		if _, _, err := net.SplitHostPort(o.probeAddress); err != nil {
+			return nil, exitUsage, fmt.Errorf("--web.probe-address=%s: want [HOST]:PORT, e.g. :9948 (%v)", o.probeAddress, err)
+		}
+		for _, a := range *o.web.WebListenAddresses {
+			if a == o.probeAddress {
+				return nil, exitUsage, fmt.Errorf("--web.probe-address=%s is also a --web.listen-address: give the probes a port of their own", o.probeAddress)
+			}
+		}
 	}
 	if o.simulateFile != "" {
 		o.simulate = true
@@ -324,9 +396,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitUsage
 	}
+	// Listen before NVML starts: a port in use fails at once, and with :0 the
+	// port actually served is known for the start-up log.
+	listeners, err := listen(*o.web.WebListenAddresses)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitError
+	}
+	defer func() {
+		for _, l := range listeners {
+			l.Close() // no-op once served; frees the port on an early return
+		}
+	}()
 	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		if errors.As(err, new(inputError)) {
+			return exitUsage
+		}
 		return exitError
 	}
 	if node != nil {
@@ -392,30 +479,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	d := sampler.Driver()
-	log.Info().Str("version", version.Version).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
+	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 
-	listeners, err := listen(*o.web.WebListenAddresses)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
-		return exitError
+	var probeListener net.Listener
+	if o.probeAddress != "" {
+		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
+			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
+			return exitError
+		}
 	}
-	srv := &http.Server{
-		Handler:           newMux(exp, o),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+	for i, l := range listeners {
+		listeners[i] = newLimitListener(l, o.maxConnections)
 	}
+	srv := newHTTPServer(newMux(exp, o), log)
 	done := make(chan struct{})
 	go func() { defer close(done); exp.Run(runCtx) }()
 
-	serveErr := make(chan error, 1)
-	slogger := slog.New(zerolog.NewSlogHandler(log))
-	go func() { serveErr <- web.ServeMultiple(listeners, srv, o.web, slogger) }()
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- serveWeb(listeners, srv, *o.web.WebConfigFile, log) }()
+	scheme := webScheme(*o.web.WebConfigFile)
 	for _, l := range listeners {
-		log.Info().Str("address", l.Addr().String()).Msg("serving /metrics")
+		u := servedURL(scheme, l.Addr())
+		// The message stays "serving /metrics" (scripts wait for it); url is
+		// what a user opens, shown in console format too.
+		log.Info().Str("address", l.Addr().String()).Str("url", u).Int("max_connections", o.maxConnections).Msg("serving /metrics")
+	}
+	probeSrv := newHTTPServer(newProbeMux(exp), log)
+	if probeListener != nil {
+		go func() { serveErr <- probeSrv.Serve(newLimitListener(probeListener, probeMaxConnections)) }()
+		log.Info().Str("address", probeListener.Addr().String()).Msg("serving /healthz and /readyz for probes (no TLS, no auth)")
 	}
 
 	select {
@@ -432,6 +525,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sctx, scancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer scancel()
 	_ = srv.Shutdown(sctx)
+	_ = probeSrv.Shutdown(sctx)
 	cancel()
 	<-done
 	return exitOK
@@ -472,6 +566,11 @@ func listen(addrs []string) ([]net.Listener, error) {
 			for _, x := range ls {
 				x.Close()
 			}
+			if errors.Is(err, syscall.EADDRINUSE) {
+				_, port, _ := net.SplitHostPort(a)
+				return nil, fmt.Errorf("cannot listen on --web.listen-address=%s: port %s is already in use by another process "+
+					"(which would answer your requests instead); choose a free port with --web.listen-address, e.g. --web.listen-address=:%s", a, port, otherPort(port))
+			}
 			return nil, fmt.Errorf("cannot listen on --web.listen-address=%s: %w", a, err)
 		}
 		ls = append(ls, l)
@@ -479,16 +578,62 @@ func listen(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
+// otherPort suggests the next port up, for the port-in-use message.
+func otherPort(port string) string {
+	if n, err := strconv.Atoi(port); err == nil && n > 0 && n < 65535 {
+		return strconv.Itoa(n + 1)
+	}
+	return "9948"
+}
+
+// servedURL is the URL a user on this machine opens to reach listener addr:
+// an unspecified host (":9947") becomes localhost.
+func servedURL(scheme string, addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return scheme + "://" + addr.String() + "/"
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "localhost"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + "/"
+}
+
+// webScheme is https when the web config turns TLS on. The file has been
+// validated by then; a read failure here just means http.
+func webScheme(webConfigFile string) string {
+	if webConfigFile == "" {
+		return "http"
+	}
+	b, err := os.ReadFile(webConfigFile)
+	if err != nil {
+		return "http"
+	}
+	var c struct {
+		TLS struct {
+			Cert     string `yaml:"cert"`
+			CertFile string `yaml:"cert_file"`
+		} `yaml:"tls_server_config"`
+	}
+	if yaml.Unmarshal(b, &c) == nil && (c.TLS.Cert != "" || c.TLS.CertFile != "") {
+		return "https"
+	}
+	return "http"
+}
+
 func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, error) {
 	if !o.simulate {
 		lib, err := nvmlsampler.NewNVML(o.nvmlLibrary)
+		if errors.Is(err, nvmlsampler.ErrNoNVML) {
+			return nil, nil, noNVMLError(o.nvmlLibrary)
+		}
 		return lib, nil, err
 	}
 	sc := simnode.DefaultScenario()
 	if o.simulateFile != "" {
 		var err error
 		if sc, err = simnode.LoadScenario(o.simulateFile); err != nil {
-			return nil, nil, err
+			return nil, nil, inputError{err}
 		}
 	}
 	if o.simulateSeedSet || sc.Seed == 0 {
@@ -496,10 +641,34 @@ func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, 
 	}
 	node, err := simnode.New(sc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, inputError{fmt.Errorf("--simulate.scenario=%s: %w", o.simulateFile, err)}
 	}
 	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Str("flavour", sc.Node.Flavour).Msg("running on a SIMULATED GPU node; no real GPU is read")
 	return node, node, nil
+}
+
+// noNVMLError says which library failed to load, where it was looked for,
+// and the two ways out: --nvml.library and --simulate.
+func noNVMLError(path string) error {
+	const hint = "point --nvml.library at libnvidia-ml.so.1 (on GKE: --nvml.library=/usr/local/nvidia/lib64/libnvidia-ml.so.1), " +
+		"or pass --simulate to run on a simulated GPU node"
+	if path == "" {
+		where := "the loader's search path (LD_LIBRARY_PATH is empty)"
+		if p := os.Getenv("LD_LIBRARY_PATH"); p != "" {
+			where = "the loader's search path (LD_LIBRARY_PATH=" + p + ")"
+		}
+		return fmt.Errorf("cannot load libnvidia-ml.so.1 (NVIDIA's NVML library) from %s: install the NVIDIA driver, %s", where, hint)
+	}
+	why := "it could not be loaded (not an NVML library for this architecture?)"
+	if fi, err := os.Stat(path); err != nil {
+		why = "no such file"
+		if !errors.Is(err, os.ErrNotExist) {
+			why = err.Error()
+		}
+	} else if fi.IsDir() {
+		why = "it is a directory; give the file"
+	}
+	return fmt.Errorf("cannot load --nvml.library=%s: %s; %s", path, why, hint)
 }
 
 // startFakeKubelet serves the simulated node's pods on a private socket and

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -114,6 +116,20 @@ func TestBadFlagsExit2(t *testing.T) {
 	}
 }
 
+func TestNoNVMLLibraryNamesThePath(t *testing.T) {
+	var errb bytes.Buffer
+	code := run(context.Background(), []string{"--nvml.library=/wrong/path/libnvidia-ml.so.1", "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
+	if code != exitError {
+		t.Errorf("exit %d, want %d", code, exitError)
+	}
+	msg := strings.TrimSpace(errb.String())
+	for _, want := range []string{"--nvml.library=/wrong/path/libnvidia-ml.so.1", "no such file", "--simulate"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+}
+
 func TestNoNVMLLibrary(t *testing.T) {
 	if _, err := os.Stat("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"); err == nil {
 		t.Skip("this machine has an NVIDIA driver")
@@ -131,7 +147,7 @@ func TestNoNVMLLibrary(t *testing.T) {
 	if strings.Count(msg, "\n") != 0 {
 		t.Errorf("want one line, got:\n%s", msg)
 	}
-	for _, want := range []string{"libnvidia-ml.so.1", "/usr/local/nvidia/lib64", "--simulate"} {
+	for _, want := range []string{"libnvidia-ml.so.1", "/usr/local/nvidia/lib64", "--nvml.library", "--simulate"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not name %q", msg, want)
 		}
@@ -188,11 +204,190 @@ func TestMalformedScenarioFails(t *testing.T) {
 	os.WriteFile(f, []byte("node:\n  model: H100-SXM5-80GB\n  count: 99\n"), 0o644)
 	var errb bytes.Buffer
 	code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
-	if code != exitError {
-		t.Errorf("exit %d, want 1", code)
+	if code != exitUsage {
+		t.Errorf("exit %d, want %d (an input error)", code, exitUsage)
 	}
 	if !strings.Contains(errb.String(), f+":3: field node.count") {
 		t.Errorf("error does not name file, line and field: %s", errb.String())
+	}
+}
+
+// TestInputErrorsExit2 holds README's rule: every error in what the user
+// wrote (flags, scenario, price file, web config) exits 2; a machine without
+// NVML or a port taken exits 1.
+func TestInputErrorsExit2(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"flag", []string{"--collect-interval=1ms"}, exitUsage, "--collect-interval"},
+		{"scenario syntax", []string{"--simulate.scenario=" + write("s1.yaml", "node: {count: many}\n")}, exitUsage, "s1.yaml"},
+		{"scenario content", []string{"--simulate.scenario=" + write("s2.yaml", "node: {flavour: gke, count: 8, minorNumbers: [3, 2, 1, 0]}\n")}, exitUsage, "s2.yaml"},
+		{"scenario missing", []string{"--simulate.scenario=" + filepath.Join(dir, "nope.yaml")}, exitUsage, "nope.yaml"},
+		{"price file", []string{"--simulate", "--idle.price-file=" + write("p.yaml", "perGPUHour: [1\n")}, exitUsage, "--idle.price-file"},
+		{"web config", []string{"--simulate", "--web.config.file=" + write("w.yaml", "tls_server_config: {cert_file: /nonexistent.crt}\n")}, exitUsage, "--web.config.file"},
+		{"port taken", []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, exitError, "already in use"},
+		{"no nvml", []string{"--nvml.library=" + filepath.Join(dir, "libnvidia-ml.so.1")}, exitError, "--nvml.library"},
+	} {
+		var errb bytes.Buffer
+		args := tc.args
+		if tc.name != "port taken" {
+			args = append(args, "--web.listen-address="+freeAddr(t))
+		}
+		if code := run(context.Background(), args, io.Discard, &errb); code != tc.code {
+			t.Errorf("%s: exit %d, want %d; stderr: %s", tc.name, code, tc.code, errb.String())
+		}
+		if !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%s: stderr %q does not say %q", tc.name, errb.String(), tc.want)
+		}
+	}
+}
+
+// TestREADMEExitCodes keeps README's failure section on the rule above.
+func TestREADMEExitCodes(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := strings.Join(strings.Fields(string(b)), " ")
+	for _, want := range []string{
+		"Bad input (flags, scenario, price file, web config): what was wrong and what to do, exit 2.",
+		"`--simulate`; exit 1.",
+		"Port in use: the error names the port and `--web.listen-address`; exit 1.",
+	} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("README does not say %q", want)
+		}
+	}
+}
+
+func TestPortInUseNamesFlagAndPort(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	_, port, _ := net.SplitHostPort(taken.Addr().String())
+	var errb bytes.Buffer
+	code := run(context.Background(), []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, io.Discard, &errb)
+	if code != exitError {
+		t.Errorf("exit %d, want %d", code, exitError)
+	}
+	msg := errb.String()
+	for _, want := range []string{"port " + port + " is already in use", "choose a free port with --web.listen-address"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "SIMULATED") {
+		t.Errorf("the node started before the port was checked:\n%s", msg)
+	}
+}
+
+func TestStartupLogsServedURL(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb syncBuffer
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"--simulate", "--log.format=console", "--web.listen-address=127.0.0.1:0", "--collect-interval=1s"}, io.Discard, &errb)
+	}()
+	re := regexp.MustCompile(`serving /metrics .*url=(http://127\.0\.0\.1:[1-9][0-9]*/)`)
+	ansi := regexp.MustCompile(`\x1b\[[0-9;]*m`)
+	var url string
+	for deadline := time.Now().Add(15 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if m := re.FindStringSubmatch(ansi.ReplaceAllString(errb.String(), "")); m != nil {
+			url = m[1]
+		}
+	}
+	if url == "" {
+		t.Fatalf("no served URL in the console log:\n%s", errb.String())
+	}
+	if body := waitFor(t, url+"metrics", 200); !strings.Contains(body, "gpu_info") {
+		t.Errorf("%smetrics does not serve the exporter", url)
+	}
+	cancel()
+	<-done
+}
+
+func TestServedURL(t *testing.T) {
+	for addr, want := range map[string]string{
+		"[::]:9947":      "http://localhost:9947/",
+		"0.0.0.0:9947":   "http://localhost:9947/",
+		"127.0.0.1:9950": "http://127.0.0.1:9950/",
+		"[::1]:9947":     "http://[::1]:9947/",
+	} {
+		a, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := servedURL("http", a); got != want {
+			t.Errorf("%s: %s, want %s", addr, got, want)
+		}
+	}
+}
+
+func TestLogDurationsHaveUnits(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var errb syncBuffer
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"--simulate", "--web.listen-address=127.0.0.1:0", "--collect-interval=2s"}, io.Discard, &errb)
+	}()
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(errb.String(), "starting gpu-pool-exporter") && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if !strings.Contains(errb.String(), `"interval":"2s"`) {
+		t.Errorf("start-up log does not give the interval with its unit (\"interval\":\"2s\"):\n%s", errb.String())
+	}
+}
+
+func TestVersionSaysWhatItIs(t *testing.T) {
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"--version"}, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if strings.Contains(out.String(), "version  (") {
+		t.Errorf("--version of a build without -ldflags names no version:\n%s", out.String())
+	}
+}
+
+func TestBuildVersion(t *testing.T) {
+	for _, tc := range []struct {
+		main     string
+		settings map[string]string
+		want     string
+	}{
+		{"v1.4.0", nil, "v1.4.0"},
+		{"v0.0.0-20261203091500-fbbfe069609a+dirty", map[string]string{"vcs.revision": "fbbfe069609af8cf"}, "v0.0.0-20261203091500-fbbfe069609a+dirty"},
+		{"(devel)", map[string]string{"vcs.revision": "fbbfe069609af8cf58b3", "vcs.modified": "true"}, "devel-fbbfe069609a+dirty"},
+		{"(devel)", map[string]string{"vcs.revision": "fbbfe069609af8cf58b3", "vcs.modified": "false"}, "devel-fbbfe069609a"},
+		{"(devel)", nil, "devel"},
+	} {
+		bi := &debug.BuildInfo{Main: debug.Module{Path: "github.com/gpu-pool-exporter/gpu-pool-exporter", Version: tc.main}}
+		for k, v := range tc.settings {
+			bi.Settings = append(bi.Settings, debug.BuildSetting{Key: k, Value: v})
+		}
+		if got := buildVersion(bi); got != tc.want {
+			t.Errorf("%s %v: %q, want %q", tc.main, tc.settings, got, tc.want)
+		}
 	}
 }
 

@@ -14,8 +14,10 @@ type faultState struct {
 	throttle       uint64
 	remap          RemapFault
 	recovery       int
-	eccCorrected   uint64
+	eccCorrected   uint64 // aggregate: over the board's life
 	eccUncorrected uint64
+	// volatile: since the last reset
+	eccCorrectedVolatile, eccUncorrectedVolatile uint64
 }
 
 func active(f FaultSpec, t time.Duration) bool {
@@ -25,6 +27,12 @@ func active(f FaultSpec, t time.Duration) bool {
 // faultsAt folds the scenario's faults on GPU gpu at elapsed time t.
 func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 	var s faultState
+	var lastReset time.Duration = -1
+	for _, f := range n.Scenario.Faults {
+		if f.Reset && f.GPU != nil && *f.GPU == gpu && t >= time.Duration(f.At) {
+			lastReset = max(lastReset, time.Duration(f.At))
+		}
+	}
 	for _, f := range n.Scenario.Faults {
 		if f.GPU == nil || *f.GPU != gpu {
 			continue
@@ -33,6 +41,10 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 			// Errors that happened stay counted.
 			s.eccCorrected += f.ECC.Corrected
 			s.eccUncorrected += f.ECC.Uncorrected
+			if time.Duration(f.At) >= lastReset {
+				s.eccCorrectedVolatile += f.ECC.Corrected
+				s.eccUncorrectedVolatile += f.ECC.Uncorrected
+			}
 		}
 		if !active(f, t) {
 			continue
@@ -139,13 +151,15 @@ func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType
 	}
 	f := d.faults()
 	var v uint64
-	if e == nvml.MEMORY_ERROR_TYPE_CORRECTED {
-		v = f.eccCorrected
-		if c == nvml.AGGREGATE_ECC {
-			v += uint64(d.index % 3) // a few old corrected errors over the board's life
-		}
-	} else {
+	switch {
+	case e == nvml.MEMORY_ERROR_TYPE_CORRECTED && c == nvml.AGGREGATE_ECC:
+		v = f.eccCorrected + uint64(d.index%3) // a few old corrected errors over the board's life
+	case e == nvml.MEMORY_ERROR_TYPE_CORRECTED:
+		v = f.eccCorrectedVolatile
+	case c == nvml.AGGREGATE_ECC:
 		v = f.eccUncorrected
+	default:
+		v = f.eccUncorrectedVolatile
 	}
 	return v, nvml.SUCCESS
 }

@@ -110,6 +110,9 @@ type FaultSpec struct {
 	// (none, gpu_reset, node_reboot, drain_p2p, drain_and_reset,
 	// recover_imex_domain, bus_reset, system_reboot).
 	RecoveryAction string `yaml:"recoveryAction"`
+	// Reset resets the GPU at At (nvidia-smi -r): its volatile ECC counts
+	// start again from zero; aggregate counts stay.
+	Reset bool `yaml:"reset"`
 	// DevicePlugin changes what the kubelet says is allocatable.
 	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
 }
@@ -725,6 +728,10 @@ func (s *Scenario) validatePods() error {
 	return nil
 }
 
+// maxECCFault bounds one ECC fault: far more errors than a GPU ever
+// counts, and small enough that no sum of faults wraps around uint64.
+const maxECCFault = 1e12
+
 func describeUnit(u heldUnit) string {
 	switch {
 	case u.mig >= 0:
@@ -737,13 +744,13 @@ func describeUnit(u heldUnit) string {
 
 func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	kinds := 0
-	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil} {
+	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin (found %d)", kinds)
+		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset (found %d)", kinds)
 	}
 	if f.Until != 0 && f.Until <= f.At {
 		return s.errorAt(append(p, "until"), "until (%s) must come after at (%s)", time.Duration(f.Until), time.Duration(f.At))
@@ -768,6 +775,17 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
 		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000 (leave it out for 1)", f.Count)
+	}
+	if e := f.ECC; e != nil {
+		if e.Corrected > maxECCFault {
+			return s.errorAt(append(p, "ecc", "corrected"), "%d errors: at most %d per fault", e.Corrected, uint64(maxECCFault))
+		}
+		if e.Uncorrected > maxECCFault {
+			return s.errorAt(append(p, "ecc", "uncorrected"), "%d errors: at most %d per fault", e.Uncorrected, uint64(maxECCFault))
+		}
+	}
+	if f.Reset && f.Until != 0 {
+		return s.errorAt(append(p, "until"), "a reset happens at one moment; remove until")
 	}
 	if r := f.Remap; r != nil {
 		if r.Correctable < 0 {

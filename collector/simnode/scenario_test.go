@@ -161,3 +161,20 @@ func TestEnergyOnlyGrows(t *testing.T) {
 		last = e
 	}
 }
+
+func TestResetAndECCFaultChecks(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"faults:\n  - {gpu: 0, at: 1m, reset: true}\n", ""},
+		{"faults:\n  - {gpu: 0, at: 1m, until: 2m, reset: true}\n", "field faults[0].until: a reset happens at one moment"},
+		{"faults:\n  - {gpu: 0, reset: true, lost: true}\n", "exactly one of"},
+		{"faults:\n  - {gpu: 0, ecc: {corrected: 18000000000000000000}}\n", "field faults[0].ecc.corrected: 18000000000000000000 errors: at most 1000000000000"},
+	} {
+		_, err := ParseScenario("f.yaml", []byte(tc.yaml))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.yaml, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

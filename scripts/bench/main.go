@@ -11,7 +11,12 @@
 //     /proc/PID/stat (utime+stime): an idle period with no scrapes gives the
 //     CPU per sample, a scrape burst less the idle share gives the CPU per
 //     scrape;
-//   - its RSS (VmRSS, max over the run), and bytes and series per scrape.
+//   - its RSS (VmRSS, max over the run), and bytes and series per scrape;
+//
+// and then, on the built-in node, two hostile-client runs (hardening.go):
+// peak RSS under -slow-conns slowloris connections (failing above
+// -mem-limit-mib) with a scraper beside them, and a scraper's latency
+// beside -flood-clients clients sending wrong passwords.
 //
 // Usage:
 //
@@ -61,6 +66,13 @@ type config struct {
 	seqScrapes  int
 	conScrapes  int
 	concurrency int
+
+	slowConns     int
+	slowFor       time.Duration
+	memLimit      int64
+	floodClients  int
+	floodFor      time.Duration
+	skipHardening bool
 }
 
 // result is one table row.
@@ -88,6 +100,12 @@ func main() {
 	flag.IntVar(&cfg.seqScrapes, "scrapes", 3000, "sequential scrapes (one client, one after another)")
 	flag.IntVar(&cfg.conScrapes, "concurrent-scrapes", 6000, "scrapes in the concurrent burst")
 	flag.IntVar(&cfg.concurrency, "concurrency", 16, "clients in the concurrent burst")
+	flag.IntVar(&cfg.slowConns, "slow-conns", 8000, "slow connections (slowloris, reopened when closed) in the connection-cap run")
+	flag.DurationVar(&cfg.slowFor, "slow-for", 15*time.Second, "how long the slow connections are held")
+	flag.Int64Var(&cfg.memLimit, "mem-limit-mib", 100, "the chart's memory limit: the slow-connection run fails above it")
+	flag.IntVar(&cfg.floodClients, "flood-clients", 128, "clients sending wrong passwords in the auth-flood run")
+	flag.DurationVar(&cfg.floodFor, "flood-for", 10*time.Second, "how long the wrong-password flood lasts")
+	flag.BoolVar(&cfg.skipHardening, "skip-hardening", false, "skip the slow-connection and auth-flood runs")
 	serve := flag.String("serve-static", "", "internal: serve this file's bytes at -listen (the static floor)")
 	listen := flag.String("listen", "", "internal: address for -serve-static")
 	flag.Parse()
@@ -110,6 +128,23 @@ func main() {
 		rows = append(rows, r)
 	}
 	printTable(os.Stdout, cfg, rows)
+	if cfg.skipHardening {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "bench: %d slow connections ...\n", cfg.slowConns)
+	slow, err := measureSlowConns(cfg)
+	if err != nil {
+		fatalf("slow connections: %v", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrong-password flood ...\n")
+	flood, err := measureAuthFlood(cfg)
+	if err != nil {
+		fatalf("auth flood: %v", err)
+	}
+	printHardening(os.Stdout, cfg, slow, flood)
+	if slow.rssMax > cfg.memLimit<<20 {
+		fatalf("RSS %.1f MiB under %d slow connections is above the %d MiB limit", float64(slow.rssMax)/(1<<20), cfg.slowConns, cfg.memLimit)
+	}
 }
 
 func fatalf(format string, args ...any) {

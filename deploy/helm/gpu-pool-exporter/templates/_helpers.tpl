@@ -100,14 +100,3 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/*
-Basic auth covers every path, probes included: the kubelet sends the same
-credentials. Renders nothing without basic auth.
-*/}}
-{{- define "gpu-pool-exporter.probeHeaders" -}}
-{{- if .Values.web.basicAuth.enabled -}}
-httpHeaders:
-  - name: Authorization
-    value: {{ printf "Basic %s" (printf "%s:%s" .Values.web.basicAuth.username .Values.web.basicAuth.password | b64enc) | quote }}
-{{- end }}
-{{- end }}

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/rs/zerolog"
+	"go.yaml.in/yaml/v2"
+	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/time/rate"
+)
+
+// The exporter serves its web config (exporter-toolkit's format, checked
+// with web.Validate at start) itself rather than through web.Serve: the
+// toolkit checks every unknown password with bcrypt, one at a time under one
+// lock, and evicts its login cache at random, so a flood of wrong passwords
+// queued the real scraper behind it for seconds. Here a scraper whose exact
+// credentials were accepted before skips bcrypt, a client address that keeps
+// failing is refused before bcrypt runs, and the file is parsed again only
+// when it changes (the toolkit parsed it on every request).
+
+// webConfigSource is the parsed --web.config.file, re-read when the file
+// changes (looked at most once a second), so rotated certificates and
+// passwords need no restart.
+type webConfigSource struct {
+	path string
+	log  zerolog.Logger
+
+	mu      sync.Mutex
+	checked time.Time
+	modTime time.Time
+	size    int64
+	cfg     *webConfig
+}
+
+// webConfig is a parsed web config with its users as plain strings.
+type webConfig struct {
+	*web.Config
+	users map[string]string
+}
+
+func newWebConfigSource(path string, log zerolog.Logger) (*webConfigSource, error) {
+	s := &webConfigSource{path: path, log: log}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadWebConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg, s.modTime, s.size, s.checked = cfg, fi.ModTime(), fi.Size(), time.Now()
+	return s, nil
+}
+
+// get returns the current config; a file that became invalid is logged and
+// the last good config kept.
+func (s *webConfigSource) get() *webConfig {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.checked) < time.Second {
+		return s.cfg
+	}
+	s.checked = time.Now()
+	fi, err := os.Stat(s.path)
+	if err != nil || (fi.ModTime().Equal(s.modTime) && fi.Size() == s.size) {
+		return s.cfg
+	}
+	cfg, err := loadWebConfig(s.path)
+	if err != nil {
+		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
+		return s.cfg
+	}
+	if err := web.Validate(s.path); err != nil {
+		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
+		return s.cfg
+	}
+	s.cfg, s.modTime, s.size = cfg, fi.ModTime(), fi.Size()
+	s.log.Info().Str("file", s.path).Msg("web config reloaded")
+	return s.cfg
+}
+
+// loadWebConfig parses a web config as exporter-toolkit does (strict YAML,
+// its defaults, paths relative to the file), refusing big files first.
+func loadWebConfig(path string) (*webConfig, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxWebConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxWebConfigBytes {
+		return nil, fmt.Errorf("%s is larger than the limit of %d bytes", path, maxWebConfigBytes)
+	}
+	c := &web.Config{
+		TLSConfig:  web.TLSConfig{MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS13},
+		HTTPConfig: web.HTTPConfig{HTTP2: true},
+	}
+	if err := yaml.UnmarshalStrict(data, c); err != nil {
+		return nil, err
+	}
+	c.TLSConfig.SetDirectory(filepath.Dir(path))
+	users := make(map[string]string, len(c.Users))
+	for u, p := range c.Users {
+		users[u] = string(p)
+	}
+	return &webConfig{Config: c, users: users}, nil
+}
+
+// Failed logins per client address: a burst of failBurst, then one more
+// every failRefill. Checked before bcrypt runs.
+const (
+	failBurst      = 5
+	failRefill     = 10 * time.Second
+	maxFailClients = 4096 // addresses remembered; the fullest buckets go first
+	maxGoodLogins  = 64   // distinct accepted credentials remembered
+)
+
+// authenticator checks basic auth against the web config's bcrypt hashes.
+type authenticator struct {
+	now    func() time.Time
+	bcrypt chan struct{} // bcrypt comparisons in flight
+
+	mu    sync.Mutex
+	good  map[[sha256.Size]byte]struct{} // credentials (with the hash they matched) accepted before
+	fails map[string]*failBucket         // client address -> failed attempts
+
+	refused atomic.Int64 // attempts refused before bcrypt, for tests and logs
+}
+
+type failBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newAuthenticator() *authenticator {
+	return &authenticator{now: time.Now, bcrypt: make(chan struct{}, max(1, min(2, runtime.GOMAXPROCS(0)))),
+		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}}
+}
+
+// This is a bcrypt hash of "fakepassword" (exporter-toolkit's): an unknown
+// user costs as much time as a known one, so timing tells no user names.
+const unknownUserHash = "$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+
+// check answers 0 if the request may pass, else the status to refuse it with.
+func (a *authenticator) check(users map[string]string, r *http.Request) int {
+	user, pass, ok := r.BasicAuth()
+	if !ok {
+		return http.StatusUnauthorized
+	}
+	hash, known := users[user]
+	if !known {
+		hash = unknownUserHash
+	}
+	h := sha256.New()
+	for _, s := range []string{user, pass, hash} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	var key [sha256.Size]byte
+	h.Sum(key[:0])
+	client := clientAddress(r)
+
+	a.mu.Lock()
+	if _, ok := a.good[key]; ok && known {
+		a.mu.Unlock()
+		return 0
+	}
+	// An attempt is taken from the address's budget before bcrypt runs
+	// (and given back if it succeeds), so concurrent attempts cannot
+	// overdraw it.
+	b := a.bucketLocked(client)
+	if b.tokens < 1 {
+		a.mu.Unlock()
+		a.refused.Add(1)
+		return http.StatusTooManyRequests
+	}
+	b.tokens--
+	a.mu.Unlock()
+
+	select {
+	case a.bcrypt <- struct{}{}:
+	case <-r.Context().Done():
+		return http.StatusServiceUnavailable
+	}
+	err := bcrypt.CompareHashAndPassword([]byte(hash), []byte(pass))
+	<-a.bcrypt
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err == nil && known {
+		if len(a.good) >= maxGoodLogins {
+			clear(a.good)
+		}
+		a.good[key] = struct{}{}
+		if b := a.fails[client]; b != nil {
+			b.tokens = min(failBurst, b.tokens+1)
+		}
+		return 0
+	}
+	return http.StatusUnauthorized
+}
+
+func (a *authenticator) refillLocked(b *failBucket) {
+	now := a.now()
+	b.tokens = min(failBurst, b.tokens+float64(now.Sub(b.at))/float64(failRefill))
+	b.at = now
+}
+
+// bucketLocked is client's budget of attempts, refilled to now.
+func (a *authenticator) bucketLocked(client string) *failBucket {
+	b := a.fails[client]
+	if b == nil {
+		if len(a.fails) >= maxFailClients {
+			for k, x := range a.fails { // forget the addresses that have recovered
+				if a.refillLocked(x); x.tokens >= failBurst {
+					delete(a.fails, k)
+				}
+			}
+			for k := range a.fails { // still full: forget half, any
+				if len(a.fails) < maxFailClients/2 {
+					break
+				}
+				delete(a.fails, k)
+			}
+		}
+		b = &failBucket{tokens: failBurst, at: a.now()}
+		a.fails[client] = b
+	}
+	a.refillLocked(b)
+	return b
+}
+
+// clientAddress is the client's IP address (no port: one client, many connections).
+func clientAddress(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// webHandler applies the web config to every request: its headers, its
+// rate limit and basic auth.
+type webHandler struct {
+	src     *webConfigSource
+	auth    *authenticator
+	limiter *rate.Limiter
+	next    http.Handler
+}
+
+func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := h.src.get()
+	if h.limiter != nil && !h.limiter.Allow() {
+		http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+		return
+	}
+	for k, v := range c.HTTPConfig.Header {
+		w.Header().Set(k, v)
+	}
+	if len(c.users) > 0 {
+		switch code := h.auth.check(c.users, r); code {
+		case 0:
+		case http.StatusTooManyRequests:
+			w.Header().Set("Retry-After", fmt.Sprint(int(failRefill.Seconds())))
+			http.Error(w, "too many failed logins from this address; try again later", code)
+			return
+		default:
+			w.Header().Set("WWW-Authenticate", "Basic")
+			http.Error(w, http.StatusText(code), code)
+			return
+		}
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+// limitListener keeps at most n connections open. At the cap, a new
+// connection closes the oldest one that is not serving a request (a client
+// still sending its headers or its TLS handshake, or an idle keep-alive), or
+// is itself closed if all n are busy. So slow clients hold at most n
+// connections, not the pod's memory, and cannot hold them against a
+// scraper: its connection is the newest, and it sends its request at once.
+// Accept never waits, so nothing queues in the kernel ahead of the scraper.
+type limitListener struct {
+	net.Listener
+	max int
+
+	mu     sync.Mutex
+	conns  map[*limitedConn]struct{}
+	peak   int
+	evicts int64
+}
+
+func newLimitListener(l net.Listener, n int) net.Listener {
+	if n <= 0 {
+		return l
+	}
+	return &limitListener{Listener: l, max: n, conns: map[*limitedConn]struct{}{}}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		lc := &limitedConn{Conn: c, l: l, since: time.Now()}
+		l.mu.Lock()
+		if len(l.conns) >= l.max {
+			var oldest *limitedConn
+			for x := range l.conns {
+				if st := http.ConnState(x.state.Load()); (st == http.StateNew || st == http.StateIdle) && (oldest == nil || x.since.Before(oldest.since)) {
+					oldest = x
+				}
+			}
+			if oldest == nil { // every connection is serving a request
+				l.mu.Unlock()
+				c.Close()
+				continue
+			}
+			delete(l.conns, oldest)
+			l.evicts++
+			go oldest.Conn.Close()
+		}
+		l.conns[lc] = struct{}{}
+		l.peak = max(l.peak, len(l.conns))
+		l.mu.Unlock()
+		return lc, nil
+	}
+}
+
+// stats is the open connections, the most ever open and the evictions.
+func (l *limitListener) stats() (open, peak int, evicts int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns), l.peak, l.evicts
+}
+
+type limitedConn struct {
+	net.Conn
+	l     *limitListener
+	state atomic.Int32 // http.ConnState, from the server's ConnState hook
+	since time.Time    // when it entered that state; under l.mu
+}
+
+func (c *limitedConn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// trackConnState is the servers' ConnState hook: it tells each limited
+// connection whether it is serving a request.
+func trackConnState(c net.Conn, s http.ConnState) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	lc.state.Store(int32(s))
+	if s == http.StateIdle {
+		lc.l.mu.Lock()
+		lc.since = time.Now() // idle since now: oldest idle goes first
+		lc.l.mu.Unlock()
+	}
+}
+
+// serveWeb serves srv on every listener, with TLS and basic auth from the
+// web config when there is one, until the server is shut down.
+func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log zerolog.Logger) error {
+	useTLS := false
+	if configFile != "" {
+		src, err := newWebConfigSource(configFile, log)
+		if err != nil {
+			return err
+		}
+		c := src.get()
+		h := &webHandler{src: src, auth: newAuthenticator(), next: srv.Handler}
+		if c.RateLimiterConfig.Interval != 0 {
+			h.limiter = rate.NewLimiter(rate.Every(c.RateLimiterConfig.Interval), c.RateLimiterConfig.Burst)
+		}
+		srv.Handler = h
+		if c.TLSConfig.IsEnabled() {
+			tc, err := web.ConfigToTLSConfig(&c.TLSConfig)
+			if err != nil {
+				return err
+			}
+			http2 := c.HTTPConfig.HTTP2
+			if !http2 {
+				srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+			}
+			// Certificates and TLS settings are read again for every
+			// connection (the file when it changed), so rotation needs no restart.
+			tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				cur := src.get()
+				next, err := web.ConfigToTLSConfig(&cur.TLSConfig)
+				if err != nil {
+					return nil, err
+				}
+				if http2 {
+					next.NextProtos = []string{"h2", "http/1.1"}
+				} else {
+					next.NextProtos = []string{"http/1.1"}
+				}
+				return next, nil
+			}
+			srv.TLSConfig = tc
+			useTLS = true
+		}
+	}
+	errs := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func() {
+			if useTLS {
+				errs <- srv.ServeTLS(l, "", "")
+			} else {
+				errs <- srv.Serve(l)
+			}
+		}()
+	}
+	var first error
+	for range listeners {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+		if first != nil && !errors.Is(first, http.ErrServerClosed) {
+			return first
+		}
+	}
+	return first
+}

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/crypto/bcrypt"
+)
+
+// authRun is the exporter run with basic auth and a probe listener.
+type authRun struct {
+	addr, probe string
+	logs        *syncBuffer
+}
+
+func startWithAuth(t *testing.T, cost int, extra ...string) *authRun {
+	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "web.yml")
+	os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+	r := &authRun{addr: freeAddr(t), probe: freeAddr(t), logs: &syncBuffer{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	args := append([]string{"--simulate", "--collect-interval=1s", "--log.level=warn", "--web.listen-address=" + r.addr,
+		"--web.config.file=" + cfg, "--web.probe-address=" + r.probe}, extra...)
+	go func() { done <- run(ctx, args, io.Discard, r.logs) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("run did not return after cancel")
+		}
+	})
+	waitFor(t, "http://"+r.probe+"/readyz", 200)
+	return r
+}
+
+func get(t *testing.T, c *http.Client, url, user, pass string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if user != "" {
+		req.SetBasicAuth(user, pass)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The kubelet's probes need no secret: a probe listener serves /healthz and
+// /readyz, and nothing else, without auth; the main listener keeps every
+// path, /metrics and the health endpoints included, behind basic auth.
+func TestProbeListenerNeedsNoSecret(t *testing.T) {
+	r := startWithAuth(t, bcrypt.MinCost, "--web.enable-pprof")
+	c := &http.Client{Timeout: 5 * time.Second}
+	for _, tc := range []struct {
+		url, user string
+		want      int
+	}{
+		{"http://" + r.probe + "/healthz", "", 200},
+		{"http://" + r.probe + "/readyz", "", 200},
+		{"http://" + r.probe + "/metrics", "", 404},
+		{"http://" + r.probe + "/", "", 404},
+		{"http://" + r.probe + "/debug/pprof/", "", 404},
+		{"http://" + r.addr + "/healthz", "", 401},
+		{"http://" + r.addr + "/readyz", "", 401},
+		{"http://" + r.addr + "/metrics", "", 401},
+		{"http://" + r.addr + "/debug/pprof/", "", 401},
+		{"http://" + r.addr + "/metrics", "prometheus", 200},
+		{"http://" + r.addr + "/debug/pprof/", "prometheus", 200},
+	} {
+		if code, body := get(t, c, tc.url, tc.user, "s3cret-scrape"); code != tc.want {
+			t.Errorf("GET %s (user %q): %d, want %d: %.200s", tc.url, tc.user, code, tc.want, body)
+		}
+	}
+}
+
+func TestProbeAddressFlag(t *testing.T) {
+	for _, tc := range []struct{ args []string }{
+		{[]string{"--web.probe-address=9948"}},
+		{[]string{"--web.probe-address=:9948", "--web.listen-address=:9948"}},
+		{[]string{"--web.max-connections=3"}},
+	} {
+		var errb strings.Builder
+		if code := run(context.Background(), tc.args, io.Discard, &errb); code != exitUsage || !strings.Contains(errb.String(), strings.SplitN(tc.args[0], "=", 2)[0]) {
+			t.Errorf("%v: exit %d, %q", tc.args, code, errb.String())
+		}
+	}
+}
+
+// A flood of unique wrong passwords from one address costs at most a few
+// bcrypt comparisons before the address is refused (429) without one, and
+// the real scraper, whose credentials were accepted before, keeps being
+// served beside it. (exporter-toolkit ran bcrypt for every attempt, one at a
+// time, and the scraper queued behind the flood once its cached login was
+// evicted.)
+func TestWrongPasswordFloodDoesNotStarveScraper(t *testing.T) {
+	r := startWithAuth(t, bcrypt.DefaultCost)
+	scraper := &http.Client{Timeout: 30 * time.Second}
+	url := "http://" + r.addr + "/metrics"
+	scrape := func() time.Duration {
+		start := time.Now()
+		if code, body := get(t, scraper, url, "prometheus", "s3cret-scrape"); code != 200 {
+			t.Fatalf("the scraper got %d: %.200s", code, body)
+		}
+		return time.Since(start)
+	}
+	scrape() // the scraper's login is checked once
+	var before []time.Duration
+	for i := 0; i < 10; i++ {
+		before = append(before, scrape())
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var n, refused, unauthorized atomic.Int64
+	flood := &http.Client{Timeout: 30 * time.Second}
+	for w := 0; w < 32; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				code, _ := get(t, flood, url, "prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
+				n.Add(1)
+				switch code {
+				case http.StatusTooManyRequests:
+					refused.Add(1)
+				case http.StatusUnauthorized:
+					unauthorized.Add(1)
+				case 200:
+					t.Error("a wrong password was let in")
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	var during []time.Duration
+	for i := 0; i < 20; i++ {
+		during = append(during, scrape())
+	}
+	stop()
+	wg.Wait()
+
+	// Limiter behaviour: at most the burst plus the refill over the run
+	// reached bcrypt; everything else was refused before it.
+	if max := int64(failBurst + 5); unauthorized.Load() > max {
+		t.Errorf("%d of %d wrong passwords reached bcrypt, want at most %d", unauthorized.Load(), n.Load(), max)
+	}
+	if refused.Load() < n.Load()/2 || refused.Load() < 100 {
+		t.Errorf("%d of %d wrong passwords refused before bcrypt", refused.Load(), n.Load())
+	}
+	// Relative behaviour, generously bounded: the scraper beside the flood
+	// stays in the range of its own latency without it (the toolkit took
+	// seconds).
+	if b, d := median(before), median(during); d > 20*b+250*time.Millisecond {
+		t.Errorf("scraper median latency %v beside the flood, %v without", d, b)
+	}
+	t.Logf("%d flood requests (%d refused before bcrypt); scraper median %v without, %v beside the flood",
+		n.Load(), refused.Load(), median(before), median(during))
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func TestAuthenticatorLimitsFailuresPerAddress(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	users := map[string]string{"prometheus": string(hash)}
+	a := newAuthenticator()
+	now := time.Unix(1e9, 0)
+	a.now = func() time.Time { return now }
+	try := func(addr, pass string) int {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.RemoteAddr = addr
+		req.SetBasicAuth("prometheus", pass)
+		return a.check(users, req)
+	}
+	if code := try("10.0.0.1:1000", "right"); code != 0 {
+		t.Fatalf("right password: %d", code)
+	}
+	for i := 0; i < failBurst; i++ {
+		if code := try("10.0.0.9:1000", fmt.Sprint("wrong", i)); code != http.StatusUnauthorized {
+			t.Fatalf("wrong password %d: %d, want 401", i, code)
+		}
+	}
+	// The address is out of attempts, on any port; bcrypt is not run.
+	if code := try("10.0.0.9:2000", "wrong-again"); code != http.StatusTooManyRequests || a.refused.Load() != 1 {
+		t.Errorf("attempt past the burst: %d (refused %d), want 429", code, a.refused.Load())
+	}
+	// Other addresses are not affected, nor a login accepted before, even
+	// from the limited address.
+	if code := try("10.0.0.2:1000", "wrong"); code != http.StatusUnauthorized {
+		t.Errorf("another address: %d, want 401", code)
+	}
+	if code := try("10.0.0.9:1000", "right"); code != 0 {
+		t.Errorf("known credentials from the limited address: %d, want 0", code)
+	}
+	// One more attempt per refill period.
+	now = now.Add(failRefill)
+	if code := try("10.0.0.9:1000", "wrong"); code != http.StatusUnauthorized {
+		t.Errorf("after a refill: %d, want 401", code)
+	}
+	if code := try("10.0.0.9:1000", "wrong"); code != http.StatusTooManyRequests {
+		t.Errorf("right after: %d, want 429", code)
+	}
+	// Unknown users count as failures; no user name is ever let in.
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.SetBasicAuth("nobody", "right")
+	if code := a.check(users, req); code != http.StatusUnauthorized {
+		t.Errorf("unknown user: %d", code)
+	}
+	// Memory is bounded under many addresses.
+	for i := 0; i < 2*maxFailClients; i++ {
+		a.mu.Lock()
+		a.bucketLocked(fmt.Sprintf("10.1.%d.%d", i/256, i%256)).tokens = 0
+		a.mu.Unlock()
+	}
+	if len(a.fails) > maxFailClients {
+		t.Errorf("%d addresses remembered, want at most %d", len(a.fails), maxFailClients)
+	}
+}
+
+// The connection cap: slow clients that never finish a request hold at
+// most the cap of connections, and a scrape still gets through while they
+// keep trying: at the cap the oldest connection without a request in
+// flight gives way.
+func TestConnectionCap(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }), zerolog.Nop())
+	const limit = 8
+	ll := newLimitListener(l, limit).(*limitListener)
+	go srv.Serve(ll)
+	defer srv.Close()
+
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 5*limit; i++ {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
+		slow = append(slow, c)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, _, ev := ll.stats(); ev >= 4*limit || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	open, peak, evicts := ll.stats()
+	if peak > limit || open > limit {
+		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
+	}
+	if evicts < 4*limit {
+		t.Errorf("%d evictions, want %d: the slow clients past the cap give way", evicts, 4*limit)
+	}
+	// The slow clients are still connected (from their side) and more keep
+	// coming; a scrape gets through.
+	for i := 0; i < 3; i++ {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err == nil {
+			c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n"))
+			slow = append(slow, c)
+		}
+		code, body := get(t, &http.Client{Timeout: 20 * time.Second}, "http://"+l.Addr().String()+"/", "", "")
+		if code != 200 || body != "ok" {
+			t.Errorf("scrape %d beside %d slow clients: %d %q", i, len(slow), code, body)
+		}
+	}
+	if _, peak, _ := ll.stats(); peak > limit {
+		t.Errorf("peak %d connections, cap %d", peak, limit)
+	}
+}

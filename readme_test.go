@@ -1,0 +1,277 @@
+// Package readme holds the tests that run what README.md tells a new user to
+// run and check that it does what README says: the opening commands, the
+// scenario examples, the queries. The Install section's commands (helm,
+// kustomize) are run by deploy/readme_test.go: the kustomize library imports
+// package plugin, which makes the linker bind every symbol at start-up, and
+// a binary that also links go-nvml then fails to start without libnvidia-ml.
+package readme
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+)
+
+// block is one fenced code block of README.md.
+type block struct {
+	lang    string
+	line    int    // of the opening fence
+	section string // the "## " heading above it
+	text    string
+}
+
+func (b block) where() string { return fmt.Sprintf("README.md:%d", b.line) }
+
+func readmeBlocks(t *testing.T) []block {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []block
+	var cur *block
+	var section string
+	for i, l := range strings.Split(string(b), "\n") {
+		switch {
+		case cur == nil && strings.HasPrefix(l, "## "):
+			section = strings.TrimPrefix(l, "## ")
+		case cur == nil && strings.HasPrefix(l, "```"):
+			cur = &block{lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
+		case cur != nil && l == "```":
+			blocks = append(blocks, *cur)
+			cur = nil
+		case cur != nil:
+			cur.text += l + "\n"
+		}
+	}
+	if cur != nil {
+		t.Fatalf("README.md:%d: code block never closed", cur.line)
+	}
+	return blocks
+}
+
+// commands are a shell block's commands: comments dropped, continuation
+// lines joined.
+func commands(text string) []string {
+	var cmds []string
+	var cur string
+	for _, l := range strings.Split(text, "\n") {
+		if i := strings.Index(l, " #"); i >= 0 {
+			l = l[:i]
+		}
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		if strings.HasSuffix(l, `\`) {
+			cur += strings.TrimSuffix(l, `\`)
+			continue
+		}
+		cmds = append(cmds, strings.Join(strings.Fields(cur+l), " "))
+		cur = ""
+	}
+	return cmds
+}
+
+// TestREADMEOpensWithTwoCommands: run a simulated node, run the test suite;
+// CI runs exactly the second.
+func TestREADMEOpensWithTwoCommands(t *testing.T) {
+	first := readmeBlocks(t)[0]
+	if got, want := commands(first.text), []string{"make run", "make test"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("README.md:%d: the opening commands are %q, want %q", first.line, got, want)
+	}
+	ci, err := os.ReadFile(".ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run []string
+	for _, c := range commands(string(ci)) {
+		if !strings.HasPrefix(c, "set ") && !strings.HasPrefix(c, "cd ") {
+			run = append(run, c)
+		}
+	}
+	if len(run) != 1 || run[0] != "make test" {
+		t.Errorf(".ci/run runs %q, want exactly README's `make test`", run)
+	}
+}
+
+var ansi = regexp.MustCompile(`\x1b\[[0-9;]*m`)
+
+// TestMakeRun runs README's first command as a user would and stops it with
+// Ctrl-C. CGO_CFLAGS gets a define of its own, so gcc compiles the cgo
+// packages again as on a fresh machine: their warnings would show.
+func TestMakeRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "run", "ARGS=--web.listen-address=127.0.0.1:0")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("CGO_CFLAGS=-DGPE_README_TEST=%d", time.Now().UnixNano()))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	var mu sync.Mutex
+	var lines []string
+	served := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		re := regexp.MustCompile(`serving /metrics .*url=(http://127\.0\.0\.1:[0-9]+/)`)
+		for sc.Scan() {
+			l := ansi.ReplaceAllString(sc.Text(), "")
+			mu.Lock()
+			lines = append(lines, l)
+			mu.Unlock()
+			if m := re.FindStringSubmatch(l); m != nil {
+				served <- m[1]
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); pw.Close() }()
+	output := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(lines, "\n") }
+
+	var url string
+	select {
+	case url = <-served:
+	case err := <-exited:
+		t.Fatalf("make run exited (%v) before serving:\n%s", err, output())
+	case <-ctx.Done():
+		t.Fatalf("make run did not serve within 5 minutes:\n%s", output())
+	}
+	// Quiet: nothing but the exporter's own log lines.
+	logLine := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (DBG|INF|WRN) `)
+	var noise []string
+	for _, l := range strings.Split(output(), "\n") {
+		if !logLine.MatchString(l) {
+			noise = append(noise, l)
+		}
+	}
+	if len(noise) > 0 {
+		t.Errorf("make run printed %d lines besides the exporter's log, starting:\n%s", len(noise), strings.Join(noise[:min(len(noise), 8)], "\n"))
+	}
+	var body []byte
+	for deadline := time.Now().Add(15 * time.Second); !bytes.Contains(body, []byte("\ngpu_info{")); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%smetrics, the logged URL, serves no GPU:\n%s", url, body)
+		}
+		if resp, err := http.Get(url + "metrics"); err == nil {
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+	}
+	// The process under make is the exporter itself.
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+	if err != nil {
+		t.Skipf("cannot list make's children: %v", err)
+	}
+	fields := strings.Fields(string(kids))
+	if len(fields) != 1 {
+		t.Fatalf("make has %d children, want 1 (the exporter)", len(fields))
+	}
+	pid, _ := strconv.Atoi(fields[0])
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if filepath.Base(exe) != "gpu-pool-exporter" {
+		t.Errorf("make's child is %s, want the gpu-pool-exporter binary (a shell or `go run` between them keeps the exporter alive when it is killed)", exe)
+	}
+	// Ctrl-C: SIGINT to the foreground process group.
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Ctrl-C did not stop make run within 20s:\n%s", output())
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Errorf("the exporter (pid %d) still runs after Ctrl-C", pid)
+	}
+	if !strings.Contains(output(), "shutting down") {
+		t.Errorf("the exporter did not shut down cleanly:\n%s", output())
+	}
+}
+
+// TestREADMEScenarios loads every scenario block as --simulate.scenario does
+// and checks what the text around it says of it.
+func TestREADMEScenarios(t *testing.T) {
+	var n int
+	for _, b := range readmeBlocks(t) {
+		if b.lang != "yaml" || b.section != "Simulated node and scenarios" {
+			continue
+		}
+		n++
+		sc, err := simnode.ParseScenario(b.where(), []byte(b.text))
+		if err != nil {
+			t.Errorf("%s: the scenario does not load: %v", b.where(), err)
+			continue
+		}
+		node, err := simnode.New(sc)
+		if err != nil {
+			t.Errorf("%s: the scenario loads but the node does not start: %v", b.where(), err)
+			continue
+		}
+		if got, _ := node.DeviceGetCount(); got != sc.Node.Count {
+			t.Errorf("%s: %d GPUs, the scenario says %d", b.where(), got, sc.Node.Count)
+		}
+		// "Pods are listed by the simulated kubelet with the device IDs of
+		// the node's flavour."
+		idPattern := map[string]*regexp.Regexp{
+			"nvidia": regexp.MustCompile(`^(GPU-[0-9a-f-]+(::[0-9]+)?|MIG-[0-9a-f-]+)$`),
+			"gke":    regexp.MustCompile(`^nvidia[0-9]+(/gi[0-9]+)?(/vgpu[0-9]+)?$`),
+		}[sc.Node.Flavour]
+		for _, p := range node.KubeletPods() {
+			for _, c := range p.Containers {
+				for _, d := range c.Devices {
+					for _, id := range d.IDs {
+						if !idPattern.MatchString(id) {
+							t.Errorf("%s: pod %s/%s holds %q, not a %s device ID", b.where(), p.Namespace, p.Name, id, sc.Node.Flavour)
+						}
+					}
+				}
+			}
+		}
+		node.Close()
+	}
+	if n < 2 {
+		t.Errorf("found %d scenario blocks in README's scenario section, want its 2 examples", n)
+	}
+}
+
+// TestREADMEQueries parses every PromQL block.
+func TestREADMEQueries(t *testing.T) {
+	for _, b := range readmeBlocks(t) {
+		if b.lang != "promql" {
+			continue
+		}
+		for i, l := range strings.Split(b.text, "\n") {
+			if l = strings.TrimSpace(l); l == "" || strings.HasPrefix(l, "#") {
+				continue
+			}
+			if _, err := parser.NewParser(parser.Options{}).ParseExpr(l); err != nil {
+				t.Errorf("README.md:%d: %v", b.line+1+i, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,311 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// exporterProc is a started exporter binary.
+type exporterProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	logs   bytes.Buffer
+	exited chan error
+}
+
+// startExporter starts the binary on a free port with args and waits until
+// readyURL (given the address) answers 200.
+func startExporter(cfg config, args []string, ready func(addr string) (*http.Request, error)) (*exporterProc, error) {
+	addr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &exporterProc{addr: addr, exited: make(chan error, 1)}
+	p.cmd = exec.Command(cfg.bin, append([]string{"--simulate", "--web.listen-address=" + addr,
+		"--collect-interval=" + cfg.interval.String(), "--log.level=warn"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	c := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		req, err := ready(addr)
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		if resp, err := c.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p, nil
+			}
+		}
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			return nil, fmt.Errorf("the exporter exited (%v):\n%s", err, p.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("not ready within 30s:\n%s", p.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *exporterProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// pollRSS records the process's peak RSS until ctx is done.
+func pollRSS(ctx context.Context, pid int, peak *atomic.Int64) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if v, err := procRSS(pid); err == nil && v > peak.Load() {
+			peak.Store(v)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+type slowResult struct {
+	conns, reopened       int64
+	rssIdle, rssMax       int64
+	scrapes, scrapeFailed int
+	scrapeP50, scrapeMax  time.Duration
+}
+
+// measureSlowConns holds cfg.slowConns slowloris connections (a request
+// whose headers never end, a line a second, reopened whenever the server
+// closes it) against the exporter and records its peak RSS, while one client
+// scrapes once a second.
+func measureSlowConns(cfg config) (slowResult, error) {
+	var r slowResult
+	raiseFileLimit()
+	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) })
+	if err != nil {
+		return r, err
+	}
+	defer p.stop()
+	time.Sleep(3 * cfg.interval)
+	r.rssIdle, _ = procRSS(p.cmd.Process.Pid)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.slowFor)
+	defer cancel()
+	var peak atomic.Int64
+	rssDone := make(chan struct{})
+	go func() { defer close(rssDone); pollRSS(ctx, p.cmd.Process.Pid, &peak) }()
+
+	var open, reopened atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < cfg.slowConns; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for first := true; ctx.Err() == nil; first = false {
+				d := net.Dialer{Timeout: 3 * time.Second}
+				c, err := d.DialContext(ctx, "tcp", p.addr)
+				if err != nil {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				if first {
+					open.Add(1)
+				} else {
+					reopened.Add(1)
+				}
+				go func() { <-ctx.Done(); c.Close() }()
+				if _, err := c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: bench\r\n")); err != nil {
+					c.Close()
+					continue
+				}
+				for ctx.Err() == nil {
+					time.Sleep(time.Second)
+					if _, err := c.Write([]byte("X-Slow: 1\r\n")); err != nil {
+						break
+					}
+				}
+				c.Close()
+			}
+		}()
+	}
+	// One scrape a second beside them.
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var lat []time.Duration
+	time.Sleep(time.Second)
+	for ctx.Err() == nil {
+		start := time.Now()
+		resp, err := client.Get("http://" + p.addr + "/metrics")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				lat = append(lat, time.Since(start))
+			} else {
+				r.scrapeFailed++
+			}
+		} else if ctx.Err() == nil {
+			r.scrapeFailed++
+		}
+		time.Sleep(time.Second)
+	}
+	wg.Wait()
+	<-rssDone
+	r.conns, r.reopened, r.rssMax = open.Load(), reopened.Load(), peak.Load()
+	r.scrapes = len(lat)
+	r.scrapeP50, r.scrapeMax = pct(lat, 50), pct(lat, 100)
+	return r, nil
+}
+
+func raiseFileLimit() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}
+
+type floodResult struct {
+	clients                  int
+	before, during           []time.Duration
+	floodRequests, refused   int64
+	unauthorized, floodError int64
+}
+
+// measureAuthFlood runs the exporter with basic auth (bcrypt cost 10) and
+// measures a scraper's latency alone, then beside cfg.floodClients clients
+// sending unique wrong passwords.
+func measureAuthFlood(cfg config) (floodResult, error) {
+	r := floodResult{clients: cfg.floodClients}
+	dir, err := os.MkdirTemp("", "bench-auth")
+	if err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(dir)
+	hash, err := bcrypt.GenerateFromPassword([]byte("bench-secret"), bcrypt.DefaultCost)
+	if err != nil {
+		return r, err
+	}
+	webCfg := filepath.Join(dir, "web.yml")
+	if err := os.WriteFile(webCfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		return r, err
+	}
+	authed := func(addr string) (*http.Request, error) {
+		req, err := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+		if err == nil {
+			req.SetBasicAuth("prometheus", "bench-secret")
+		}
+		return req, err
+	}
+	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed)
+	if err != nil {
+		return r, err
+	}
+	defer p.stop()
+	scraper := &http.Client{Timeout: 30 * time.Second}
+	scrape := func() (time.Duration, error) {
+		req, _ := authed(p.addr)
+		start := time.Now()
+		resp, err := scraper.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, fmt.Errorf("scraper got %d", resp.StatusCode)
+		}
+		return time.Since(start), nil
+	}
+	for i := 0; i < 50; i++ {
+		d, err := scrape()
+		if err != nil {
+			return r, err
+		}
+		r.before = append(r.before, d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.floodFor)
+	defer cancel()
+	var wg sync.WaitGroup
+	var n, refused, unauthorized, failed atomic.Int64
+	for w := 0; w < cfg.floodClients; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 30 * time.Second}
+			for i := 0; ctx.Err() == nil; i++ {
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.addr+"/metrics", nil)
+				req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
+				resp, err := c.Do(req)
+				if err != nil {
+					if ctx.Err() == nil {
+						failed.Add(1)
+					}
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				n.Add(1)
+				switch resp.StatusCode {
+				case http.StatusTooManyRequests:
+					refused.Add(1)
+				case http.StatusUnauthorized:
+					unauthorized.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	for ctx.Err() == nil {
+		d, err := scrape()
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return r, err
+		}
+		r.during = append(r.during, d)
+		time.Sleep(100 * time.Millisecond)
+	}
+	wg.Wait()
+	r.floodRequests, r.refused, r.unauthorized, r.floodError = n.Load(), refused.Load(), unauthorized.Load(), failed.Load()
+	return r, nil
+}
+
+func printHardening(w io.Writer, cfg config, s slowResult, f floodResult) {
+	fmt.Fprintf(w, "\nHostile clients (built binary, --simulate, loopback, default flags):\n\n")
+	fmt.Fprintln(w, "| run | figure |")
+	fmt.Fprintln(w, "|---|---|")
+	fmt.Fprintf(w, "| %d slow connections for %s (%d opened, %d reopened) | RSS %.1f MiB idle, %.1f MiB max (limit %d MiB); scrapes beside them p50 %s ms, max %s ms, %d ok, %d failed |\n",
+		cfg.slowConns, cfg.slowFor, s.conns, s.reopened, float64(s.rssIdle)/(1<<20), float64(s.rssMax)/(1<<20), cfg.memLimit,
+		ms(s.scrapeP50), ms(s.scrapeMax), s.scrapes, s.scrapeFailed)
+	fmt.Fprintf(w, "| %d clients sending wrong passwords for %s (bcrypt cost 10) | scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401) |\n",
+		f.clients, cfg.floodFor, ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)),
+		f.floodRequests, f.refused, f.unauthorized)
+}
