@@ -18,7 +18,11 @@ import (
 func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
 	t.Helper()
 	pn := newPodNode(t, sc)
-	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now})
+	sysfs := t.TempDir()
+	if err := pn.node.WriteSysfs(sysfs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Sysfs: sysfs})
 	if err != nil {
 		t.Fatal(err)
 	}

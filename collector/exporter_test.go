@@ -59,7 +59,11 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 	if wrap != nil {
 		lib = wrap(node)
 	}
-	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	sysfs := t.TempDir()
+	if err := node.WriteSysfs(sysfs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Sysfs: sysfs})
 	if err != nil {
 		t.Fatal(err)
 	}

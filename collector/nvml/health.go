@@ -154,7 +154,8 @@ func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map
 		return
 	}
 	if !p.numaNodeID {
-		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill the process.
+		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill
+		// the process. The sampler reads sysfs first anyway.
 	} else if n, ret := d.GetNumaNodeId(); ok(ret) {
 		h.NUMANode = some(n)
 	} else if prev != nil {

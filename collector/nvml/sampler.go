@@ -21,7 +21,10 @@ type SamplerConfig struct {
 	// RediscoverEvery re-reads each GPU's static facts and MIG layout every N
 	// samples (MIG can be reconfigured while the exporter runs).
 	RediscoverEvery int
-	Log             zerolog.Logger
+	// Sysfs is where sysfs is mounted (default /sys), for each GPU's NUMA
+	// node: <Sysfs>/bus/pci/devices/<bus id>/numa_node.
+	Sysfs string
+	Log   zerolog.Logger
 	// Now replaces time.Now in tests.
 	Now func() time.Time
 }
@@ -47,6 +50,9 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Sysfs == "" {
+		cfg.Sysfs = DefaultSysfs
+	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			return nil, ErrNoNVML
@@ -65,7 +71,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, probes: s.probes, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
 		w.discover()
 		s.workers = append(s.workers, w)
 	}
@@ -143,6 +149,8 @@ type gpuWorker struct {
 	index           int
 	lib             NVML
 	probes          probes
+	sysfs           string
+	numa            opt[int] // from sysfs, read at discovery
 	log             zerolog.Logger
 	rediscoverEvery int
 
@@ -236,6 +244,9 @@ func (w *gpuWorker) discover() {
 		id.MIGEnabled = true
 		migIdent, layout = w.migIdent, w.layout
 		migHandles = w.migHandles
+	}
+	if n, ok := sysfsNUMANode(w.sysfs, id.PCIBusID); ok {
+		w.numa = some(n)
 	}
 	w.setIdent(id, migHandles, migIdent, layout)
 }
@@ -333,6 +344,9 @@ func (w *gpuWorker) read() GPUState {
 		w.lostLogged = false
 	}
 	w.failures = 0
+	if w.numa.OK {
+		g.Health.NUMANode = w.numa
+	}
 	w.prevHealth = &g.Health
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]

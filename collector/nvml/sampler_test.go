@@ -57,15 +57,15 @@ gpus:
 // before R510.
 func TestOldDriverBranchesCallOnlyWhatTheyExport(t *testing.T) {
 	for _, tc := range []struct {
-		branch             string
-		reserved, numaNVML bool
+		branch   string
+		reserved bool
 	}{
-		{"R470", false, false},
-		{"R510", true, false},
-		{"R535", true, false},
-		{"R550", true, true},
-		{"R570", true, true},
-		{"R580", true, true},
+		{"R470", false},
+		{"R510", true},
+		{"R535", true},
+		{"R550", true},
+		{"R570", true},
+		{"R580", true},
 	} {
 		t.Run(tc.branch, func(t *testing.T) {
 			node, err := simnode.New(parse(t, sprintf(twoGPUs, tc.branch)), simnode.WithClock(fixedNow()))
@@ -221,3 +221,31 @@ func TestEveryRecoveryActionNamed(t *testing.T) {
 }
 
 func sprintf(f string, a ...any) string { return fmt.Sprintf(f, a...) }
+
+// Issue 12 defect 4: on x86 nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED
+// (and R470-R545 lack it); the NUMA node is read from
+// <sysfs>/bus/pci/devices/<bus id>/numa_node on every branch.
+func TestNUMANodeFromSysfs(t *testing.T) {
+	for _, branch := range []string{"R470", "R580"} {
+		sc := parse(t, sprintf("node: {model: H100-SXM5-80GB, count: 4, driverBranch: %s}", branch))
+		node, err := simnode.New(sc, simnode.WithClock(fixedNow()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sysfs := t.TempDir()
+		if err := node.WriteSysfs(sysfs); err != nil {
+			t.Fatal(err)
+		}
+		s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second, Log: zerolog.Nop(), Sysfs: sysfs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := s.Sample(context.Background())
+		s.Close()
+		for _, g := range out.GPUs {
+			if n := g.Health.NUMANode; !n.OK || n.V != g.GPU/2 {
+				t.Errorf("%s GPU %d: NUMA node %+v, want %d", branch, g.GPU, n, g.GPU/2)
+			}
+		}
+	}
+}

@@ -287,14 +287,16 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// GetNumaNodeId implements nvmlsampler.Device (R550 and later): two
-// sockets, GPUs split evenly.
+// GetNumaNodeId implements nvmlsampler.Device (R550 and later). The
+// simulated node is an x86 server, where GPUs are not NUMA nodes and NVML
+// answers NOT_SUPPORTED; the GPUs' NUMA nodes are in sysfs (WriteSysfs).
 func (d *Device) GetNumaNodeId() (int, nvml.Return) {
 	d.node.require("nvmlDeviceGetNumaNodeId")
 	d.node.count()
-	return d.numaNode(), nvml.SUCCESS
+	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
+// numaNode: two sockets, GPUs split evenly.
 func (d *Device) numaNode() int { return d.index * 2 / len(d.node.devices) }
 
 func (m *MIGDevice) unsupported() nvml.Return { m.count(); return nvml.ERROR_NOT_SUPPORTED }

@@ -2,6 +2,8 @@ package simnode
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -64,4 +66,22 @@ func (n *Node) require(name string) {
 		n.missingCalls.Add(1)
 		panic("symbol lookup error: " + err.Error())
 	}
+}
+
+// WriteSysfs writes what the kernel shows of the node's GPUs under root
+// (a stand-in for /sys): bus/pci/devices/<domain:bus:dev.fn>/numa_node, two
+// sockets with the GPUs split evenly, as on a dual-socket x86 HGX server.
+func (n *Node) WriteSysfs(root string) error {
+	for _, d := range n.devices {
+		// NVML's bus ID has an 8-digit domain, the kernel's 4.
+		addr := strings.ToLower(d.mock.PciBusID[4:])
+		dir := filepath.Join(root, "bus", "pci", "devices", addr)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte(fmt.Sprintf("%d\n", d.numaNode())), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
