@@ -63,8 +63,12 @@ type State struct {
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
-	Derived     *Derived
-	Collectors  []CollectorStatus
+	// XIDInstances are the XIDs NVML attributed to MIG instances.
+	XIDInstances []xid.InstanceCount
+	// ECCEvents are the ECC error events per GPU, by sample GPU position.
+	ECCEvents  [][2]uint64
+	Derived    *Derived
+	Collectors []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
 	// LastAnswer is, per GPU, the time NVML last answered at all (a lost
@@ -208,6 +212,11 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()
+		st.XIDInstances = r.InstanceCounts()
+		st.ECCEvents = make([][2]uint64, len(s.GPUs))
+		for i, g := range s.GPUs {
+			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
+		}
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
 	}
 	err := e.render(st)

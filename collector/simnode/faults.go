@@ -73,6 +73,8 @@ type XIDEvent struct {
 	UUID string
 	Code int
 	At   time.Duration
+	// GPUInstance and ComputeInstance are the MIG device's, -1 for the GPU.
+	GPUInstance, ComputeInstance int
 }
 
 // XIDsBetween lists the XID events with from <= At < to, in time order, one
@@ -91,8 +93,13 @@ func (n *Node) XIDsBetween(from, to time.Duration) []XIDEvent {
 		if c == 0 {
 			c = 1
 		}
+		gi, ci := -1, -1
+		if f.MIG != nil {
+			m := n.devices[*f.GPU].migs[*f.MIG]
+			gi, ci = m.gi, m.ci
+		}
 		for i := 0; i < c; i++ {
-			out = append(out, XIDEvent{GPU: *f.GPU, UUID: n.devices[*f.GPU].UUID(), Code: f.XID, At: at})
+			out = append(out, XIDEvent{GPU: *f.GPU, UUID: n.devices[*f.GPU].UUID(), Code: f.XID, At: at, GPUInstance: gi, ComputeInstance: ci})
 		}
 	}
 	return out

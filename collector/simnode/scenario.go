@@ -96,6 +96,9 @@ type FaultSpec struct {
 	// XID raises an XID event with this code, Count times (default 1).
 	XID   int `yaml:"xid"`
 	Count int `yaml:"count"`
+	// MIG attributes the XID to a MIG device of the GPU, by its position in
+	// the GPU's mig list: the event carries its GPU and compute instance IDs.
+	MIG *int `yaml:"mig"`
 	// ECC adds to the GPU's ECC error counters.
 	ECC *ECCFault `yaml:"ecc"`
 	// Lost: every NVML call on the GPU answers GPU_IS_LOST.
@@ -772,6 +775,9 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
+	}
+	if f.MIG != nil && (f.XID == 0 || *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU)) {
+		return s.errorAt(append(p, "mig"), "mig %d: an XID fault may name one of GPU %d's %d MIG devices", *f.MIG, *f.GPU, s.migCount(*f.GPU))
 	}
 	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
 		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000 (leave it out for 1)", f.Count)
