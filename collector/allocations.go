@@ -53,7 +53,12 @@ type Allocations struct {
 	// a time-sliced GPU count once. nil when the kubelet gives no
 	// allocatable list.
 	AllocatableUnits map[DeviceKey]bool
-	Unmatched        map[string]int // resource -> device IDs matching no device
+	// allocatableRefs are the units the kubelet's allocatable device IDs
+	// name, per resource and ID; unresolvable IDs are left out.
+	allocatableRefs map[string]map[string]DeviceKey
+	// heldIDs are the device IDs containers hold, per resource.
+	heldIDs   map[string]map[string]bool
+	Unmatched map[string]int // resource -> device IDs matching no device
 }
 
 // inventory is the sample's devices as podmap wants them.
@@ -83,16 +88,28 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	inv := inventory(s)
 	if snap.AllocatableIDs != nil {
 		a.AllocatableUnits = map[DeviceKey]bool{}
-		for _, ids := range snap.AllocatableIDs {
+		a.allocatableRefs = map[string]map[string]DeviceKey{}
+		for res, ids := range snap.AllocatableIDs {
+			refs := map[string]DeviceKey{}
+			a.allocatableRefs[res] = refs
 			for _, id := range ids {
 				ref, err := podmap.ParseDeviceID(id)
 				if err != nil {
 					continue
 				}
 				if t, ok := inv.Resolve(ref); ok {
-					a.AllocatableUnits[targetKey(t)] = true
+					k := targetKey(t)
+					a.AllocatableUnits[k] = true
+					refs[id] = k
 				}
 			}
+		}
+		a.heldIDs = map[string]map[string]bool{}
+		for _, h := range snap.Holdings {
+			if a.heldIDs[h.Resource] == nil {
+				a.heldIDs[h.Resource] = map[string]bool{}
+			}
+			a.heldIDs[h.Resource][h.DeviceID] = true
 		}
 	}
 	matched, unmatched := podmap.Match(snap, inv)
@@ -173,6 +190,9 @@ var (
 	allocatableHealthyDesc = prometheus.NewDesc("gpu_kubelet_allocatable_healthy_devices",
 		"Healthy schedulable devices (as in gpu_healthy_devices) that the kubelet can allocate: replicas of a time-sliced GPU count once. Below gpu_healthy_devices, the device plugin lost devices.",
 		nil, nil)
+	freeIDsDesc = prometheus.NewDesc("gpu_kubelet_free_devices",
+		"Device IDs of the resource that the kubelet can allocate, that no container holds and whose device is healthy: what the scheduler can still place here (each time-slicing replica counts). Absent while the pod map is unknown.",
+		[]string{"resource"}, nil)
 	unmatchedDesc = prometheus.NewDesc("gpu_kubelet_unmatched_device_ids",
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
 )
@@ -241,9 +261,34 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 	for r, n := range a.Allocatable {
 		ch <- prometheus.MustNewConstMetric(allocatableDesc, prometheus.GaugeValue, float64(n), r)
 	}
+	for r, n := range a.freeIDs(s) {
+		ch <- prometheus.MustNewConstMetric(freeIDsDesc, prometheus.GaugeValue, float64(n), r)
+	}
 	for r, n := range a.Unmatched {
 		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
 	}
+}
+
+// freeIDs counts, per resource, the allocatable device IDs that no
+// container holds and that name a healthy unit; nil when the kubelet gave no
+// allocatable list.
+func (a *Allocations) freeIDs(s *NodeSample) map[string]int {
+	if a.allocatableRefs == nil {
+		return nil
+	}
+	healthy := map[DeviceKey]bool{}
+	eachUnit(s, func(_ *DeviceState, key DeviceKey, ok bool) { healthy[key] = ok })
+	out := make(map[string]int, len(a.allocatableRefs))
+	for res, refs := range a.allocatableRefs {
+		n := 0
+		for id, k := range refs {
+			if healthy[k] && !a.heldIDs[res][id] {
+				n++
+			}
+		}
+		out[res] = n
+	}
+	return out
 }
 
 // activity is a device's busy figure: NVML's busy ratio, or on a MIG

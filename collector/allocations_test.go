@@ -2,6 +2,7 @@ package collector_test
 
 import (
 	"context"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -337,5 +338,42 @@ pods:
 		if lb["compute_instance"] != want {
 			t.Errorf("%s holds compute instance %q, want %q", lb["namespace"], lb["compute_instance"], want)
 		}
+	}
+}
+
+// freeDevices is gpu_kubelet_free_devices by resource.
+func freeDevices(p *collector.Page) map[string]string {
+	out := map[string]string{}
+	for _, l := range series(p, "gpu_kubelet_free_devices") {
+		i, j := strings.Index(l, `resource="`)+len(`resource="`), strings.LastIndex(l, `"}`)
+		out[l[i:j]] = l[strings.LastIndex(l, " ")+1:]
+	}
+	return out
+}
+
+// What the scheduler can still place, per resource (the Pending-pod alerts
+// compare requests with it). By hand from the default scenario: GPUs 0-4
+// held, 5 free; GPU 6 time-sliced into 4 replicas, 3 held; GPU 7's MIG
+// instances 3g (held), 2g (held), 1g (held), 1g (free).
+func TestFreeDevicesPerResource(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	five := 5
+	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(20 * time.Second), GPU: &five, Lost: true})
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	want := map[string]string{
+		"nvidia.com/gpu":         "1",
+		"nvidia.com/gpu.shared":  "1", // a free replica is free capacity for gpu.shared pods
+		"nvidia.com/mig-1g.10gb": "1",
+		"nvidia.com/mig-2g.20gb": "0",
+		"nvidia.com/mig-3g.40gb": "0",
+	}
+	if got := freeDevices(p); !maps.Equal(got, want) {
+		t.Errorf("gpu_kubelet_free_devices = %v, want %v", got, want)
+	}
+	// GPU 5 is lost: the kubelet may still list it, but nothing can run there.
+	p = pn.step(t, 30*time.Second)
+	if got := freeDevices(p)["nvidia.com/gpu"]; got != "0" {
+		t.Errorf("free nvidia.com/gpu with the only free GPU lost = %s, want 0", got)
 	}
 }

@@ -37,6 +37,15 @@ var (
 	eccEventsDesc = prometheus.NewDesc("gpu_ecc_error_events_total",
 		"ECC error events delivered by NVML's event set since the exporter started: single_bit (corrected) or double_bit (uncorrected).",
 		[]string{"gpu", "uuid", "type"}, nil)
+	// The alert rules' "new XID in the last hour" is time() minus these, not
+	// increase(): a counter cannot tell a scrape gap or a fresh Prometheus
+	// from new events, nor a new event after an exporter restart from none.
+	xidFirstDesc = prometheus.NewDesc("gpu_xid_first_timestamp_seconds",
+		"Unix time of the first XID of this code on this GPU since the exporter started: gpu_xid_errors_total was 0 (absent) before it.",
+		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
+	xidLastDesc = prometheus.NewDesc("gpu_xid_last_timestamp_seconds",
+		"Unix time of the latest XID of this code on this GPU since the exporter started.",
+		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
 	lastXIDDesc = prometheus.NewDesc("gpu_last_xid_timestamp_seconds",
 		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"}, nil)
 	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
@@ -95,8 +104,10 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 	collectAllocations(st, ch)
 	collectDerived(st, ch)
 	for _, x := range st.XIDs {
-		ch <- prometheus.MustNewConstMetric(xidDesc, prometheus.CounterValue, float64(x.Total),
-			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)
+		lv := []string{strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action}
+		ch <- prometheus.MustNewConstMetric(xidDesc, prometheus.CounterValue, float64(x.Total), lv...)
+		ch <- prometheus.MustNewConstMetric(xidFirstDesc, prometheus.GaugeValue, float64(x.First.UnixNano())/1e9, lv...)
+		ch <- prometheus.MustNewConstMetric(xidLastDesc, prometheus.GaugeValue, float64(x.Last.UnixNano())/1e9, lv...)
 	}
 	for _, x := range st.XIDInstances {
 		ci := ""

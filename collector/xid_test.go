@@ -81,6 +81,18 @@ faults:
 	if v := value(t, p, "gpu_last_xid_timestamp_seconds", `gpu="1"`); v == "0" {
 		t.Error("no last-XID timestamp for GPU 1")
 	}
+	// Per code: first and last event time, which the rules use for "new in
+	// the last hour" (GPU 3 had one XID 79: both equal its device's last XID).
+	first := value(t, p, "gpu_xid_first_timestamp_seconds", `gpu="3"`, `xid="79"`, `category="hardware"`, `action="reboot_node"`)
+	last := value(t, p, "gpu_xid_last_timestamp_seconds", `gpu="3"`, `xid="79"`, `category="hardware"`, `action="reboot_node"`)
+	if dev := value(t, p, "gpu_last_xid_timestamp_seconds", `gpu="3"`); first == "0" || first != last || last != dev {
+		t.Errorf("GPU 3 XID 79: first %s, last %s, device's last %s: want one non-zero time", first, last, dev)
+	}
+	f13, _ := strconv.ParseFloat(value(t, p, "gpu_xid_first_timestamp_seconds", `gpu="1"`, `xid="13"`), 64)
+	l13, _ := strconv.ParseFloat(value(t, p, "gpu_xid_last_timestamp_seconds", `gpu="1"`, `xid="13"`), 64)
+	if f13 <= 0 || l13 < f13 {
+		t.Errorf("GPU 1 XID 13: first %v, last %v", f13, l13)
+	}
 	if v := value(t, p, "gpu_exporter_collector_up", `collector="xid"`); v != "1" {
 		t.Errorf("xid collector up = %s", v)
 	}

@@ -28,6 +28,7 @@ var kubeStateMetrics = []string{
 	"kube_pod_status_phase",
 	"kube_pod_container_resource_requests",
 	"kube_pod_container_resource_limits",
+	"kube_pod_nodeselectors",
 }
 
 // prometheusMetrics are Prometheus' own series.
@@ -191,6 +192,29 @@ func TestCheckerCatchesMistakes(t *testing.T) {
 // backquoted strings given to query (directly or through printf).
 var templateQueryRE = regexp.MustCompile("`([^`]*)`")
 
+// fillPrintfVerbs replaces the %s of a printf format with a value that
+// parses: a label value inside quotes, a number outside (a threshold).
+func fillPrintfVerbs(q string) string {
+	var b strings.Builder
+	inQuote := false
+	for i := 0; i < len(q); i++ {
+		switch {
+		case q[i] == '"':
+			inQuote = !inQuote
+		case strings.HasPrefix(q[i:], "%s"):
+			if inQuote {
+				b.WriteString("x")
+			} else {
+				b.WriteString("1")
+			}
+			i++
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
 func TestRulesPromQL(t *testing.T) {
 	c := newChecker(t)
 	rf, err := alerts.Rules()
@@ -213,7 +237,7 @@ func TestRulesPromQL(t *testing.T) {
 					if !looksLikePromQL(q) {
 						continue // a shell command in the description
 					}
-					q = strings.ReplaceAll(q, "%s", "x")
+					q = fillPrintfVerbs(q)
 					c.check(where+": annotation "+key+" query", q, false)
 					n++
 				}

@@ -38,6 +38,7 @@ type Count struct {
 	Code  int
 	Entry Entry     // Lookup(Code)
 	Total uint64    // never decreases
+	First time.Time // time of the earliest counted event: the series did not exist before
 	Last  time.Time // time of the latest counted event
 }
 
@@ -95,8 +96,8 @@ type seriesKey struct {
 }
 
 type series struct {
-	total uint64
-	last  time.Time
+	total       uint64
+	first, last time.Time
 }
 
 type matchKey struct{ gpu, code int }
@@ -179,6 +180,9 @@ func (c *Counter) AddFrom(source string, gpu int, uuid string, code int, at time
 	if at.After(s.last) {
 		s.last = at
 	}
+	if s.first.IsZero() || at.Before(s.first) {
+		s.first = at
+	}
 
 	c.recent[mk] = prune(append(recent, observation{source: source, code: code, at: at}), at)
 	return true
@@ -212,7 +216,7 @@ func (c *Counter) Snapshot() []Count {
 	c.mu.Lock()
 	out := make([]Count, 0, len(c.counts))
 	for k, s := range c.counts {
-		out = append(out, Count{GPU: k.gpu, UUID: k.uuid, Code: k.code, Total: s.total, Last: s.last})
+		out = append(out, Count{GPU: k.gpu, UUID: k.uuid, Code: k.code, Total: s.total, First: s.first, Last: s.last})
 	}
 	c.mu.Unlock()
 	for i := range out {

@@ -227,3 +227,29 @@ func TestCounterConcurrentAdd(t *testing.T) {
 		t.Errorf("total %d, want %d", sum, workers*each)
 	}
 }
+
+// The alert rules decide "new in the last hour" from First and Last, not from
+// the counter's increase: both must follow event time, whatever the order of
+// arrival.
+func TestFirstAndLastPerSeries(t *testing.T) {
+	c := NewCounter()
+	c.Add(0, "GPU-a", 13, t0.Add(10*time.Second))
+	c.Add(0, "GPU-a", 13, t0.Add(30*time.Second))
+	c.Add(0, "GPU-a", 13, t0.Add(5*time.Second)) // arrives late: becomes First
+	c.Add(0, "GPU-a", 79, t0.Add(20*time.Second))
+	snap := c.Snapshot()
+	if len(snap) != 2 {
+		t.Fatalf("Snapshot = %+v", snap)
+	}
+	if s := snap[0]; s.Code != 13 || !s.First.Equal(t0.Add(5*time.Second)) || !s.Last.Equal(t0.Add(30*time.Second)) {
+		t.Errorf("XID 13: First %v Last %v, want t0+5s and t0+30s", s.First, s.Last)
+	}
+	if s := snap[1]; s.Code != 79 || !s.First.Equal(t0.Add(20*time.Second)) || !s.Last.Equal(s.First) {
+		t.Errorf("XID 79: First %v Last %v, want both t0+20s", s.First, s.Last)
+	}
+	// A deduplicated observation (DCGM re-reporting NVML's event) moves neither.
+	c.AddFrom(SourceDCGM, 0, "GPU-a", 79, t0.Add(21*time.Second))
+	if s := c.Snapshot()[1]; !s.Last.Equal(t0.Add(20*time.Second)) || s.Total != 1 {
+		t.Errorf("after a duplicate: %+v", s)
+	}
+}
