@@ -67,7 +67,13 @@ func inventory(s *NodeSample) *podmap.Inventory {
 	for _, g := range s.GPUs {
 		ig := podmap.InventoryGPU{Index: g.GPU, UUID: g.UUID, Minor: g.Minor}
 		for _, m := range g.MIG {
-			ig.MIG = append(ig.MIG, podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile})
+			im := podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile}
+			if g.MIGLayout != nil {
+				if pl, ok := g.MIGLayout.Instances[m.GPUInstance]; ok {
+					im.HasPlacement, im.ProfileID, im.PlacementStart = true, pl.ProfileID, pl.Start
+				}
+			}
+			ig.MIG = append(ig.MIG, im)
 		}
 		inv.GPUs = append(inv.GPUs, ig)
 	}

@@ -46,7 +46,7 @@ func discoverMIGLayout(h Device) *MIGLayout {
 				continue
 			}
 			l.Instances[int(gii.Id)] = MIGPlacement{Profile: name, Start: int(gii.Placement.Start), Size: int(gii.Placement.Size),
-				Slices: int(info.SliceCount)}
+				Slices: int(info.SliceCount), ProfileID: int(info.Id)}
 		}
 	}
 	if len(l.Profiles) == 0 {

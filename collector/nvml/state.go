@@ -82,6 +82,9 @@ type MIGPlacement struct {
 	Start, Size int
 	// Slices is the profile's compute slices, for shares of the GPU.
 	Slices int
+	// ProfileID is NVML's profile ID (GpuInstanceProfileInfo.Id), part of
+	// the DRA driver's MIG device names.
+	ProfileID int
 }
 
 // DriverInfo is the node's driver stack.
