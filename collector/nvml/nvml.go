@@ -50,6 +50,9 @@ type Device interface {
 	HealthDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
+	// GetGpuInstanceProfileInfoV2 is nvmlDeviceGetGpuInstanceProfileInfoV
+	// with a v2 struct, which carries the profile's name (R510+: probe first).
+	GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
 	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return)
 }
@@ -125,6 +128,11 @@ func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
 		return nil, ret
 	}
 	return realDevice{m}, ret
+}
+
+// GetGpuInstanceProfileInfoV2 asks for the v2 profile info, with its name.
+func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
+	return d.Device.GetGpuInstanceProfileInfoV(profile).V2()
 }
 
 // nvmlErr turns an NVML return code into an error, nil on success.

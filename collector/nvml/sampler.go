@@ -238,7 +238,7 @@ func (w *gpuWorker) discover() {
 	case ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE:
 		id.MIGEnabled = true
 		migHandles, migIdent = discoverMIG(h, id)
-		layout = discoverMIGLayout(h)
+		layout = discoverMIGLayout(h, w.probes)
 	case ret != nvml.SUCCESS && !unsupported(ret) && prev.MIGEnabled:
 		// The GPU does not answer: keep its MIG instances' identities.
 		id.MIGEnabled = true

@@ -281,7 +281,7 @@ func ProfileNames(cfg gpus.Config) []string {
 	sort.Ints(ids)
 	var out []string
 	for _, id := range ids {
-		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id], cfg.MemoryMB<<20))
 	}
 	return out
 }
@@ -301,7 +301,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	}
 	byName := map[string]int{}
 	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[nvmlsampler.MIGProfileName(id, info)] = id
+		byName[nvmlsampler.MIGProfileName(id, info, cfg.MemoryMB<<20)] = id
 	}
 	var used [8]bool
 	var plans []migPlan
