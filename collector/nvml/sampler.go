@@ -70,10 +70,30 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
+	// Discovery has a deadline: a GPU whose calls hang must not keep the
+	// exporter (and its HTTP listener) from starting. Such a GPU is reported
+	// hung, by index, until its discovery returns.
+	done := make(chan struct{}, n)
 	for i := 0; i < n; i++ {
 		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
-		w.discover()
+		w.setIdent(DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
+		w.busy.Store(true)
+		go func() {
+			w.discover()
+			w.busy.Store(false)
+			done <- struct{}{}
+		}()
 		s.workers = append(s.workers, w)
+	}
+	timer := time.NewTimer(cfg.DeviceTimeout)
+	defer timer.Stop()
+	for pending := n; pending > 0; pending-- {
+		select {
+		case <-done:
+		case <-timer.C:
+			cfg.Log.Warn().Dur("timeout", cfg.DeviceTimeout).Int("gpus", pending).Msg("GPU discovery did not finish in time; starting anyway, those GPUs are reported down until they answer")
+			return s, nil
+		}
 	}
 	return s, nil
 }
@@ -314,10 +334,48 @@ func pciBusID(p nvml.PciInfo) string {
 	return fmt.Sprintf("%08x:%02x:%02x.0", p.Domain, p.Bus, p.Device)
 }
 
+// migChanged reports whether the GPU's MIG mode or MIG devices differ from
+// what discovery saw, so that a reconfiguration (nvidia-smi mig, the MIG
+// manager) shows in the very next sample. It costs one call for a GPU
+// without MIG and two per MIG device slot with it.
+func (w *gpuWorker) migChanged() bool {
+	if w.handle == nil {
+		return false
+	}
+	mode, _, ret := w.handle.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return false // unsupported, or failing: the read says which
+	}
+	enabled := mode == nvml.DEVICE_MIG_ENABLE
+	if enabled != w.ident.MIGEnabled {
+		return true
+	}
+	if !enabled {
+		return false
+	}
+	max, ret := w.handle.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return false
+	}
+	seen := 0
+	for i := 0; i < max; i++ {
+		m, ret := w.handle.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		uuid, _ := m.GetUUID() // "" on error, as discoverMIG records it
+		if seen >= len(w.migIdent) || w.migIdent[seen].MIGUUID != validUTF8(uuid) {
+			return true
+		}
+		seen++
+	}
+	return seen != len(w.migIdent)
+}
+
 // read samples the GPU and its MIG instances. It runs in its own goroutine.
 func (w *gpuWorker) read() GPUState {
 	w.samples++
-	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 {
+	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 || w.migChanged() {
 		w.discover()
 	}
 	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}

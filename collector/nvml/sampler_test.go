@@ -249,3 +249,109 @@ func TestNUMANodeFromSysfs(t *testing.T) {
 		}
 	}
 }
+
+// swapNVML hands out devices whose NVML answers can be switched to another
+// simulated node's between samples, as a MIG reconfiguration does.
+type swapNVML struct {
+	nvmlsampler.NVML
+	devs []*swapDevice
+}
+
+type swapDevice struct{ nvmlsampler.Device }
+
+func (s *swapNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	return s.devs[i], nvml.SUCCESS
+}
+
+// Issue 12 defect 13: a MIG reconfiguration shows in the next sample, not
+// after the periodic rediscovery (every 12 samples).
+func TestMIGReconfigurationSeenInOneSample(t *testing.T) {
+	const before = "node: {model: H100-SXM5-80GB, count: 1}\ngpus: [{index: 0, mig: [{profile: 3g.40gb}]}]"
+	const after = "node: {model: H100-SXM5-80GB, count: 1}\ngpus: [{index: 0, mig: [{profile: 1g.10gb}, {profile: 1g.10gb}, {profile: 2g.20gb}]}]"
+	a, err := simnode.New(parse(t, before), simnode.WithClock(fixedNow()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := simnode.New(parse(t, after), simnode.WithClock(fixedNow()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, _ := a.DeviceGetHandleByIndex(0)
+	db, _ := b.DeviceGetHandleByIndex(0)
+	lib := &swapNVML{NVML: a, devs: []*swapDevice{{da}}}
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 2; i++ {
+		if got := len(s.Sample(context.Background()).GPUs[0].MIG); got != 1 {
+			t.Fatalf("sample %d: %d MIG devices, want 1", i, got)
+		}
+	}
+	lib.devs[0].Device = db // nvidia-smi mig -dgi / -cgi between two samples
+	g := s.Sample(context.Background()).GPUs[0]
+	var profiles []string
+	for _, m := range g.MIG {
+		profiles = append(profiles, m.MIGProfile)
+	}
+	if len(profiles) != 3 || profiles[0] != "1g.10gb" {
+		t.Errorf("after reconfiguration: MIG devices %v, want 1g.10gb, 1g.10gb, 2g.20gb", profiles)
+	}
+	if g.MIGLayout == nil || len(g.MIGLayout.Instances) != 3 {
+		t.Errorf("layout not rediscovered: %+v", g.MIGLayout)
+	}
+}
+
+// hangNVML blocks DeviceGetHandleByIndex of one GPU until released.
+type hangNVML struct {
+	nvmlsampler.NVML
+	gpu     int
+	release chan struct{}
+}
+
+func (h hangNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	if i == h.gpu {
+		<-h.release
+	}
+	return h.NVML.DeviceGetHandleByIndex(i)
+}
+
+// Issue 12 defect 13: discovery at start has a deadline, so a hung GPU
+// cannot keep the exporter (and its HTTP listener) from starting; the hung
+// GPU is reported down and joins once it answers.
+func TestStartupDiscoveryDeadline(t *testing.T) {
+	node, err := simnode.New(parse(t, "node: {model: H100-SXM5-80GB, count: 2}"), simnode.WithClock(fixedNow()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := hangNVML{NVML: node, gpu: 1, release: make(chan struct{})}
+	started := make(chan *nvmlsampler.Sampler, 1)
+	go func() {
+		s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: 50 * time.Millisecond, Log: zerolog.Nop()})
+		if err != nil {
+			t.Error(err)
+		}
+		started <- s
+	}()
+	var s *nvmlsampler.Sampler
+	select {
+	case s = <-started:
+	case <-time.After(10 * time.Second):
+		close(lib.release)
+		t.Fatal("NewSampler blocked on a hung GPU")
+	}
+	out := s.Sample(context.Background())
+	if !out.GPUs[0].Up || out.GPUs[1].Up || !out.GPUs[1].Hung {
+		t.Errorf("GPU 0 up %v (want true), GPU 1 up %v hung %v (want down, hung)", out.GPUs[0].Up, out.GPUs[1].Up, out.GPUs[1].Hung)
+	}
+	close(lib.release)
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.Sample(context.Background()).GPUs[1].Up {
+		if time.Now().After(deadline) {
+			t.Fatal("GPU 1 never joined after answering")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.Close()
+}
