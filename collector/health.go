@@ -34,7 +34,7 @@ var (
 	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
 		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
 	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
 	recoveryDesc = prometheus.NewDesc("gpu_recovery_action",
 		"The recovery action NVML asks for (XID 154, R570 and later); a state set, 1 for the current action, unknown for a value newer than the exporter.", []string{"gpu", "uuid", "action"}, nil)
 	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
@@ -82,7 +82,9 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		// 18 links x 4 types per GPU would be 72 series; one per type says
 		// which GPU to look at, and links up says whether one went down.
 		for t, v := range h.NVLinkErrors {
-			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvml.NVLinkErrorTypes[t].Name)
+			if h.NVLinkErrorSeen[t] {
+				ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvml.NVLinkErrorTypes[t].Name)
+			}
 		}
 	}
 	if h.RecoveryAction.OK {

@@ -381,3 +381,23 @@ func TestUnknownRecoveryActionIsExported(t *testing.T) {
 		t.Errorf("unknown recovery action = %s, want 1", v)
 	}
 }
+
+// Issue 12 defect 13: on Blackwell the per-link NVLink error counters answer
+// NOT_SUPPORTED; the errors come from NVLink5's NVML_FI_DEV_NVLINK_COUNT_*
+// field values, per link (the simulated B200 has link i report i symbol
+// errors: 0+1+...+17 = 153 over 18 links).
+func TestBlackwellNVLinkErrorsFromFields(t *testing.T) {
+	clk := newClock()
+	e, _ := newExporter(t, scenario(t, "node: {model: B200-SXM5-180GB, count: 1}"), clk, nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	if v := value(t, p, "gpu_nvlink_errors_total", `gpu="0"`, `type="symbol"`); v != "153" {
+		t.Errorf("symbol errors %s, want 153", v)
+	}
+	if v := value(t, p, "gpu_nvlink_errors_total", `gpu="0"`, `type="recovery"`); v != "0" {
+		t.Errorf("recovery events %s, want 0", v)
+	}
+	if got := series(p, "gpu_nvlink_errors_total", `type="crc_flit"`); len(got) != 0 {
+		t.Errorf("per-link counter types exported on Blackwell: %v", got)
+	}
+}

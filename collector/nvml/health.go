@@ -44,30 +44,43 @@ type Health struct {
 	RemapFailed    opt[bool]
 	ClockReasons   opt[uint64]
 	PCIeReplay     opt[int]
-	// NVLinkErrors sums each error type over every link ever seen up, with
-	// a link's last value kept while it is down: a link going down must not
-	// make the counter fall.
-	NVLinkErrors   [4]uint64
-	HasNVLink      bool
+	// NVLinkErrors sums each error type (NVLinkErrorTypes) over every link
+	// ever seen up, with a link's last value kept while it is down: a link
+	// going down must not make the counter fall. NVLinkErrorSeen says which
+	// types the GPU reports: per-link counters before Blackwell, NVLink5
+	// field values (NVML_FI_DEV_NVLINK_COUNT_*) on Blackwell.
+	NVLinkErrors    [numNVLinkErrorTypes]uint64
+	NVLinkErrorSeen [numNVLinkErrorTypes]bool
+	HasNVLink       bool
 	RecoveryAction opt[int]
 	NUMANode       opt[int]
 	NVLinkActive   int // number of active NVLinks
 }
 
+const numNVLinkErrorTypes = 8
+
 // nvlinkKey is one error counter of one link.
 type nvlinkKey struct{ link, typ int }
 
 var (
-	// NVLinkErrorTypes are the NVLink data-link error counters read, in
-	// the order of Health.NVLinkErrors.
-	NVLinkErrorTypes = []struct {
+	// NVLinkErrorTypes are the NVLink error counts read, in the order of
+	// Health.NVLinkErrors: the data-link counters of
+	// nvmlDeviceGetNvLinkErrorCounter (Ampere, Hopper), and on Blackwell,
+	// where those answer NOT_SUPPORTED, NVLink5's per-link field values
+	// (R570+). Field 0: no NVLink5 field; Counter -1: no per-link counter.
+	NVLinkErrorTypes = [numNVLinkErrorTypes]struct {
 		Name    string
 		Counter nvml.NvLinkErrorCounter
+		Field   uint32
 	}{
-		{"replay", nvml.NVLINK_ERROR_DL_REPLAY},
-		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY},
-		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT},
-		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA},
+		{"replay", nvml.NVLINK_ERROR_DL_REPLAY, 0},
+		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS},
+		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT, 0},
+		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA, 0},
+		{"symbol", -1, nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS},
+		{"effective", -1, nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS},
+		{"receive", -1, nvml.FI_DEV_NVLINK_COUNT_RCV_ERRORS},
+		{"recovery_failed", -1, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS},
 	}
 
 	// ClockEventReasons are NVML's clock event (throttle) reason bits, from
@@ -146,7 +159,7 @@ func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map
 	}
 	carry := func() {
 		if prev != nil {
-			h.NVLinkErrors, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
+			h.NVLinkErrors, h.NVLinkErrorSeen, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.NVLinkErrorSeen, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
 		}
 	}
 	if !full {
@@ -174,14 +187,23 @@ func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map
 			continue
 		}
 		h.NVLinkActive++
+		perLink := false
 		for t, et := range NVLinkErrorTypes {
+			if et.Counter < 0 {
+				continue
+			}
 			if v, ret := d.GetNvLinkErrorCounter(link, et.Counter); ok(ret) {
 				seen[nvlinkKey{link, t}] = v
+				perLink = true
 			}
+		}
+		if !perLink {
+			readNVLink5Errors(d, link, seen, ok)
 		}
 	}
 	for k, v := range seen {
 		h.NVLinkErrors[k.typ] += v
+		h.NVLinkErrorSeen[k.typ] = true
 		h.HasNVLink = true
 	}
 }
@@ -194,4 +216,25 @@ func clockReasons(d Device, p probes) (uint64, nvml.Return) {
 		return d.GetCurrentClocksEventReasons()
 	}
 	return d.GetCurrentClocksThrottleReasons()
+}
+
+// readNVLink5Errors reads one link's error counts from NVLink5's field
+// values: Blackwell answers NOT_SUPPORTED to the per-link counters.
+func readNVLink5Errors(d Device, link int, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
+	var fv []nvml.FieldValue
+	var types []int
+	for t, et := range NVLinkErrorTypes {
+		if et.Field != 0 {
+			fv = append(fv, nvml.FieldValue{FieldId: et.Field, ScopeId: uint32(link)})
+			types = append(types, t)
+		}
+	}
+	if !ok(d.GetFieldValues(fv)) {
+		return
+	}
+	for i, v := range fv {
+		if nvml.Return(v.NvmlReturn) == nvml.SUCCESS {
+			seen[nvlinkKey{link, types[i]}] = binary.LittleEndian.Uint64(v.Value[:])
+		}
+	}
 }

@@ -250,13 +250,33 @@ func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
 	return nvml.FEATURE_ENABLED, nvml.SUCCESS
 }
 
-// GetNvLinkErrorCounter implements nvmlsampler.Device.
+// GetNvLinkErrorCounter implements nvmlsampler.Device. Blackwell's NVLink5
+// answers NOT_SUPPORTED: its counts are field values (GetFieldValues).
 func (d *Device) GetNvLinkErrorCounter(link int, _ nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	d.node.count()
 	if link >= d.nvlinks() {
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
+	if d.cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	return 0, nvml.SUCCESS
+}
+
+// nvlink5Field answers an NVLink5 error count field of one link on
+// Blackwell: a few symbol errors per link (the link's index), nothing else.
+func (d *Device) nvlink5Field(id, link uint32) (uint64, bool) {
+	if d.cfg.Architecture != nvml.DEVICE_ARCH_BLACKWELL || int(link) >= d.nvlinks() {
+		return 0, false
+	}
+	switch id {
+	case nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS:
+		return uint64(link), true
+	case nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, nvml.FI_DEV_NVLINK_COUNT_RCV_ERRORS,
+		nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
+		return 0, true
+	}
+	return 0, false
 }
 
 // GetPowerManagementLimit implements nvmlsampler.Device (milliwatts).
@@ -277,12 +297,19 @@ func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetFieldValues implements nvmlsampler.Device; only the recovery action.
+// GetFieldValues implements nvmlsampler.Device: the recovery action, and
+// NVLink5's error counts on Blackwell.
 func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return ret
 	}
 	for i := range fv {
+		if v, ok := d.nvlink5Field(fv[i].FieldId, fv[i].ScopeId); ok {
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG)
+			binary.LittleEndian.PutUint64(fv[i].Value[:], v)
+			continue
+		}
 		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
 			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
 			continue
