@@ -84,12 +84,17 @@ func (l *lockedBuffer) String() string {
 // serving node (written to dir), and waits until it serves a page with GPUs.
 func startExporter(t testing.TB, variant, nodePath string, extra ...string) *exporter {
 	t.Helper()
+	return startExporterEnv(t, variant, nodePath, nil, extra...)
+}
+
+func startExporterEnv(t testing.TB, variant, nodePath string, env []string, extra ...string) *exporter {
+	t.Helper()
 	bin := exporterBinary(t)
 	lib := library(t, variant)
 	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off",
 		"--web.listen-address=127.0.0.1:0", "--collect-interval=1s", "--nvml.device-timeout=500ms"}, extra...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH=")
+	cmd.Env = append(append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH="), env...)
 	e := &exporter{t: t, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	pr, pw := io.Pipe()
 	cmd.Stderr = io.MultiWriter(e.stderr, pw)
@@ -272,9 +277,15 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if why, ok := awaitingProbes[br]; ok {
 				t.Skipf("the exporter crashes on %s until it probes symbols (issue 12 §2.1): %s", br, why)
 			}
-			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, br)
+			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 3, br)
 			node.GPUs[1].Memory.Used = 20 << 30
 			node.GPUs[1].Utilization = &nvml.Utilization{Gpu: 75, Memory: 30}
+			for _, p := range []int{nvml.GPU_INSTANCE_PROFILE_3_SLICE, nvml.GPU_INSTANCE_PROFILE_2_SLICE} {
+				if _, err := node.GPUs[2].AddGPUInstance(p, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			node.GPUs[2].MIG.Devices[1].Memory.Used = 3 << 30
 			path := filepath.Join(t.TempDir(), "node.conf")
 			if err := node.WriteFile(path); err != nil {
 				t.Fatal(err)
@@ -303,7 +314,14 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if len(missing) > 0 {
 				t.Errorf("%s does not serve %s", br, strings.Join(missing, ", "))
 			}
-			for gpu := 0; gpu < 2; gpu++ {
+			// MIG instances: 3g.40gb as GPU instance 1, 2g.20gb as 2.
+			if v, _ := sample(f, "gpu_memory_used_bytes", map[string]string{"gpu": "2", "gpu_instance": "2", "mig_profile": "2g.20gb"}); v != 3<<30 {
+				t.Errorf("gpu_memory_used_bytes of MIG 2g.20gb = %v, want %v", v, 3<<30)
+			}
+			if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "2", "gpu_instance": "1", "mig_profile": "3g.40gb"}); !ok {
+				t.Error("no gpu_memory_total_bytes for MIG 3g.40gb")
+			}
+			for gpu := 0; gpu < 3; gpu++ {
 				if v, ok := sample(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu)}); !ok || v != 1 {
 					t.Errorf("gpu_up{gpu=%d} = %v, %v", gpu, v, ok)
 				}
@@ -372,7 +390,8 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 	if err := node.WriteFile(path); err != nil {
 		t.Fatal(err)
 	}
-	e := startExporter(t, fakenvml.Full, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
 	node.Events = []fakenvml.Event{
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
@@ -386,4 +405,12 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 		return v
 	}
 	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return xid(f, "1", "79") == 2 && xid(f, "0", "13") == 1 }, "XIDs 79 x2 on GPU 1 and 13 on GPU 0")
+	// The exporter waits with the v2 call, whose events carry MIG instance IDs.
+	calls, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(calls), "nvmlEventSetWait_v2 ") || strings.Contains(string(calls), "nvmlEventSetWait ") {
+		t.Errorf("the exporter does not wait for events with nvmlEventSetWait_v2")
+	}
 }

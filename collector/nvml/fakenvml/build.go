@@ -86,6 +86,9 @@ func cc() string {
 
 func run(name string, args ...string) error {
 	out, err := exec.Command(name, args...).CombinedOutput()
+	if errors.Is(err, exec.ErrNotFound) {
+		return fmt.Errorf("fakenvml: the fake driver library is built with a C compiler: install gcc, or set CC (%v)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("fakenvml: %s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}

@@ -97,6 +97,7 @@ func TestIdentityAndTelemetry(t *testing.T) {
 	g.NVLinks[17].Active = false
 	g.Fields[nvml.FI_DEV_GET_GPU_RECOVERY_ACTION] = uint64(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
 	g.ClockEventReasons = fakenvml.Ptr[uint64](nvml.ClocksEventReasonSwThermalSlowdown)
+	g.ScopedFields = map[uint32]map[uint32]uint64{nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: {2: 5}}
 	lib := open(t, node)
 
 	if n := must[int](t, "count")(lib.DeviceGetCount()); n != 2 {
@@ -170,9 +171,11 @@ func TestIdentityAndTelemetry(t *testing.T) {
 	if v := must[uint64](t, "nvlink")(d.GetNvLinkErrorCounter(3, nvml.NVLINK_ERROR_DL_CRC_FLIT)); v != 9 {
 		t.Errorf("nvlink crc %d", v)
 	}
-	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	fv := []nvml.FieldValue{{FieldId: nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}, {FieldId: nvml.FI_DEV_MEMORY_TEMP},
+		{FieldId: nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, ScopeId: 2}, {FieldId: nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, ScopeId: 3}}
 	if ret := d.GetFieldValues(fv); ret != nvml.SUCCESS || fv[0].NvmlReturn != uint32(nvml.SUCCESS) ||
-		fv[0].Value[0] != byte(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET) || fv[1].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) {
+		fv[0].Value[0] != byte(nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET) || fv[1].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) ||
+		fv[2].NvmlReturn != uint32(nvml.SUCCESS) || fv[2].Value[0] != 5 || fv[3].NvmlReturn != uint32(nvml.ERROR_NOT_SUPPORTED) {
 		t.Errorf("field values %v %+v", ret, fv)
 	}
 	// One driver function under its R535 name and its older one.
@@ -195,15 +198,22 @@ func TestFaultsPerDeviceAndFunction(t *testing.T) {
 	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 3, "r550")
 	node.GPUs[0].Lost = true
 	node.GPUs[1].Returns = map[string]nvml.Return{"nvmlDeviceGetPowerUsage": nvml.ERROR_NO_PERMISSION, "nvmlDeviceGetTemperature": nvml.ERROR_NOT_SUPPORTED}
+	node.Returns = map[string]nvml.Return{"nvmlDeviceGetHandleByUUID": nvml.ERROR_UNKNOWN}
 	node.GPUs[2].Blocks = map[string]time.Duration{"nvmlDeviceGetMemoryInfo": fakenvml.Forever}
 	lib := open(t, node)
 	h := func(i int) nvml.Device { return must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(i)) }
 
+	if _, ret := lib.DeviceGetHandleByIndex(3); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("handle of GPU 3 of 3: %v", ret)
+	}
 	if _, ret := h(0).GetMemoryInfo(); ret != nvml.ERROR_GPU_IS_LOST {
 		t.Errorf("lost GPU memory: %v", ret)
 	}
 	if _, ret := h(0).GetUUID(); ret != nvml.ERROR_GPU_IS_LOST {
 		t.Errorf("lost GPU UUID: %v", ret)
+	}
+	if _, ret := lib.DeviceGetHandleByUUID(node.GPUs[1].UUID); ret != nvml.ERROR_UNKNOWN {
+		t.Errorf("handle by UUID: %v, want the forced ERROR_UNKNOWN", ret)
 	}
 	if _, ret := h(1).GetPowerUsage(); ret != nvml.ERROR_NO_PERMISSION {
 		t.Errorf("power: %v, want NO_PERMISSION", ret)
@@ -312,6 +322,34 @@ func TestMIGLayoutInMemorySlices(t *testing.T) {
 	}
 	if _, ret := d.GetGpuInstanceId(); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("GI ID of a whole GPU: %v", ret)
+	}
+}
+
+func TestH100PlacementsInMemorySlices(t *testing.T) {
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	if _, err := node.GPUs[0].AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_7_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	for _, tc := range []struct {
+		profile int
+		want    []nvml.GpuInstancePlacement
+	}{
+		{nvml.GPU_INSTANCE_PROFILE_7_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 8}}},
+		{nvml.GPU_INSTANCE_PROFILE_3_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 4}, {Start: 4, Size: 4}}},
+	} {
+		info := must[nvml.GpuInstanceProfileInfo](t, "profile")(d.GetGpuInstanceProfileInfo(tc.profile))
+		if pl := must[[]nvml.GpuInstancePlacement](t, "placements")(d.GetGpuInstancePossiblePlacements(&info)); !slices.Equal(pl, tc.want) {
+			t.Errorf("H100 profile %d (%d slices) placed at %v, want %v", tc.profile, info.SliceCount, pl, tc.want)
+		}
+	}
+	gis := must[[]nvml.GpuInstance](t, "instances")(d.GetGpuInstances(fakenvml.Ptr(must[nvml.GpuInstanceProfileInfo](t, "7g")(d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)))))
+	if len(gis) != 1 {
+		t.Fatalf("%d 7g instances", len(gis))
+	}
+	if info := must[nvml.GpuInstanceInfo](t, "info")(gis[0].GetInfo()); info.Placement != (nvml.GpuInstancePlacement{Start: 0, Size: 8}) {
+		t.Errorf("7g instance at %+v", info.Placement)
 	}
 }
 
@@ -456,5 +494,52 @@ func TestVariantsExportOnlyTheirBranch(t *testing.T) {
 				t.Errorf("%s: dlsym(%s): %v", br, s, err)
 			}
 		}
+	}
+}
+
+func TestMalformedNodeFile(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.conf")
+	if err := os.WriteFile(bad, []byte("device_count=1\ngpu.0.name NVIDIA H100\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakenvml.EnvNode, bad)
+	lib := nvml.New(nvml.WithLibraryPath(library(t, fakenvml.Full)))
+	if ret := lib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+		lib.Shutdown()
+		t.Fatalf("Init on a malformed node file = %v, want ERROR_DRIVER_NOT_LOADED", ret)
+	}
+
+	// A malformed rewrite while running keeps the node as it was.
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	lib = open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	tmp := nodeFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte("gpu.0.name=x\ngpu.0.name=y\n"), 0o644); err != nil { // a key twice
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, nodeFile); err != nil {
+		t.Fatal(err)
+	}
+	if name := must[string](t, "name")(d.GetName()); name != gpus.H100_SXM5_80GB.Name {
+		t.Errorf("name after a malformed rewrite %q", name)
+	}
+	node.GPUs[0].Name = "NVIDIA H100 80GB HBM3"
+	write(t, node)
+	if name := must[string](t, "name")(d.GetName()); name != "NVIDIA H100 80GB HBM3" {
+		t.Errorf("name after a good rewrite %q", name)
+	}
+}
+
+func TestBlockForAWhile(t *testing.T) {
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	node.GPUs[0].Blocks = map[string]time.Duration{"nvmlDeviceGetPowerUsage": 300 * time.Millisecond}
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	start := time.Now()
+	if _, ret := d.GetPowerUsage(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("blocked call returned after %v, want at least 300ms", took)
 	}
 }

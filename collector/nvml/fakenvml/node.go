@@ -119,6 +119,9 @@ type GPU struct {
 	// forces a field's own return code.
 	Fields       map[uint32]uint64
 	FieldReturns map[uint32]nvml.Return
+	// ScopedFields answers a field for one scope (field ID -> scope ID,
+	// e.g. an NVLink for NVML_FI_DEV_NVLINK_COUNT_*), before Fields.
+	ScopedFields map[uint32]map[uint32]uint64
 	// ClockEventReasons is served by both ...ClocksEventReasons and
 	// ...ClocksThrottleReasons (one function, renamed in R535).
 	ClockEventReasons          *uint64
@@ -439,6 +442,11 @@ func (g *GPU) encode(m kv, p string) error {
 	}
 	for id, v := range g.Fields {
 		m.set(fmt.Sprintf("%sfield.%d", p, id), v)
+	}
+	for id, scopes := range g.ScopedFields {
+		for scope, v := range scopes {
+			m.set(fmt.Sprintf("%sfield.%d@%d", p, id, scope), v)
+		}
 	}
 	for id, r := range g.FieldReturns {
 		m.set(fmt.Sprintf("%sfield.%d.ret", p, id), retName(r))

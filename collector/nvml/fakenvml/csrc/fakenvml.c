@@ -8,7 +8,8 @@
 // Node file: one "key=value" per line, '#' starts a comment line. A key that
 // is absent makes the function answer NVML_ERROR_NOT_SUPPORTED, as a driver
 // does for a feature the device lacks. The Go package next to this file
-// (fakenvml.Node) writes it; its doc comment lists the keys.
+// writes it (fakenvml.Node; node.go's encode functions name every key), and
+// each function below says which keys it reads.
 //
 // Behaviour switches, per device prefix P ("gpu.N." or "gpu.N.mig.M.") or
 // global (no prefix):
@@ -139,7 +140,7 @@ static void reload(void) {
     if (st.st_ino == nodeStat.st_ino && st.st_size == nodeStat.st_size &&
         st.st_mtim.tv_sec == nodeStat.st_mtim.tv_sec && st.st_mtim.tv_nsec == nodeStat.st_mtim.tv_nsec)
         return;
-    load(nodePath);
+    if (load(nodePath) != 0) nodeStat = st; // said once; keep the old node until the file changes again
 }
 
 static const char *get(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -473,8 +474,10 @@ static nvmlReturn_t byIndex(const char *fn, unsigned int index, nvmlDevice_t *de
     NEED(device);
     if (index >= deviceCount()) RETURN(NVML_ERROR_INVALID_ARGUMENT);
     nvmlReturn_t e = enter(fn, (int)index, -1);
-    if (e != NVML_SUCCESS && e != NVML_ERROR_GPU_IS_LOST) RETURN(e);
-    // A lost GPU still has a handle; its calls fail.
+    // A lost GPU still has a handle; its calls fail. (An answer forced on
+    // this function by ret.<symbol> is given as it is.)
+    int lostOnly = e == NVML_ERROR_GPU_IS_LOST && get("gpu.%u.lost", index) && !get("gpu.%u.ret.%s", index, fn);
+    if (e != NVML_SUCCESS && !lostOnly) RETURN(e);
     *device = gpuHandle((int)index);
     RETURN(NVML_SUCCESS);
 }
