@@ -131,16 +131,8 @@ type probes struct {
 	profileInfoV       bool
 }
 
-// allProbes is what a library without a lookup (a test double written
-// against the newest go-nvml) is assumed to have.
-var allProbes = probes{true, true, true, true}
-
 func probe(lib NVML) probes {
-	l, ok := lib.(SymbolLookup)
-	if !ok {
-		return allProbes
-	}
-	has := func(name string) bool { return l.LookupSymbol(name) == nil }
+	has := func(name string) bool { return lib.LookupSymbol(name) == nil }
 	return probes{
 		clocksEventReasons: has(symClocksEventReasons),
 		memoryInfoV2:       has(symMemoryInfoV2),
