@@ -26,7 +26,7 @@ func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConf
 	if err != nil {
 		t.Fatal(err)
 	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc}, s)
+	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

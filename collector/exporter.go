@@ -48,6 +48,11 @@ type Config struct {
 	// Derived configures idle allocations, prices and fragmentation; the
 	// zero value uses the defaults.
 	Derived DerivedConfig
+	// Groups are the metric groups served; nil serves the default profile.
+	Groups GroupSet
+	// Compat, when set, also serves dcgm-exporter's default families under
+	// its names, from the same sample and in the same render.
+	Compat *CompatConfig
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -75,6 +80,8 @@ type State struct {
 	// GPU answers with an error; a hung one does not answer).
 	LastAnswer []time.Time
 	Rendered   time.Time
+	// compatRates are the byte rates the compatibility families show.
+	compatRates map[compatKey]compatRates
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
@@ -105,6 +112,7 @@ type Exporter struct {
 	idle      *fragmentation.IdleTracker
 	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
+	compat    *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -140,8 +148,14 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
 	}
-	if cfg.RuntimeMetrics {
-		e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupGo) {
+		e.reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorMemStatsMetricsDisabled()))
+	}
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupProcess) {
+		e.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if cfg.Compat != nil {
+		e.compat = newCompatRenderer(*cfg.Compat)
 	}
 	e.reg.MustRegister(stateCollector{e})
 	return e, nil
@@ -218,6 +232,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
 		}
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
+	}
+	if e.compat != nil {
+		e.compat.update(st)
 	}
 	err := e.render(st)
 	if err != nil {

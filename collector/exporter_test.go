@@ -48,6 +48,16 @@ func newClock() *fixedClock {
 	return &fixedClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 }
 
+// fullGroups serves every metric group: these tests check values, the
+// budget test (budget_test.go) checks what each profile serves.
+func fullGroups() collector.GroupSet {
+	g, err := collector.ProfileGroups(collector.ProfileFull)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
 // newExporter builds an exporter over a simulated node with a fixed clock.
 func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(nvmlsampler.NVML) nvmlsampler.NVML) (*collector.Exporter, *simnode.Node) {
 	t.Helper()
@@ -67,7 +77,7 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,12 +89,12 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 var deterministicMetrics = []string{
 	"gpu_info", "gpu_mig_info", "gpu_driver_info", "gpu_up", "gpu_last_sample_timestamp_seconds",
 	"gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
-	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
+	"gpu_temperature_celsius", "gpu_memory_temperature_celsius", "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
 	"gpu_memory_clock_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_width",
 	"gpu_exporter_collector_up", "gpu_exporter_last_sample_timestamp_seconds",
 	"gpu_power_limit_watts", "gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
 	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
-	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action", "gpu_nvlink_active_links",
+	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action_code", "gpu_nvlink_active_links",
 	"gpu_numa_node", "gpu_nvlink_errors_total",
 }
 

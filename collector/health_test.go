@@ -91,9 +91,8 @@ faults:
 		{"gpu_remapped_rows", []string{`gpu="2"`, `type="uncorrectable"`}, "3"},
 		{"gpu_remapped_rows_pending", []string{`gpu="2"`}, "1"},
 		{"gpu_remapped_rows_failed", []string{`gpu="2"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="node_reboot"`}, "1"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="none"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="2"`, `action="none"`}, "1"},
+		{"gpu_recovery_action_code", []string{`gpu="3"`}, "2"}, // node_reboot
+		{"gpu_recovery_action_code", []string{`gpu="2"`}, "0"}, // none
 		{"gpu_nvlink_active_links", []string{`gpu="0"`}, "18"},
 	} {
 		if v := value(t, p, c.name, c.match...); v != c.want {
@@ -171,7 +170,7 @@ faults:
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,13 +337,9 @@ faults:
 	e, _ := newExporter(t, sc, clk, nil)
 	e.SampleOnce(context.Background())
 	p := e.Page()
-	for gpu, action := range []string{"recover_imex_domain", "bus_reset", "system_reboot"} {
-		g := `gpu="` + strconv.Itoa(gpu) + `"`
-		if v := value(t, p, "gpu_recovery_action", g, `action="`+action+`"`); v != "1" {
-			t.Errorf("GPU %d: recovery action %s = %s, want 1", gpu, action, v)
-		}
-		if v := value(t, p, "gpu_recovery_action", g, `action="unknown"`); v != "0" {
-			t.Errorf("GPU %d: unknown = %s, want 0", gpu, v)
+	for gpu, code := range []string{"5", "6", "7"} {
+		if v := value(t, p, "gpu_recovery_action_code", `gpu="`+strconv.Itoa(gpu)+`"`); v != code {
+			t.Errorf("GPU %d: recovery action code %s, want %s", gpu, v, code)
 		}
 	}
 	for _, r := range []string{"board_limit", "reliability"} {
@@ -366,6 +361,10 @@ type recoveryDevice struct{ nvmlsampler.Device }
 
 func (recoveryDevice) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	for i := range fv {
+		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			continue
+		}
 		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
 		fv[i].Value = [8]byte{42}
 	}
@@ -377,8 +376,8 @@ func TestUnknownRecoveryActionIsExported(t *testing.T) {
 	clk := newClock()
 	e, _ := newExporter(t, scenario(t, "node: {model: H100-SXM5-80GB, count: 1}"), clk, func(l nvmlsampler.NVML) nvmlsampler.NVML { return recoveryNVML{l} })
 	e.SampleOnce(context.Background())
-	if v := value(t, e.Page(), "gpu_recovery_action", `gpu="0"`, `action="unknown"`); v != "1" {
-		t.Errorf("unknown recovery action = %s, want 1", v)
+	if v := value(t, e.Page(), "gpu_recovery_action_code", `gpu="0"`); v != "42" {
+		t.Errorf("recovery action code = %s, want 42", v)
 	}
 }
 

@@ -63,7 +63,23 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if st == nil {
 		return
 	}
-	collectState(st, ch)
+	groups := c.e.cfg.Groups
+	filtered := make(chan prometheus.Metric, 256)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range filtered {
+			if g, ok := descGroups[m.Desc()]; !ok || groups.On(g) {
+				ch <- m
+			}
+		}
+	}()
+	collectState(st, filtered)
+	if c.e.compat != nil {
+		c.e.compat.collect(st, filtered)
+	}
+	close(filtered)
+	<-done
 }
 
 func collectState(st *State, ch chan<- prometheus.Metric) {

@@ -110,7 +110,7 @@ func xidExporter(t *testing.T, node *simnode.Node, src xid.EventSource, clk *fix
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

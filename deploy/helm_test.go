@@ -99,6 +99,19 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		name:    "lean-with-dcgm-exporter-names",
+		sets:    []string{"exporter.collectors.profile=lean", "exporter.collectors.groups.media=true", "exporter.collectors.groups.process=false", "exporter.compatDCGMExporter=true"},
+		profile: generic,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--collector.profile=lean", "--collector.media", "--no-collector.process", "--compat.dcgm-exporter"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: DaemonSet args %v lack %s", m.name, args, want)
+				}
+			}
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,
@@ -122,7 +135,7 @@ func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
 
 func TestHelmChart(t *testing.T) {
 	helm := tool(t, "helm", installHelm)
-	rules := readRulesFile(t)
+	rules, gmpRules := readRulesFile(t), readGMPRulesFile(t)
 	for _, tc := range helmCases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := valuesArgs(tc.values...)
@@ -147,7 +160,7 @@ func TestHelmChart(t *testing.T) {
 				scheme = "https"
 			}
 			checkScrapeWiring(t, m, scheme)
-			checkRules(t, m, rules)
+			checkRules(t, m, rules, gmpRules)
 			checkDashboards(t, m)
 			checkNamespaced(t, m)
 			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {

@@ -375,23 +375,26 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 }
 
 // checkRules compares the spec of every rendered rule object with the rules
-// file, the single source of the rules.
-func checkRules(t *testing.T, m *manifests, rulesFile []byte) {
+// file, the single source of the rules: PrometheusRule with the file itself,
+// GKE Managed Prometheus' ClusterRules with its GMP variant (generated from
+// it: GMP stores the exporter's and kube-state-metrics' namespace label as
+// exported_namespace).
+func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 	t.Helper()
-	want := plainYAML(t, rulesFile)
-	check := func(key string) {
+	check := func(key, path string, file []byte) {
 		t.Helper()
+		want := plainYAML(t, file)
 		doc := plainYAML(t, m.raw[key])
 		spec := doc.(map[string]any)["spec"]
 		if !reflect.DeepEqual(spec, want) {
-			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, rulesPath, firstDifference(spec, want))
+			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, path, firstDifference(spec, want))
 		}
 	}
 	for _, r := range m.promRules {
-		check("PrometheusRule/" + r.Metadata.Name)
+		check("PrometheusRule/"+r.Metadata.Name, rulesPath, rulesFile)
 	}
 	for _, r := range m.clusterRules {
-		check("ClusterRules/" + r.Metadata.Name)
+		check("ClusterRules/"+r.Metadata.Name, gmpRulesPath, gmpRulesFile)
 	}
 }
 

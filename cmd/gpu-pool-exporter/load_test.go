@@ -371,7 +371,10 @@ func slowConn(t *testing.T, addr string) (net.Conn, int) {
 }
 
 func TestMaxRequestsAnswers503(t *testing.T) {
-	r := startExporter(t, "--simulate", "--collect-interval=1s", "--log.level=warn", "--web.max-requests=2")
+	// A slow client holds its handler only while the page outgrows the
+	// socket buffers: serve every group and the dcgm-exporter names.
+	r := startExporter(t, "--simulate", "--collect-interval=1s", "--log.level=warn", "--web.max-requests=2",
+		"--collector.profile=full", "--compat.dcgm-exporter")
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {

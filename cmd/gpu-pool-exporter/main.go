@@ -76,6 +76,20 @@ type options struct {
 	kubeletRefresh   time.Duration
 	kubeletTimeout   time.Duration
 	kubeletResources []string
+
+	profile      string
+	groupFlags   map[collector.Group]*groupFlag
+	groups       collector.GroupSet
+	dcgmOn       bool
+	dcgmOnSet    bool
+	kubeletOnSet bool
+	kubeletOn    bool
+	compatDCGM   bool
+}
+
+// groupFlag is one --[no-]collector.<group> flag and whether it was given.
+type groupFlag struct {
+	on, set bool
 }
 
 func init() {
@@ -201,6 +215,22 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+		Default(collector.ProfileDefault).EnumVar(&o.profile, collector.ProfileNames...)
+	o.groupFlags = map[collector.Group]*groupFlag{}
+	for _, g := range collector.Groups {
+		if g.Name == collector.GroupCore {
+			continue
+		}
+		gf := &groupFlag{}
+		o.groupFlags[g.Name] = gf
+		app.Flag("collector."+string(g.Name), "Serve "+g.Help+" (--no-collector."+string(g.Name)+" to leave out; default: per --collector.profile).").
+			IsSetByUser(&gf.set).BoolVar(&gf.on)
+	}
+	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
+	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
+		BoolVar(&o.compatDCGM)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
@@ -266,6 +296,25 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		if strings.TrimSuffix(r, "*") == "" || strings.ContainsAny(r, " ,") {
 			return nil, exitUsage, fmt.Errorf("--kubelet.resource-names=%q: want a resource name such as example.com/gpu, or a prefix ending in *", r)
 		}
+	}
+	groups, err := collector.ProfileGroups(o.profile)
+	if err != nil {
+		return nil, exitUsage, fmt.Errorf("--collector.profile=%s: %v", o.profile, err)
+	}
+	for g, f := range o.groupFlags {
+		if f.set {
+			groups[g] = f.on
+		}
+	}
+	o.groups = groups
+	if o.dcgmOnSet && !o.dcgmOn {
+		if o.dcgmHostEngine != "" {
+			return nil, exitUsage, fmt.Errorf("--no-collector.dcgm contradicts --dcgm.host-engine=%s: drop one of them", o.dcgmHostEngine)
+		}
+		o.dcgmMode = string(dcgm.ModeOff)
+	}
+	if o.kubeletOnSet && !o.kubeletOn {
+		o.kubeletEnabled = false
 	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {
@@ -442,8 +491,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
-	if src, ok := nvmlsampler.XIDSource(lib); ok {
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups}
+	if o.compatDCGM {
+		host := o.nodeName
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+		cfg.Compat = &collector.CompatConfig{Hostname: host}
+	}
+	if src, ok := nvmlsampler.XIDSource(lib); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)

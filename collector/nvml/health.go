@@ -52,9 +52,9 @@ type Health struct {
 	NVLinkErrors    [numNVLinkErrorTypes]uint64
 	NVLinkErrorSeen [numNVLinkErrorTypes]bool
 	HasNVLink       bool
-	RecoveryAction opt[int]
-	NUMANode       opt[int]
-	NVLinkActive   int // number of active NVLinks
+	RecoveryAction  opt[int]
+	NUMANode        opt[int]
+	NVLinkActive    int // number of active NVLinks
 }
 
 const numNVLinkErrorTypes = 8
@@ -105,8 +105,8 @@ var (
 	}
 
 	// RecoveryActions are NVML's recovery actions
-	// (nvmlDeviceGpuRecoveryAction_t), from go-nvml's constants. A value
-	// not listed is exported as "unknown", never hidden.
+	// (nvmlDeviceGpuRecoveryAction_t), from go-nvml's constants, for the
+	// metric's documentation; the code itself is exported, a newer one too.
 	RecoveryActions = []struct {
 		Name  string
 		Value nvml.DeviceGpuRecoveryAction
@@ -121,10 +121,6 @@ var (
 		{"system_reboot", nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT},
 	}
 )
-
-// RecoveryActionUnknown is the state exported for an action NVML reports
-// that go-nvml does not name (a newer driver).
-const RecoveryActionUnknown = "unknown"
 
 // readHealth reads the board's health; slow-moving counters (NVLink errors)
 // only when full is set, otherwise they are carried from prev.

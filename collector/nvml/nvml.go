@@ -47,6 +47,8 @@ type Device interface {
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
+	GetEncoderUtilization() (uint32, uint32, nvml.Return) // utilisation %, sampling period µs
+	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	HealthDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)

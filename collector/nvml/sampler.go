@@ -479,7 +479,23 @@ func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, 
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
 		v.Set(FieldShutdownTemperature, float64(t))
 	}
-	readHealth(d, p, health, prevHealth, fullHealth, nvlinkSeen, ok)
+	if u, _, ret := d.GetEncoderUtilization(); ok(ret) {
+		v.Set(FieldEncoderUtilization, float64(u)/100)
+	}
+	if u, _, ret := d.GetDecoderUtilization(); ok(ret) {
+		v.Set(FieldDecoderUtilization, float64(u)/100)
+	}
+	// Memory (HBM) temperature is a field value: GPUs without a memory
+	// sensor (GDDR boards) answer NOT_SUPPORTED for the field alone.
+	mt := []nvml.FieldValue{{FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	if ret := d.GetFieldValues(mt); ok(ret) && nvml.Return(mt[0].NvmlReturn) == nvml.SUCCESS {
+		if t, known := fieldValue(mt[0]); known {
+			v.Set(FieldMemoryTemperature, t)
+		}
+	}
+	if health != nil {
+		readHealth(d, p, health, prevHealth, fullHealth, nvlinkSeen, ok)
+	}
 	if lost {
 		return false, nvml.ERROR_GPU_IS_LOST
 	}

@@ -297,8 +297,9 @@ func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetFieldValues implements nvmlsampler.Device: the recovery action, and
-// NVLink5's error counts on Blackwell.
+// GetFieldValues implements nvmlsampler.Device: the recovery action, the
+// memory (HBM) temperature, and NVLink5's error counts on Blackwell; other
+// fields are NOT_SUPPORTED, each on its own, as the driver answers.
 func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return ret
@@ -310,13 +311,18 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 			binary.LittleEndian.PutUint64(fv[i].Value[:], v)
 			continue
 		}
-		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+		switch fv[i].FieldId {
+		case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
+		case nvml.FI_DEV_MEMORY_TEMP:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], d.memoryTemperature())
+		default:
 			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
-			continue
 		}
-		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
-		fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
-		binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
 	}
 	return nvml.SUCCESS
 }

@@ -543,6 +543,30 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
 }
 
+// memoryTemperature is the HBM temperature: a few degrees under the die's
+// under load, as on H100s.
+func (d *Device) memoryTemperature() uint32 {
+	t := d.node.elapsed()
+	return uint32(math.Round(30 + 36*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("memtemp"), t)))
+}
+
+// GetEncoderUtilization implements nvmlsampler.Device: the simulated
+// workloads do no video work.
+func (d *Device) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, 0, ret
+	}
+	return 0, 167000, nvml.SUCCESS
+}
+
+// GetDecoderUtilization implements nvmlsampler.Device.
+func (d *Device) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, 0, ret
+	}
+	return 0, 167000, nvml.SUCCESS
+}
+
 // GetPowerUsage implements nvmlsampler.Device (milliwatts).
 func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
@@ -743,4 +767,16 @@ func (m *MIGDevice) GetCurrPcieLinkGeneration() (int, nvml.Return) {
 func (m *MIGDevice) GetCurrPcieLinkWidth() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetEncoderUtilization implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	m.count()
+	return 0, 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetDecoderUtilization implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	m.count()
+	return 0, 0, nvml.ERROR_NOT_SUPPORTED
 }
