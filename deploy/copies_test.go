@@ -95,6 +95,15 @@ func TestCopiesInSync(t *testing.T) {
 		t.Errorf("%s/files/gpu-pool-exporter.gmp.rules.yml differs from %s%s", chartDir, gmpRulesPath, hint)
 	}
 
+	for _, l := range []string{"shard", "global", "gmp.shard", "gmp.global"} {
+		name := "gpu-pool-exporter." + l + ".rules.yml"
+		src, errS := os.ReadFile(filepath.Join(repoRoot, "alerts", name))
+		cp, errC := os.ReadFile(filepath.Join(chartDir, "files", name))
+		if errS != nil || errC != nil || !bytes.Equal(src, cp) {
+			t.Errorf("%s/files/%s differs from alerts/%s%s", chartDir, name, name, hint)
+		}
+	}
+
 	srcDir := filepath.Join(repoRoot, "dashboards")
 	copyDir := filepath.Join(chartDir, "files/dashboards")
 	src, cp := dashboardFiles(t, srcDir), dashboardFiles(t, copyDir)
@@ -116,6 +125,8 @@ func TestCopiesInSync(t *testing.T) {
 	for _, f := range []string{
 		"kustomize/components/prometheus-operator/prometheusrule.yaml",
 		"kustomize/components/gke-managed-prometheus/clusterrules.yaml",
+		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-shard.yaml",
+		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-global.yaml",
 	} {
 		b, err := os.ReadFile(f)
 		if err != nil {

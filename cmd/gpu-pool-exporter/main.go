@@ -459,6 +459,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			l.Close() // no-op once served; frees the port on an early return
 		}
 	}()
+	var probeListener net.Listener
+	if o.probeAddress != "" {
+		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
+			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
+			return exitError
+		}
+		defer probeListener.Close() // likewise
+	}
 	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
@@ -549,13 +557,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 
-	var probeListener net.Listener
-	if o.probeAddress != "" {
-		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
-			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
-			return exitError
-		}
-	}
 	for i, l := range listeners {
 		listeners[i] = newLimitListener(l, o.maxConnections)
 	}
