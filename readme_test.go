@@ -97,6 +97,16 @@ func TestREADMEOpensWithTwoCommands(t *testing.T) {
 	if got, want := commands(first.text), []string{"make run", "make test"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("README.md:%d: the opening commands are %q, want %q", first.line, got, want)
 	}
+	// The Go README names is the one go.mod asks for.
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	readme, _ := os.ReadFile("README.md")
+	if goLine == nil || !bytes.Contains(readme, []byte("Go "+string(goLine[1])+" or later")) {
+		t.Errorf("README does not name go.mod's Go version as \"Go %s or later\"", goLine[1])
+	}
 	ci, err := os.ReadFile(".ci/run")
 	if err != nil {
 		t.Fatal(err)

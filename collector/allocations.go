@@ -43,7 +43,12 @@ func gpuKey(gpu int) DeviceKey { return DeviceKey{gpu, -1, -1} }
 
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
-	Up       bool
+	Up bool
+	// Known: the kubelet answered within staleAllocations, so who holds what
+	// is known. Otherwise (no pod source, socket missing, kubelet down for
+	// longer) the gauges that depend on it are left out rather than showing
+	// every device free.
+	Known    bool
 	Duration time.Duration
 	// Holders per device, sorted.
 	ByDevice    map[DeviceKey][]Holder
@@ -90,6 +95,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
 		return a
 	}
+	a.Known = true
 	a.Allocatable = snap.Allocatable
 	inv := inventory(s)
 	if snap.AllocatableIDs != nil {
@@ -183,13 +189,13 @@ var (
 		allocLabels, nil)
 	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes", "Framebuffer memory in use on a device the container holds alone.", containerLabels, nil)
-	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "Busy ratio of a device the container holds alone (NVML; DCGM SM activity on MIG instances).", containerLabels, nil)
+	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "NVML busy ratio of a whole GPU the container holds alone; absent on MIG instances, which have none (see gpu_container_sm_active_ratio).", containerLabels, nil)
 	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
 	allocatableDesc   = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"}, nil)
 	devicesDesc = prometheus.NewDesc("gpu_devices",
-		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (GPU down).",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, or a reset pending: rows to remap, pages to retire, a recovery action). free and allocated are absent while the pod map is unknown.",
 		[]string{"state"}, nil)
 	healthyDesc = prometheus.NewDesc("gpu_healthy_devices",
 		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil, nil)
@@ -203,19 +209,53 @@ var (
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
 )
 
-// unitState is the state of each schedulable unit of the sample.
+// healthy says whether a GPU can take new work: NVML answers, its memory can
+// still be repaired, and no reset is pending. A GPU whose row remapping
+// failed (GPURowRemapFailed: replace it), or that waits for a reset (rows to
+// remap, pages to retire, an NVML recovery action) is unhealthy: never free
+// capacity, even though NVML answers and pods may still run on it.
+func healthy(g *GPUState) bool {
+	h := &g.Health
+	switch {
+	case !g.Up,
+		h.RemapFailed.OK && h.RemapFailed.V,
+		h.RemapPending.OK && h.RemapPending.V,
+		h.RetiredPending.OK && h.RetiredPending.V,
+		h.RecoveryAction.OK && h.RecoveryAction.V != 0:
+		return false
+	}
+	return true
+}
+
+// eachUnit calls f for each schedulable unit of the sample (whole GPUs, MIG
+// instances) with its health (see healthy).
 func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)) {
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
+		ok := healthy(g)
 		if len(g.MIG) == 0 {
-			f(&g.DeviceState, gpuKey(g.GPU), g.Up)
+			f(&g.DeviceState, gpuKey(g.GPU), ok)
 			continue
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			f(m, migKey(g.GPU, m), g.Up && m.Up)
+			f(m, migKey(g.GPU, m), ok && m.Up)
 		}
 	}
+}
+
+// sharedFree lists the units that have at least one free allocatable
+// device ID while held: time-sliced GPUs with free replicas.
+func (a *Allocations) sharedFree() map[DeviceKey]bool {
+	out := map[DeviceKey]bool{}
+	for res, refs := range a.allocatableRefs {
+		for id, k := range refs {
+			if !a.heldIDs[res][id] && len(a.ByDevice[k]) > 0 {
+				out[k] = true
+			}
+		}
+	}
+	return out
 }
 
 func collectAllocations(st *State, ch chan<- prometheus.Metric) {
@@ -250,15 +290,17 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}
-		if v, ok := activity(d); ok {
+		if v, ok := d.Values.Get(FieldUtilization); ok {
 			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, cl...)
 		}
 		if v, ok := d.Values.Get(FieldSMActive); ok {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
 		}
 	})
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	if a.Known {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	}
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
 	if a.AllocatableUnits != nil {
@@ -295,15 +337,6 @@ func (a *Allocations) freeIDs(s *NodeSample) map[string]int {
 		out[res] = n
 	}
 	return out
-}
-
-// activity is a device's busy figure: NVML's busy ratio, or on a MIG
-// instance (where NVML has none) DCGM's SM activity.
-func activity(d *DeviceState) (float64, bool) {
-	if v, ok := d.Values.Get(FieldUtilization); ok {
-		return v, true
-	}
-	return d.Values.Get(FieldSMActive)
 }
 
 // validUTF8 keeps a label value that a kubelet or driver bug made invalid

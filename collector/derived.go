@@ -86,9 +86,11 @@ func gpuOf(s *NodeSample, gpu int) *GPUState {
 // fragInput turns the sample and its allocations into the model's input.
 func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 	out := make([]fragmentation.GPU, 0, len(s.GPUs))
+	shared := a.sharedFree()
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
-		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: g.Up, NVLinkDomain: -1, NUMANode: -1}
+		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: healthy(g), NVLinkDomain: -1, NUMANode: -1,
+			SharedFree: shared[gpuKey(g.GPU)]}
 		fg.MemoryTotal = usableMemory(&g.Values)
 		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
 		if g.Health.NVLinkActive > 0 {
@@ -134,7 +136,7 @@ var (
 	idleDesc = prometheus.NewDesc("gpu_allocation_idle",
 		"1 if the holder's device stayed below the idle threshold for the whole idle window (--idle.threshold, --idle.window).", allocLabels, nil)
 	idleSecondsDesc = prometheus.NewDesc("gpu_allocation_idle_seconds_total",
-		"Seconds the holder's device has been idle while held, counted once the idle window is met; starts afresh for a new holder.", allocLabels, nil)
+		"Seconds the holder's device has been idle while held, counted once the idle window is met; like every counter here it never falls: a holder with the same labels within an hour goes on from its last value.", allocLabels, nil)
 	idleDevicesDesc = prometheus.NewDesc("gpu_idle_allocated_devices",
 		"Allocated devices all of whose holders are idle.", nil, nil)
 	priceDesc = prometheus.NewDesc("gpu_price_dollars_per_hour",
@@ -167,6 +169,9 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	}
 	s := st.Sample
 	for _, is := range d.Idle {
+		if !is.Known {
+			continue // neither idle nor busy: left out rather than "not idle"
+		}
 		k := is.Key
 		lv := unitLabels(s, DeviceKey{k.GPU, k.GPUInstance, k.ComputeInstance})
 		if lv == nil {
@@ -176,7 +181,10 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(idleDesc, prometheus.GaugeValue, b2f(is.Idle), labels...)
 		ch <- prometheus.MustNewConstMetric(idleSecondsDesc, prometheus.CounterValue, is.IdleSeconds, labels...)
 	}
-	ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	known := st.Allocations != nil && st.Allocations.Known
+	if known {
+		ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	}
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
 			lv := labelValues(dev)
@@ -184,10 +192,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		}
 	})
 	f := &d.Frag
-	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
-	for dom, n := range f.LargestFreeGroup {
-		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
-	}
+	// MIG slices and placements depend on the GPU instances only.
 	for _, m := range f.MIG {
 		gpu := strconv.Itoa(m.GPU)
 		ch <- prometheus.MustNewConstMetric(migFreeSlicesDesc, prometheus.GaugeValue, float64(m.FreeSlices), gpu, m.UUID)
@@ -195,6 +200,15 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		for prof, n := range m.Placeable {
 			ch <- prometheus.MustNewConstMetric(migPlaceableDesc, prometheus.GaugeValue, float64(n), gpu, m.UUID, prof)
 		}
+	}
+	if !known {
+		// Who holds what is unknown: free capacity, stranded VRAM and
+		// fragmentation would all say "everything is free".
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
+	for dom, n := range f.LargestFreeGroup {
+		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
 	}
 	for shape, v := range f.PerShape {
 		ch <- prometheus.MustNewConstMetric(fragDesc, prometheus.GaugeValue, v, shape)

@@ -569,6 +569,14 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			t.Errorf("dcgm-exporter panel %q returns no data: %s", p.Title, expr)
 		}
 	}
+	// A GPU nobody holds is nobody's: its series carry empty holder labels,
+	// so honor_labels does not give them the exporter pod's own.
+	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod="gpu-pool-exporter-x7k2p"}`); err != nil || n != 0 {
+		t.Errorf("%d DCGM_FI_DEV_GPU_TEMP series carry the exporter's own pod label (%v)", n, err)
+	}
+	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod!=""}`); err != nil || n == 0 {
+		t.Errorf("no DCGM_FI_DEV_GPU_TEMP series names its holder's pod (%d, %v)", n, err)
+	}
 	// Every default counter is served under its name, with its type.
 	var meta struct {
 		Data map[string][]struct {

@@ -215,8 +215,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
-	app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
-		Default(collector.ProfileDefault).EnumVar(&o.profile, collector.ProfileNames...)
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
 	o.groupFlags = map[collector.Group]*groupFlag{}
 	for _, g := range collector.Groups {
 		if g.Name == collector.GroupCore {

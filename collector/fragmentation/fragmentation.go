@@ -25,6 +25,10 @@ type GPU struct {
 	// ignored when MIG is on: holders then hold instances
 	// (MIGInstance.Allocated).
 	Allocated bool
+	// SharedFree: an allocated, time-sliced GPU that still has free
+	// replicas. It is not free (a whole-GPU task cannot have it), but its
+	// free memory is not stranded either: the next replica's pod can use it.
+	SharedFree bool
 	// MemoryTotal and MemoryUsed are in bytes; used for stranded memory of an
 	// allocated whole GPU. Ignored when MIG is on (instances carry their own).
 	MemoryTotal, MemoryUsed float64
@@ -97,7 +101,8 @@ type Result struct {
 	// StrandedMemoryBytes is the free VRAM (total - used) on allocated,
 	// healthy devices, whole GPUs and MIG instances: under whole-device
 	// scheduling nobody else can use it. Unhealthy devices are left out:
-	// their memory is lost to health, not to allocation.
+	// their memory is lost to health, not to allocation; so are time-sliced
+	// GPUs with free replicas (GPU.SharedFree).
 	StrandedMemoryBytes float64
 	// LargestFreeGroup maps DomainNVLink and DomainNUMA to the size of the
 	// largest set of free, healthy, non-MIG GPUs sharing one domain. A GPU
@@ -178,7 +183,9 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 				res.Unhealthy++
 			case g.Allocated:
 				res.Allocated++
-				res.StrandedMemoryBytes += freeMemory(g.MemoryTotal, g.MemoryUsed)
+				if !g.SharedFree {
+					res.StrandedMemoryBytes += freeMemory(g.MemoryTotal, g.MemoryUsed)
+				}
 			default:
 				res.Free++
 				s.capacity = 1

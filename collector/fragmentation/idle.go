@@ -62,6 +62,11 @@ type Observation struct {
 type IdleStatus struct {
 	Key  HolderKey
 	Idle bool
+	// Known: the holder's activity was known in this sample (every
+	// observation of the key). An unknown holder is not idle, but it is not
+	// busy either: the exporter leaves its gpu_allocation_idle out (a MIG
+	// instance without DCGM, a GPU that stopped answering).
+	Known bool
 	// IdleSeconds is the idle time accrued by this holder
 	// (gpu_allocation_idle_seconds_total): it never decreases while the
 	// holder exists, and starts at 0 for a new holder.
@@ -137,9 +142,11 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 	out := make([]IdleStatus, 0, len(obs))
 	for i := range obs {
 		o := &obs[i]
-		below := o.Known && o.Activity >= 0 && o.Activity < t.cfg.Threshold // false for NaN
+		known := o.Known && o.Activity >= 0 // false for NaN
+		below := known && o.Activity < t.cfg.Threshold
 		h, ok := t.holders[o.Key]
 		if ok && h.gen == t.gen {
+			out[h.out].Known = out[h.out].Known && known
 			// Same key twice in one sample: busy evidence wins, and the
 			// interval ending in this sample is not counted.
 			if !below {
@@ -158,7 +165,7 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 		t.step(&h, now, below)
 		h.gen, h.out = t.gen, len(out)
 		t.holders[o.Key] = h
-		out = append(out, IdleStatus{Key: o.Key, Idle: h.idle, IdleSeconds: h.idleSeconds})
+		out = append(out, IdleStatus{Key: o.Key, Idle: h.idle, Known: known, IdleSeconds: h.idleSeconds})
 	}
 	for k, h := range t.holders {
 		if h.gen != t.gen {

@@ -308,3 +308,27 @@ func TestIdleTrackerConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Unknown activity is neither idle nor busy: the status says so, and a
+// holder seen twice in one sample is known only if both observations are.
+func TestIdleStatusKnown(t *testing.T) {
+	tr, err := NewIdleTracker(IdleConfig{Threshold: 0.05, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := HolderKey{Namespace: "ns", Pod: "a", GPU: 0, GPUInstance: 1}
+	b := HolderKey{Namespace: "ns", Pod: "b", GPU: 0, GPUInstance: 2}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	st := tr.Observe(now, []Observation{
+		{Key: a, Activity: 0, Known: false},
+		{Key: b, Activity: 0, Known: true},
+		{Key: b, Activity: 0.5, Known: false},
+	})
+	if len(st) != 2 || st[0].Known || st[0].Idle || st[1].Known {
+		t.Fatalf("statuses %+v: want a and b unknown, not idle", st)
+	}
+	st = tr.Observe(now.Add(2*time.Minute), []Observation{{Key: b, Activity: 0, Known: true}})
+	if len(st) != 1 || !st[0].Known {
+		t.Fatalf("statuses %+v: want b known", st)
+	}
+}
