@@ -303,6 +303,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "deploy.TestREADMEInstall"
 		case b.lang == "sh" && allPrefixed(commands(b.text), "scripts/device-check"):
 			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
+		case b.lang == "sh" && b.section == "Who uses a shared GPU" && allPrefixed(commands(b.text), "kubectl"):
+			by = "needs a cluster (kubectl exec); cmd/gpu-pool-exporter.TestStatusSubcommand runs `gpu-pool-exporter status` against the simulated node and checks these rows"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"

@@ -64,6 +64,17 @@ type Allocations struct {
 	// heldIDs are the device IDs containers hold, per resource.
 	heldIDs   map[string]map[string]bool
 	Unmatched map[string]int // resource -> device IDs matching no device
+	// Shared are the units the device plugin hands out as replicas
+	// (time-slicing, MPS, GKE vgpuK), held or allocatable.
+	Shared map[DeviceKey]bool
+	// Replicas are the replica numbers each holder holds on a shared unit.
+	Replicas map[HolderOn][]int
+}
+
+// HolderOn is a holder of one unit.
+type HolderOn struct {
+	Holder
+	Key DeviceKey
 }
 
 // inventory is the sample's devices as podmap wants them.
@@ -87,7 +98,7 @@ func inventory(s *NodeSample) *podmap.Inventory {
 
 // resolveAllocations matches the kubelet's holdings to the sample's devices.
 func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
-	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}}
+	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}, Shared: map[DeviceKey]bool{}, Replicas: map[HolderOn][]int{}}
 	if snap == nil {
 		return a
 	}
@@ -113,6 +124,9 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 					k := targetKey(t)
 					a.AllocatableUnits[k] = true
 					refs[id] = k
+					if ref.IsShared() {
+						a.Shared[k] = true
+					}
 				}
 			}
 		}
@@ -137,6 +151,10 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	for _, m := range matched {
 		k := targetKey(m.Target)
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
+		if m.Ref.IsShared() {
+			a.Shared[k] = true
+			a.Replicas[HolderOn{h, k}] = append(a.Replicas[HolderOn{h, k}], m.Ref.Replica)
+		}
 		if g := gpuOf(s, k.GPU); k.GPUInstance < 0 && g != nil && len(g.MIG) > 0 {
 			// A whole MIG-mode GPU, held by its GPU UUID (the device
 			// plugin's migStrategy none): its holder holds every
@@ -187,11 +205,15 @@ var (
 	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
 		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
 		allocLabels, nil)
-	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
-	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes", "Framebuffer memory in use on a device the container holds alone.", containerLabels, nil)
-	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "NVML busy ratio of a whole GPU the container holds alone; absent on MIG instances, which have none (see gpu_container_sm_active_ratio).", containerLabels, nil)
-	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
-	allocatableDesc   = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
+	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
+	containerMemDesc = prometheus.NewDesc("gpu_container_memory_used_bytes",
+		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
+		containerLabels, nil)
+	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio",
+		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
+		append(append([]string(nil), containerLabels...), "source"), nil)
+	containerSMDesc = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
+	allocatableDesc = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"}, nil)
 	devicesDesc = prometheus.NewDesc("gpu_devices",
@@ -282,16 +304,36 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		for _, h := range holders {
 			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 		}
-		if len(holders) != 1 || !d.Up {
-			return // shared devices: per-container use is unknown, so absent rather than duplicated
+		if !d.Up {
+			return
+		}
+		du := st.Usage.device(key)
+		if du != nil && du.Known && du.Shared {
+			// On a device held alone its holder's series is the device's.
+			ch <- prometheus.MustNewConstMetric(outsidePodsDesc, prometheus.GaugeValue, du.OutsidePods.MemoryBytes, lv...)
+			// Shared: each container's own processes, 0 for a holder running nothing.
+			for i := range du.Containers {
+				cu := &du.Containers[i]
+				cl := []string{cu.Namespace, cu.Pod, cu.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
+				if cu.Use.MemoryKnown {
+					ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, cu.Use.MemoryBytes, cl...)
+				}
+				if v, src, ok := containerActivity(du, d, cu); ok {
+					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+				}
+			}
+			return
+		}
+		if len(holders) != 1 {
+			return // shared devices without process accounting: per-container use is unknown, so absent rather than duplicated
 		}
 		h := holders[0]
 		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
 		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}
-		if v, ok := d.Values.Get(FieldUtilization); ok {
-			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, cl...)
+		if v, src, ok := containerActivity(nil, d, nil); ok {
+			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
 		}
 		if v, ok := d.Values.Get(FieldSMActive); ok {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)

@@ -31,7 +31,7 @@ type podNode struct {
 	clk    *fixedClock
 }
 
-func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
+func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gpe")
 	if err != nil {
@@ -68,7 +68,7 @@ func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
 
 // step moves the scenario clock, updates the fake kubelet, refreshes the
 // client and takes a sample.
-func (p *podNode) step(t *testing.T, d time.Duration) *collector.Page {
+func (p *podNode) step(t testing.TB, d time.Duration) *collector.Page {
 	t.Helper()
 	p.clk.Advance(d)
 	p.kube.SetPods(p.node.KubeletPods())

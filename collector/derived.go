@@ -37,15 +37,15 @@ func idleActivity(d *DeviceState) (float64, bool) {
 }
 
 // computeDerived runs the idle tracker and the fragmentation model.
-func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, now time.Time) *Derived {
+func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, u *Usage, now time.Time) *Derived {
 	d := &Derived{Prices: map[DeviceKey]float64{}}
 	var obs []fragmentation.Observation
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, healthy bool) {
-		act, known := idleActivity(dev)
-		if !dev.Up {
-			known = false
-		}
 		for _, h := range a.ByDevice[key] {
+			act, known := holderIdleActivity(u, dev, key, h)
+			if !dev.Up {
+				known = false
+			}
 			obs = append(obs, fragmentation.Observation{
 				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance, ComputeInstance: key.ComputeInstance},
 				Activity: act, Known: known,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
@@ -53,6 +54,18 @@ type Config struct {
 	// Compat, when set, also serves dcgm-exporter's default families under
 	// its names, from the same sample and in the same render.
 	Compat *CompatConfig
+	// Processes, when set, maps the processes NVML lists to containers:
+	// per-container use of shared devices.
+	Processes *procs.Resolver
+	// Status names the exporter on the landing page.
+	Status StatusInfo
+}
+
+// StatusInfo is what the landing page says about the exporter itself.
+type StatusInfo struct {
+	Version   string
+	Node      string
+	Simulated bool
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -71,8 +84,10 @@ type State struct {
 	// XIDInstances are the XIDs NVML attributed to MIG instances.
 	XIDInstances []xid.InstanceCount
 	// ECCEvents are the ECC error events per GPU, by sample GPU position.
-	ECCEvents  [][2]uint64
-	Derived    *Derived
+	ECCEvents [][2]uint64
+	Derived   *Derived
+	// Usage is per-container use from process accounting; nil when off.
+	Usage      *Usage
 	Collectors []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
@@ -94,6 +109,9 @@ type Page struct {
 	plainLen, gzipLen []string
 	// State is what the page shows, for the landing page.
 	State *State
+	// StatusHTML and StatusJSON are the landing page and /status.json,
+	// rendered with the metrics.
+	StatusHTML, StatusJSON []byte
 }
 
 // Exporter samples in the background and keeps the rendered page.
@@ -222,7 +240,11 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
 	}
-	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, s.Time)
+	if e.cfg.Processes != nil {
+		st.Usage = attributeProcesses(ctx, e.cfg.Processes, s, st.Allocations)
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "", Duration: st.Usage.Duration})
+	}
+	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, st.Usage, s.Time)
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()
@@ -281,8 +303,17 @@ func (e *Exporter) render(st *State) error {
 	if err := e.gz.Close(); err != nil {
 		return err
 	}
+	var html, js bytes.Buffer
+	view := buildStatus(st, e.cfg.Status, e.cfg.Pods != nil, e.cfg.Processes != nil)
+	if err := view.HTML(&html); err != nil {
+		return err
+	}
+	if err := view.JSON(&js); err != nil {
+		return err
+	}
 	e.page.Store(&Page{Plain: buf.Bytes(), Gzip: zbuf.Bytes(), Time: st.Rendered, State: st,
-		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())}})
+		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())},
+		StatusHTML: html.Bytes(), StatusJSON: js.Bytes()})
 	return nil
 }
 

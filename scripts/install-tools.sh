@@ -2,11 +2,12 @@
 # Installs the tools the test suite needs on a fresh Debian machine with Go:
 #   promtool and the Prometheus server (Debian's prometheus package, 2.42: 30 s
 #   by apt-get), helm (go install), the kustomize CLI README names (go
-#   install: it builds in about a minute, under helm's five), and promtool3:
+#   install: it builds in about a minute, under helm's five), promtool3:
 #   Prometheus 3.x's promtool (go install of the prometheus module without its
 #   service discovery plugins, which rule tests do not use), so that the rules
-#   are tested on both major versions. The go installs run in parallel with
-#   each other and with apt-get.
+#   are tested on both major versions, and Debian's chromium for the landing
+#   page's headless-browser test (about 75 s of apt-get, in the same apt-get
+#   run). The go installs run in parallel with each other and with apt-get.
 # Idempotent: tools already present are kept (promtool3 if it is the pinned
 # version), so a warm run takes seconds.
 set -euo pipefail
@@ -23,6 +24,7 @@ KUSTOMIZE_VERSION=v5.8.2
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 
 helm_pid=""
 if ! command -v helm >/dev/null 2>&1; then
@@ -57,10 +59,10 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "install-tools: apt-get install prometheus (promtool and the server)"
+  echo "install-tools: apt-get install ${need_apt[*]} (promtool and the server; chromium for the landing page test)"
   $SUDO apt-get update -qq
   # The package's init script would start a server on :9090; tests start their own.
-  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
   $SUDO pkill -x prometheus 2>/dev/null || true
 fi
 
@@ -73,4 +75,4 @@ fi
 if [ -n "$promtool3_pid" ]; then
   wait "$promtool3_pid"
 fi
-echo "install-tools: $(promtool --version 2>&1 | head -1); promtool3 prometheus $PROMTOOL3_VERSION; helm $(helm version --short 2>/dev/null); kustomize $(kustomize version 2>/dev/null)"
+echo "install-tools: $(promtool --version 2>&1 | head -1); promtool3 prometheus $PROMTOOL3_VERSION; helm $(helm version --short 2>/dev/null); kustomize $(kustomize version 2>/dev/null); $(chromium --version 2>/dev/null)"

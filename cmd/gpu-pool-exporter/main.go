@@ -77,14 +77,20 @@ type options struct {
 	kubeletTimeout   time.Duration
 	kubeletResources []string
 
-	profile      string
-	groupFlags   map[collector.Group]*groupFlag
-	groups       collector.GroupSet
-	dcgmOn       bool
-	dcgmOnSet    bool
-	kubeletOnSet bool
-	kubeletOn    bool
-	compatDCGM   bool
+	procsEnabled   bool
+	procsRoot      string
+	procsRootSet   bool
+	procsLogDir    string
+	procsLogDirSet bool
+	procsCRISocket string
+	profile        string
+	groupFlags     map[collector.Group]*groupFlag
+	groups         collector.GroupSet
+	dcgmOn         bool
+	dcgmOnSet      bool
+	kubeletOnSet   bool
+	kubeletOn      bool
+	compatDCGM     bool
 }
 
 // groupFlag is one --[no-]collector.<group> flag and whether it was given.
@@ -176,7 +182,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 			o, code, err = nil, exitOK, nil
 		}
 	}()
-	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation.")
+	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. "+
+		"`gpu-pool-exporter status [--url=http://localhost:"+DefaultPort+"]` prints who is on each GPU of a running exporter.")
 	app.Version(version.Print("gpu-pool-exporter"))
 	app.HelpFlag.Short('h')
 	app.UsageWriter(stdout)
@@ -215,7 +222,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
-	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 62 series per GPU), lean (at most 41: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
 		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
 	o.groupFlags = map[collector.Group]*groupFlag{}
 	for _, g := range collector.Groups {
@@ -232,6 +239,12 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
 		BoolVar(&o.compatDCGM)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
+	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&o.procsEnabled)
+	app.Flag("procs.proc-root", "The host's /proc as mounted in the exporter (read-only hostPath, e.g. /host/proc; no host PID namespace needed): NVML reports host PIDs, whose cgroup names their container.").
+		Default("/proc").IsSetByUser(&o.procsRootSet).StringVar(&o.procsRoot)
+	app.Flag("procs.container-log-dir", "The kubelet's /var/log/containers (read-only hostPath): its <pod>_<namespace>_<container>-<id>.log names turn container IDs into pods. Only names are read.").
+		Default("/var/log/containers").IsSetByUser(&o.procsLogDirSet).StringVar(&o.procsLogDir)
+	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&o.procsCRISocket)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
 	}
@@ -430,6 +443,9 @@ func newLogger(o *options, w io.Writer) zerolog.Logger {
 
 // run is main without os.Exit, for tests. It returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)
@@ -487,7 +503,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Sysfs: sysfs})
+	resolver, closeResolver, err := processResolver(o, node, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitUsage
+	}
+	defer closeResolver()
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil, Sysfs: sysfs})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
@@ -499,7 +521,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups}
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
+		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver}
 	if o.compatDCGM {
 		host := o.nodeName
 		if host == "" {

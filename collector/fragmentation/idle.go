@@ -71,6 +71,10 @@ type IdleStatus struct {
 	// (gpu_allocation_idle_seconds_total): it never decreases while the
 	// holder exists, and starts at 0 for a new holder.
 	IdleSeconds float64
+	// QuietSince is the first sample of the holder's current run below the
+	// threshold (zero while it is busy or unknown): the landing page's "idle
+	// for".
+	QuietSince time.Time
 }
 
 // IdleTracker follows holders from sample to sample and decides which are
@@ -154,6 +158,7 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 				h.idleSeconds = h.before
 				out[h.out].Idle = false
 				out[h.out].IdleSeconds = h.idleSeconds
+				out[h.out].QuietSince = time.Time{}
 				t.holders[o.Key] = h
 			}
 			continue
@@ -165,7 +170,11 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 		t.step(&h, now, below)
 		h.gen, h.out = t.gen, len(out)
 		t.holders[o.Key] = h
-		out = append(out, IdleStatus{Key: o.Key, Idle: h.idle, Known: known, IdleSeconds: h.idleSeconds})
+		st := IdleStatus{Key: o.Key, Idle: h.idle, Known: known, IdleSeconds: h.idleSeconds}
+		if h.inWindow {
+			st.QuietSince = h.windowStart
+		}
+		out = append(out, st)
 	}
 	for k, h := range t.holders {
 		if h.gen != t.gen {

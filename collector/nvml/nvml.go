@@ -50,6 +50,7 @@ type Device interface {
 	GetEncoderUtilization() (uint32, uint32, nvml.Return) // utilisation %, sampling period µs
 	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	HealthDevice
+	ProcessDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
 	// GetGpuInstanceProfileInfoV2 is nvmlDeviceGetGpuInstanceProfileInfoV

@@ -27,6 +27,9 @@ type SamplerConfig struct {
 	Log   zerolog.Logger
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Processes reads every device's process lists and per-process
+	// utilization, for per-container use of shared devices.
+	Processes bool
 }
 
 // Sampler reads every GPU through NVML. Each GPU is read by its own
@@ -75,7 +78,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	// hung, by index, until its discovery returns.
 	done := make(chan struct{}, n)
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
+		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
 		w.setIdent(DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
 		w.busy.Store(true)
 		go func() {
@@ -187,6 +190,8 @@ type gpuWorker struct {
 	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
+	processes  bool
+	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	result     GPUState
 	identMu    sync.Mutex // guards ident for staleState while a read is stuck
 }
@@ -406,9 +411,16 @@ func (w *gpuWorker) read() GPUState {
 		g.Health.NUMANode = w.numa
 	}
 	w.prevHealth = &g.Health
+	if w.processes && len(w.migHandles) == 0 {
+		g.Processes = readProcesses(w.handle, true, &w.lastSeen)
+	}
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
 		ms.Up, _ = readDevice(m, w.probes, &ms, nil, nil, false, nil)
+		if w.processes && ms.Up {
+			var none uint64
+			ms.Processes = readProcesses(m, false, &none)
+		}
 		g.MIG = append(g.MIG, ms)
 	}
 	return g

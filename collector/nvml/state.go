@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 )
 
 // DeviceState is one device in one sample: a whole GPU, or a MIG instance of
@@ -22,6 +24,9 @@ type DeviceState struct {
 	MIGUUID         string
 	Up              bool
 	Values          Values
+	// Processes are the device's processes from NVML's process lists;
+	// Known is false unless SamplerConfig.Processes is set.
+	Processes procs.DeviceProcesses
 }
 
 // IsMIG reports whether the device is a MIG instance.

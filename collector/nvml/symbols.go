@@ -107,6 +107,18 @@ var Symbols = []Symbol{
 	{Name: "nvmlDeviceGetGpuInstancePossiblePlacements_v2", Since: R470},
 	{Name: "nvmlDeviceGetGpuInstances", Since: R470},
 	{Name: "nvmlGpuInstanceGetInfo", Since: R470},
+	// Media engines (group media).
+	{Name: "nvmlDeviceGetEncoderUtilization", Since: R470},
+	{Name: "nvmlDeviceGetDecoderUtilization", Since: R470},
+	// Process accounting of shared GPUs (processes.go). go-nvml looks up
+	// the _v3 lists (R510+) itself and falls back to _v2.
+	{Name: "nvmlDeviceGetComputeRunningProcesses_v2", Since: R470},
+	{Name: "nvmlDeviceGetComputeRunningProcesses_v3", Since: R510, Fallback: "nvmlDeviceGetComputeRunningProcesses_v2"},
+	{Name: "nvmlDeviceGetMPSComputeRunningProcesses_v2", Since: R470},
+	{Name: "nvmlDeviceGetMPSComputeRunningProcesses_v3", Since: R510, Fallback: "nvmlDeviceGetMPSComputeRunningProcesses_v2"},
+	{Name: "nvmlDeviceGetGraphicsRunningProcesses_v2", Since: R470},
+	{Name: "nvmlDeviceGetGraphicsRunningProcesses_v3", Since: R510, Fallback: "nvmlDeviceGetGraphicsRunningProcesses_v2"},
+	{Name: "nvmlDeviceGetProcessUtilization", Since: R470},
 	// XID and ECC events (collector/xid).
 	{Name: "nvmlEventSetCreate", Since: R470},
 	{Name: "nvmlDeviceGetSupportedEventTypes", Since: R470},

@@ -122,7 +122,7 @@ func (n *Node) DevicePluginAllocatable() (int, bool) {
 
 // Close releases NVML calls blocked by a hang fault.
 func (n *Node) Close() {
-	n.closeOnce.Do(func() { close(n.closed) })
+	n.closeOnce.Do(func() { close(n.closed); n.closeHost() })
 }
 
 // enter is called first by every device method that can fail: it counts the

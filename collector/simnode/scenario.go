@@ -27,6 +27,8 @@ type Scenario struct {
 	// Pods hold the node's devices, as the kubelet reports them.
 	Pods    []PodSpec   `yaml:"pods"`
 	Sharing SharingSpec `yaml:"sharing"`
+	// HostProcesses run on GPUs outside any pod.
+	HostProcesses []HostProcessSpec `yaml:"hostProcesses"`
 
 	// Source file, for error messages.
 	file string
@@ -50,6 +52,11 @@ type NodeSpec struct {
 	// DriverBranch (R470, R510, R535, R550, R570, R580; default the newest)
 	// limits the NVML functions the node exports to that branch's nvml.h.
 	DriverBranch string `yaml:"driverBranch"`
+	// CgroupDriver and Runtime shape the generated host /proc/<pid>/cgroup:
+	// systemd-v2 (default), cgroupfs-v2, systemd-v1, cgroupfs-v1; containerd
+	// (default), cri-o, docker.
+	CgroupDriver string `yaml:"cgroupDriver"`
+	Runtime      string `yaml:"runtime"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -66,6 +73,9 @@ type PodSpec struct {
 type ContainerSpec struct {
 	Name    string       `yaml:"name"`
 	Devices []DeviceSpec `yaml:"devices"`
+	// Processes are what the container runs on its devices; a container
+	// without any holds its devices and runs nothing there.
+	Processes []ProcessSpec `yaml:"processes"`
 }
 
 // DeviceSpec names a simulated device: a GPU by index, a replica of a
@@ -345,6 +355,8 @@ gpus:
       - {profile: 1g.10gb}
 sharing:
   timeSlicing: {gpus: [6], replicas: 4}
+hostProcesses:
+  - {gpu: 6, comm: ollama, docker: true, memory: {mean: 0.04}, utilization: {mean: 0.02, noise: 0.01}}
 pods:
   - namespace: ml-training
     name: llm-pretrain-0
@@ -366,16 +378,21 @@ pods:
     containers:
       - name: server
         devices: [{gpu: 6, replica: 0}]
+        processes:
+          - {comm: vllm, memory: {mean: 0.30, noise: 0.002}, utilization: {mean: 0.35, amplitude: 0.15, period: 5m, noise: 0.05}}
   - namespace: inference
     name: chat-api-1
     containers:
       - name: server
         devices: [{gpu: 6, replica: 1}]
+        processes:
+          - {comm: tritonserver, memory: {mean: 0.12, noise: 0.002}, utilization: {mean: 0.2, amplitude: 0.1, period: 3m, noise: 0.03}}
+          - {comm: python3, memory: {mean: 0.05}, utilization: {mean: 0.05, noise: 0.02}}
   - namespace: inference
     name: chat-api-2
     containers:
       - name: server
-        devices: [{gpu: 6, replica: 2}]
+        devices: [{gpu: 6, replica: 2}]  # holds a replica, runs nothing: idle on its own
   - namespace: ml-training
     name: finetune-small
     containers:
@@ -426,6 +443,12 @@ func (s *Scenario) applyDefaults() {
 	}
 	if s.Node.Flavour == "" {
 		s.Node.Flavour = "nvidia"
+	}
+	if s.Node.CgroupDriver == "" {
+		s.Node.CgroupDriver = "systemd-v2"
+	}
+	if s.Node.Runtime == "" {
+		s.Node.Runtime = "containerd"
 	}
 	if s.Node.CUDADriverVersion == "" {
 		s.Node.CUDADriverVersion = "12.4"
@@ -602,10 +625,19 @@ func (s *Scenario) validate() error {
 			return err
 		}
 	}
+	if _, ok := cgroupDrivers[s.Node.CgroupDriver]; !ok {
+		return s.errorAt([]any{"node", "cgroupDriver"}, "unknown cgroup driver %q; known: %s", s.Node.CgroupDriver, strings.Join(sortedKeys(cgroupDrivers), ", "))
+	}
+	if _, ok := runtimes[s.Node.Runtime]; !ok {
+		return s.errorAt([]any{"node", "runtime"}, "unknown container runtime %q; known: %s", s.Node.Runtime, strings.Join(sortedKeys(runtimes), ", "))
+	}
 	if err := s.validateSharing(); err != nil {
 		return err
 	}
-	return s.validatePods()
+	if err := s.validatePods(); err != nil {
+		return err
+	}
+	return s.validateProcesses()
 }
 
 func (s *Scenario) migCount(gpu int) int {

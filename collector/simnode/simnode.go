@@ -74,6 +74,9 @@ type Node struct {
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	procs []*simProcess // the scenario's GPU processes, in pods and outside
+	host  host          // the generated host /proc and container log directory
 }
 
 // Option changes a Node.
@@ -127,6 +130,7 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		}
 		n.devices = append(n.devices, d)
 	}
+	n.resolveProcesses()
 	return n, nil
 }
 
@@ -349,6 +353,9 @@ type Device struct {
 	migs    []*MIGDevice
 	energy  float64 // joules
 	lastE   time.Duration
+	// hasProcs: the scenario runs processes on the GPU, whose memory and SM
+	// use then make the device's, rather than its workload curves.
+	hasProcs bool
 }
 
 // UUID returns the device's UUID.
@@ -392,6 +399,9 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 func (d *Device) key(f string) string { return fmt.Sprintf("%d/%s", d.index, f) }
 
 func (d *Device) utilAt(t time.Duration) float64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procUtil(t)
+	}
 	if len(d.migs) > 0 {
 		// A MIG GPU is as busy as its instances, weighted by slices.
 		var u float64
@@ -404,6 +414,9 @@ func (d *Device) utilAt(t time.Duration) float64 {
 }
 
 func (d *Device) memUsedAt(t time.Duration) uint64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procMemUsed(t)
+	}
 	total := d.cfg.MemoryMB << 20
 	if len(d.migs) > 0 {
 		var used uint64
@@ -649,6 +662,13 @@ func (m *MIGDevice) utilAt(t time.Duration) float64 {
 }
 
 func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
+	if ps := m.parent.node.processesOn(m.parent.index, m.slot, t); len(ps) > 0 {
+		used := uint64(64 << 20)
+		for _, p := range ps {
+			used += m.parent.node.processMemory(p, t)
+		}
+		return min(used, m.info.MemorySizeMB<<20)
+	}
 	total := m.info.MemorySizeMB << 20
 	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
 	return uint64(f*float64(total-(64<<20))) + 64<<20
