@@ -130,7 +130,9 @@ type Exporter struct {
 	idle      *fragmentation.IdleTracker
 	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
-	compat    *compatRenderer
+	// procsWarned: the proc-root warning was logged (under renderMu).
+	procsWarned bool
+	compat      *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -242,6 +244,13 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	}
 	if e.cfg.Processes != nil {
 		st.Usage = attributeProcesses(ctx, e.cfg.Processes, s, st.Allocations)
+		// Every PID missing is a proc root that is not the host's, not
+		// processes that happened to exit: say so once.
+		lost := st.Usage.PIDs > 0 && st.Usage.NotFound == st.Usage.PIDs
+		if lost && !e.procsWarned {
+			e.cfg.Log.Warn().Int("pids", st.Usage.PIDs).Msg("none of the PIDs NVML reports is in the proc root: mount the host's /proc (read-only hostPath) and pass --procs.proc-root; until then every GPU process counts as outside pods")
+		}
+		e.procsWarned = lost
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "", Duration: st.Usage.Duration})
 	}
 	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, st.Usage, s.Time)

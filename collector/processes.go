@@ -17,6 +17,10 @@ type Usage struct {
 	// IdentityErr is why container names cannot be read, "" when they can.
 	IdentityErr string
 	ByDevice    map[DeviceKey]*DeviceUsage
+	// NotFound counts the PIDs NVML listed that the proc root does not
+	// show: processes that just exited, or a proc root that is not the
+	// host's (then every process counts as outside pods).
+	NotFound, PIDs int
 }
 
 // DeviceUsage is one unit's processes by container.
@@ -52,7 +56,12 @@ func attributeProcesses(ctx context.Context, r *procs.Resolver, s *NodeSample, a
 		}
 	})
 	owners := r.Resolve(ctx, pids)
-	u := &Usage{ByDevice: map[DeviceKey]*DeviceUsage{}}
+	u := &Usage{ByDevice: map[DeviceKey]*DeviceUsage{}, PIDs: len(owners)}
+	for _, o := range owners {
+		if !o.Found {
+			u.NotFound++
+		}
+	}
 	if err := r.Err(); err != nil {
 		u.IdentityErr = err.Error()
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs/fakehost"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
@@ -280,4 +282,63 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// A proc root that is not the host's (the container's own /proc): no PID
+// NVML reports is there. The exporter says so once, and every process
+// counts as outside pods rather than being credited to anyone.
+func TestProcRootNotTheHosts(t *testing.T) {
+	pn := newPodNode(t, nil)
+	node, err := simnode.New(pn.node.Scenario, simnode.WithClock(pn.clk.Now), simnode.WithHostDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	pn.node = node
+	other, err := fakehost.New(t.TempDir()) // PID 1 only
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Processes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.New(&logs), Now: pn.clk.Now, Pods: pn.client,
+		Processes: procs.NewResolver(procs.Config{ProcRoot: other.ProcRoot})}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p *collector.Page
+	for i := 0; i < 3; i++ {
+		p = pn.step(t, 5*time.Second)
+	}
+	if n := strings.Count(logs.String(), "none of the PIDs NVML reports is in the proc root"); n != 1 {
+		t.Errorf("warned %d times, want once:\n%s", n, logs.String())
+	}
+	for _, pod := range []string{"chat-api-0", "chat-api-1"} {
+		if v := num(t, p, "gpu_container_memory_used_bytes", `pod="`+pod+`"`); v != 0 {
+			t.Errorf("%s credited with %v bytes from processes it cannot be shown to run", pod, v)
+		}
+	}
+	if v := num(t, p, "gpu_memory_used_outside_pods_bytes", `gpu="6"`); v == 0 {
+		t.Error("the unattributed processes' memory is not outside pods")
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -332,3 +332,32 @@ func TestIdleStatusKnown(t *testing.T) {
 		t.Fatalf("statuses %+v: want b known", st)
 	}
 }
+
+// QuietSince is the start of the current below-threshold run (the landing
+// page's "idle for"), zero while busy or unknown.
+func TestIdleQuietSince(t *testing.T) {
+	tr := newTracker(t, 30*time.Second)
+	for _, s := range []struct {
+		sec      int
+		activity float64
+		known    bool
+		since    int // -1: zero
+	}{
+		{0, 0.5, true, -1},
+		{10, 0.01, true, 10},
+		{20, 0.0, true, 10},
+		{50, 0.0, true, 10}, // idle now, still quiet since 10
+		{60, 0.9, true, -1},
+		{70, 0.0, false, -1}, // unknown is not quiet
+		{80, 0.0, true, 80},
+	} {
+		got := tr.Observe(at(s.sec), []Observation{{Key: keyA, Activity: s.activity, Known: s.known}})
+		want := time.Time{}
+		if s.since >= 0 {
+			want = at(s.since)
+		}
+		if !got[0].QuietSince.Equal(want) {
+			t.Errorf("t=%d: QuietSince %v, want %v", s.sec, got[0].QuietSince, want)
+		}
+	}
+}

@@ -297,7 +297,8 @@ func freePort() (string, error) {
 }
 
 // nodePage is one node's /metrics page: -page, or the simulated node's
-// page, fetched from the built exporter once it shows allocations and DCGM.
+// page, fetched from the built exporter once it shows allocations and its
+// DCGM collector is up.
 func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 	if cfg.page != "" {
 		return os.ReadFile(cfg.page)
@@ -340,11 +341,11 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err == nil && resp.StatusCode == http.StatusOK &&
-			bytes.Contains(b, []byte("\ngpu_allocation_info{")) && bytes.Contains(b, []byte("\ngpu_dcgm_health{")) {
+			bytes.Contains(b, []byte("\ngpu_allocation_info{")) && bytes.Contains(b, []byte("\n"+`gpu_exporter_collector_up{collector="dcgm"} 1`)) {
 			return b, nil
 		}
 	}
-	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM health within 60s\n%s", cfg.exporter, logs.String())
+	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM up within 60s\n%s", cfg.exporter, logs.String())
 }
 
 // ---------------------------------------------------------------------------
