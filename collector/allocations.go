@@ -28,7 +28,18 @@ type Holder struct {
 type DeviceKey struct {
 	GPU         int
 	GPUInstance int // -1 for a whole GPU
+	// ComputeInstance tells apart the MIG devices of one GPU instance that
+	// holds several compute instances; -1 for a whole GPU.
+	ComputeInstance int
 }
+
+// migKey is the key of a MIG device.
+func migKey(gpu int, m *DeviceState) DeviceKey {
+	return DeviceKey{gpu, m.GPUInstance, m.ComputeInstance}
+}
+
+// gpuKey is the key of a whole GPU.
+func gpuKey(gpu int) DeviceKey { return DeviceKey{gpu, -1, -1} }
 
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
@@ -72,7 +83,13 @@ func inventory(s *NodeSample) *podmap.Inventory {
 	for _, g := range s.GPUs {
 		ig := podmap.InventoryGPU{Index: g.GPU, UUID: g.UUID, Minor: g.Minor}
 		for _, m := range g.MIG {
-			ig.MIG = append(ig.MIG, podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile})
+			im := podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile}
+			if g.MIGLayout != nil {
+				if pl, ok := g.MIGLayout.Instances[m.GPUInstance]; ok {
+					im.HasPlacement, im.ProfileID, im.PlacementStart = true, pl.ProfileID, pl.Start
+				}
+			}
+			ig.MIG = append(ig.MIG, im)
 		}
 		inv.GPUs = append(inv.GPUs, ig)
 	}
@@ -104,7 +121,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 					continue
 				}
 				if t, ok := inv.Resolve(ref); ok {
-					k := DeviceKey{t.GPU, t.GPUInstance}
+					k := targetKey(t)
 					a.AllocatableUnits[k] = true
 					refs[id] = k
 					if ref.IsShared() {
@@ -132,7 +149,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 		a.ByDevice[k] = append(hs, h)
 	}
 	for _, m := range matched {
-		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
+		k := targetKey(m.Target)
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
 		if m.Ref.IsShared() {
 			a.Shared[k] = true
@@ -142,8 +159,8 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 			// A whole MIG-mode GPU, held by its GPU UUID (the device
 			// plugin's migStrategy none): its holder holds every
 			// instance, and the devices are only counted per instance.
-			for _, mi := range g.MIG {
-				add(DeviceKey{GPU: k.GPU, GPUInstance: mi.GPUInstance}, h)
+			for j := range g.MIG {
+				add(migKey(k.GPU, &g.MIG[j]), h)
 			}
 			continue
 		}
@@ -162,6 +179,14 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	return a
 }
 
+// targetKey is the device a kubelet device ID resolved to.
+func targetKey(t podmap.Target) DeviceKey {
+	if t.GPUInstance < 0 {
+		return gpuKey(t.GPU)
+	}
+	return DeviceKey{t.GPU, t.GPUInstance, t.ComputeInstance}
+}
+
 func holderLess(a, b Holder) bool {
 	if a.Namespace != b.Namespace {
 		return a.Namespace < b.Namespace
@@ -176,11 +201,11 @@ func holderLess(a, b Holder) bool {
 }
 
 var (
-	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "namespace", "pod", "container", "resource"}
+	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "namespace", "pod", "container", "resource"}
 	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
 		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
 		allocLabels, nil)
-	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
+	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 	containerMemDesc = prometheus.NewDesc("gpu_container_memory_used_bytes",
 		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
 		containerLabels, nil)
@@ -231,12 +256,12 @@ func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)
 		g := &s.GPUs[i]
 		ok := healthy(g)
 		if len(g.MIG) == 0 {
-			f(&g.DeviceState, DeviceKey{g.GPU, -1}, ok)
+			f(&g.DeviceState, gpuKey(g.GPU), ok)
 			continue
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			f(m, DeviceKey{g.GPU, m.GPUInstance}, ok && m.Up)
+			f(m, migKey(g.GPU, m), ok && m.Up)
 		}
 	}
 }
@@ -277,7 +302,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		}
 		lv := labelValues(d)
 		for _, h := range holders {
-			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], h.Namespace, h.Pod, h.Container, h.Resource)
+			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 		}
 		if !d.Up {
 			return
@@ -289,7 +314,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 			// Shared: each container's own processes, 0 for a holder running nothing.
 			for i := range du.Containers {
 				cu := &du.Containers[i]
-				cl := []string{cu.Namespace, cu.Pod, cu.Container, lv[0], lv[1], lv[2], lv[3]}
+				cl := []string{cu.Namespace, cu.Pod, cu.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
 				if cu.Use.MemoryKnown {
 					ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, cu.Use.MemoryBytes, cl...)
 				}
@@ -303,7 +328,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 			return // shared devices without process accounting: per-container use is unknown, so absent rather than duplicated
 		}
 		h := holders[0]
-		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3]}
+		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
 		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}

@@ -304,6 +304,43 @@ func TestPartialDevicePluginLoss(t *testing.T) {
 	}
 }
 
+// Issue 12 defect 2: a GPU instance split into two compute instances is two
+// MIG devices. Their series must differ (the registry refused the page
+// when both had the same labels) and each pod's allocation must resolve to
+// its own compute instance.
+func TestTwoComputeInstancesInOneGPUInstance(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-40GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.20gb, computeInstances: 2}]
+pods:
+  - {namespace: a, name: pod-a, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: b, name: pod-b, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if ready, why := pn.e.Ready(); !ready {
+		t.Fatalf("not ready: %s", why)
+	}
+	for _, ci := range []string{"0", "1"} {
+		if v := value(t, p, "gpu_up", `gpu_instance="`, `compute_instance="`+ci+`"`); v != "1" {
+			t.Errorf("compute instance %s: gpu_up %s", ci, v)
+		}
+	}
+	info := series(p, "gpu_allocation_info")
+	if len(info) != 2 {
+		t.Fatalf("allocations: %v", info)
+	}
+	for _, l := range info {
+		lb := parseLabels(l)
+		want := map[string]string{"a": "0", "b": "1"}[lb["namespace"]]
+		if lb["compute_instance"] != want {
+			t.Errorf("%s holds compute instance %q, want %q", lb["namespace"], lb["compute_instance"], want)
+		}
+	}
+}
+
 // freeDevices is gpu_kubelet_free_devices by resource.
 func freeDevices(p *collector.Page) map[string]string {
 	out := map[string]string{}

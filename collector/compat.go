@@ -273,7 +273,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 				c.rates = st.compatRates[compatKey{g.UUID, -1}]
 			}
 			base := r.labels(g, d, driver)
-			hs := holders[DeviceKey{g.GPU, d.GPUInstance}]
+			hs := holders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
 			if len(hs) == 0 {
 				hs = []Holder{{}}
 			}

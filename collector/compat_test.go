@@ -91,9 +91,14 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 	for _, name := range collector.CompatFamilyNames() {
 		n := len(series(p, name))
 		if name == "DCGM_FI_DEV_FB_RESERVED" {
-			// From NVML's memory info v2 (R510+): served exactly where ours is.
-			if want := len(series(p, "gpu_memory_reserved_bytes")); n != want {
-				t.Errorf("%s: %d series, gpu_memory_reserved_bytes has %d", name, n, want)
+			// From NVML's memory info v2 (R510+): served wherever used
+			// memory is, once ours is served at all.
+			want := 0
+			if len(series(p, "gpu_memory_reserved_bytes")) > 0 {
+				want = len(series(p, "DCGM_FI_DEV_FB_USED"))
+			}
+			if n != want {
+				t.Errorf("%s: %d series, want %d", name, n, want)
 			}
 			continue
 		}
@@ -111,6 +116,14 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 	free := parseNum(t, value(t, p, "DCGM_FI_DEV_FB_FREE", gpu3...))
 	if free <= 0 || free > (total-used)/(1<<20) {
 		t.Errorf("DCGM_FI_DEV_FB_FREE = %v MiB with %v of %v bytes used", free, used, total)
+	}
+	if r := series(p, "DCGM_FI_DEV_FB_RESERVED", gpu3...); len(r) == 1 {
+		// As DCGM: free + used + reserved is the total, in whole MiB.
+		res := parseNum(t, value(t, p, "DCGM_FI_DEV_FB_RESERVED", gpu3...))
+		used := parseNum(t, value(t, p, "DCGM_FI_DEV_FB_USED", gpu3...))
+		if sum := free + used + res; math.Abs(sum-total/(1<<20)) > 2 {
+			t.Errorf("FB free %v + used %v + reserved %v = %v MiB, total %v MiB", free, used, res, sum, total/(1<<20))
+		}
 	}
 	if got, hz := parseNum(t, value(t, p, "DCGM_FI_DEV_SM_CLOCK", gpu3...)), parseNum(t, value(t, p, "gpu_sm_clock_hertz", gpu3...)); got != hz/1e6 {
 		t.Errorf("DCGM_FI_DEV_SM_CLOCK = %v MHz, gpu_sm_clock_hertz = %v", got, hz)

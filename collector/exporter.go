@@ -81,7 +81,11 @@ type State struct {
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
-	Derived     *Derived
+	// XIDInstances are the XIDs NVML attributed to MIG instances.
+	XIDInstances []xid.InstanceCount
+	// ECCEvents are the ECC error events per GPU, by sample GPU position.
+	ECCEvents [][2]uint64
+	Derived   *Derived
 	// Usage is per-container use from process accounting; nil when off.
 	Usage      *Usage
 	Collectors []CollectorStatus
@@ -253,6 +257,11 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()
+		st.XIDInstances = r.InstanceCounts()
+		st.ECCEvents = make([][2]uint64, len(s.GPUs))
+		for i, g := range s.GPUs {
+			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
+		}
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
 	}
 	if e.compat != nil {

@@ -69,7 +69,11 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 	if wrap != nil {
 		lib = wrap(node)
 	}
-	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	sysfs := t.TempDir()
+	if err := node.WriteSysfs(sysfs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Sysfs: sysfs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +259,7 @@ func TestNotSupportedFieldsAreSkipped(t *testing.T) {
 	if strings.Contains(text, `gpu_temperature_celsius{gpu="2"`) || strings.Contains(text, `gpu_power_watts{gpu="2"`) {
 		t.Error("unsupported fields of GPU 2 are exported")
 	}
-	if !strings.Contains(text, `gpu_up{gpu="2",gpu_instance="",mig_profile="",uuid=`) || strings.Contains(text, `gpu_up{gpu="2",gpu_instance="",mig_profile="",uuid="`+e.Page().State.Sample.GPUs[2].UUID+`"} 0`) {
+	if !strings.Contains(text, `gpu_up{compute_instance="",gpu="2",gpu_instance="",mig_profile="",uuid=`) || strings.Contains(text, `gpu_up{compute_instance="",gpu="2",gpu_instance="",mig_profile="",uuid="`+e.Page().State.Sample.GPUs[2].UUID+`"} 0`) {
 		t.Error("GPU 2 should stay up when fields are merely unsupported")
 	}
 	if n, _ := testutil.GatherAndCount(e.Registry(), "gpu_temperature_celsius"); n != 7 {

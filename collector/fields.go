@@ -68,7 +68,7 @@ type fieldSpec struct {
 // deviceLabels identify a device series: a whole GPU has gpu_instance="" and
 // mig_profile="", a MIG instance has both set. They never change when pods
 // come and go.
-var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
+var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 
 var fieldSpecs = [numFields]fieldSpec{
 	FieldMemoryUsed:          {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
@@ -100,7 +100,7 @@ var fieldSpecs = [numFields]fieldSpec{
 	FieldMemoryTemperature:   {"gpu_memory_temperature_celsius", "Memory (HBM) temperature in degrees Celsius (NVML field NVML_FI_DEV_MEMORY_TEMP; GPUs without a memory sensor have none).", prometheus.GaugeValue, SourceNVML},
 	FieldEncoderUtilization:  {"gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy (NVML, 0-1).", prometheus.GaugeValue, SourceNVML},
 	FieldDecoderUtilization:  {"gpu_decoder_utilization_ratio", "Fraction of the last sample period the video decoder was busy (NVML, 0-1).", prometheus.GaugeValue, SourceNVML},
-	FieldMemoryReserved:      {"gpu_memory_reserved_bytes", "Framebuffer memory the driver and firmware reserve, in bytes (NVML memory info v2); not part of gpu_memory_used_bytes there.", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryReserved:      {"gpu_memory_reserved_bytes", "Framebuffer memory the driver and firmware reserve, in bytes (NVML memory info v2, R510 and later); not part of gpu_memory_used_bytes there.", prometheus.GaugeValue, SourceNVML},
 }
 
 var fieldDescs = func() [numFields]*prometheus.Desc {

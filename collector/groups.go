@@ -73,20 +73,20 @@ var Groups = []GroupInfo{
 	{GroupEnergy, "energy counter (joules since the driver loaded)", true, false},
 	{GroupClocks, "SM clock", true, true},
 	{GroupThrottle, "clock event reasons that slow a busy GPU down: thermal slowdown (hardware, software), power brake, hardware slowdown", true, false},
-	{GroupClockEvents, "the other clock event reasons: software power cap, idle, application clocks, sync boost, display clock", false, false},
+	{GroupClockEvents, "the other clock event reasons: software power cap, idle, application clocks, sync boost, display clock, board limit, reliability", false, false},
 	{GroupMedia, "encoder and decoder utilisation", false, false},
 	{GroupPCIe, "PCIe replays and PCIe throughput (DCGM)", true, true},
 	{GroupNVLink, "NVLink throughput (DCGM)", true, true},
-	{GroupNVLinkErrors, "NVLink error counters by type (replay, recovery, CRC flit, CRC data), summed over links", true, false},
+	{GroupNVLinkErrors, "NVLink error counters by type (replay, recovery, CRC flit, CRC data; on Blackwell NVLink5's recovery, symbol, effective and receive errors), summed over links", true, false},
 	{GroupECC, "uncorrected ECC errors since the driver loaded, rows and pages waiting for a reset, failed row remaps", true, true},
 	{GroupECCCorrected, "corrected ECC errors since the driver loaded", true, false},
-	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts", false, false},
+	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts, ECC error events from NVML's event set", false, false},
 	{GroupRecovery, "the recovery action NVML asks for (XID 154)", true, true},
 	{GroupDetails, "facts that rarely change: NUMA node, NVLinks up, PCIe link generation and width, memory clock, shutdown temperature, placeable MIG instances per profile, per-GPU time of the last good read", false, false},
 	{GroupDCGMProfiling, "DCGM SM, tensor and DRAM activity", true, true},
 	{GroupDCGMDetail, "DCGM graphics engine activity, SM occupancy, FP64/FP32/FP16 pipe activity, and each container's SM activity", false, false},
 	{GroupDCGMHealth, "DCGM health watches, one series per subsystem", true, false},
-	{GroupXID, "XID error counters", true, true},
+	{GroupXID, "XID error counters, per GPU and per MIG device", true, true},
 	{GroupThrottleSummary, "instead of throttle: one series per GPU, reason=\"all\", 1 while any slowdown reason holds", false, true},
 	{GroupNVLinkErrorsSummary, "instead of nvlink_errors: one counter per GPU, type=\"all\", every NVLink error type summed", false, true},
 	{GroupDCGMHealthSummary, "instead of dcgm_health: one series per GPU, system=\"all\", the worst subsystem's result", false, true},
@@ -267,10 +267,10 @@ func init() {
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
 		collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
-	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc)
+	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
-	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc)
+	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, eccEventsDesc)
 	inGroup(GroupThrottle, clockEventDesc)
 	inGroup(GroupClockEvents, clockEventOtherDesc)
 	inGroup(GroupPCIe, pcieReplayDesc)
@@ -294,6 +294,8 @@ func init() {
 // series included. cmd/gpu-pool-exporter's budget test fails when a page
 // grows past them.
 const (
+	// Memory info v2's gpu_memory_reserved_bytes (12 series) fits since
+	// the exporter's go_ metrics (14) left the default profile.
 	DefaultBudgetPerGPU = 60
 	// 41 before per-process accounting; its per-holder series on shared
 	// GPUs (memory and activity of each of GPU 6's three holders, and its

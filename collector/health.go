@@ -55,11 +55,11 @@ var (
 	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
 		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
 	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
 	nvlinkErrSummaryDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
 	recoveryDesc = prometheus.NewDesc("gpu_recovery_action_code",
-		"The recovery action NVML asks for (XID 154): 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset. One action holds at a time, so one series with its code rather than a state set.",
+		"The recovery action NVML asks for (XID 154, R570 and later), as its code (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, 5 recover_imex_domain, 6 bus_reset, 7 system_reboot; a newer code is shown as is. One action holds at a time, so one series with its code rather than a state set.",
 		[]string{"gpu", "uuid"}, nil)
 	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
 		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"}, nil)
@@ -119,6 +119,9 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		// which GPU to look at, and links up says whether one went down.
 		var sum uint64
 		for t, v := range h.NVLinkErrors {
+			if !h.NVLinkErrorSeen[t] {
+				continue
+			}
 			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvml.NVLinkErrorTypes[t].Name)
 			sum += v
 		}

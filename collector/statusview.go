@@ -51,7 +51,7 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 			}
 		}
 		for _, d := range units {
-			key := DeviceKey{g.GPU, d.GPUInstance}
+			key := DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}
 			sg.Units = append(sg.Units, buildUnit(st, a, d, key, idle))
 		}
 		n.GPUs = append(n.GPUs, sg)
@@ -103,7 +103,7 @@ func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle ma
 				sh.Processes = cu.Use.Processes
 			}
 		}
-		if is, ok := idle[fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance}]; ok {
+		if is, ok := idle[fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance, ComputeInstance: key.ComputeInstance}]; ok {
 			sh.Idle = is.Idle
 			if !is.QuietSince.IsZero() {
 				sh.QuietSeconds = st.Sample.Time.Sub(is.QuietSince).Seconds()

@@ -47,6 +47,7 @@ type options struct {
 	interval        time.Duration
 	deviceTimeout   time.Duration
 	nvmlLibrary     string
+	sysfs           string
 	simulate        bool
 	simulateSeed    int64
 	simulateFile    string
@@ -196,6 +197,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	var timeoutSet bool
 	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&timeoutSet)).DurationVar(&o.deviceTimeout)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
+	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&o.sysfs)
 	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
 	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&o.simulateSeedSet)).Int64Var(&o.simulateSeed)
 	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&o.simulateFile)
@@ -489,8 +491,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitError
 	}
+	sysfs := o.sysfs
 	if node != nil {
 		defer node.Close()
+		// The simulated GPUs' bus IDs are not this machine's: serve their
+		// sysfs from a private directory.
+		if dir, err := os.MkdirTemp("", "gpu-pool-exporter-sysfs"); err == nil {
+			defer os.RemoveAll(dir)
+			if node.WriteSysfs(dir) == nil {
+				sysfs = dir
+			}
+		}
 	}
 	resolver, closeResolver, err := processResolver(o, node, log)
 	if err != nil {
@@ -498,7 +509,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer closeResolver()
-	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil})
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil, Sysfs: sysfs})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError

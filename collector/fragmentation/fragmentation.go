@@ -67,9 +67,13 @@ type MIGInstance struct {
 
 // MIGProfile is one GPU instance profile and where it can be placed.
 type MIGProfile struct {
-	Name        string  // e.g. "3g.40gb"
-	Slices      int     // compute slices
-	MemoryBytes float64 // instance memory
+	Name   string // e.g. "3g.40gb"
+	Slices int    // compute slices
+	// MaxInstances is how many instances of the profile one GPU can hold
+	// (NVML's InstanceCount; one for +me profiles); 0 means no limit
+	// beyond the placements.
+	MaxInstances int
+	MemoryBytes  float64 // instance memory
 	// Placements are the possible placements in slots, in NVML's order.
 	Placements []Placement
 }
@@ -279,7 +283,7 @@ func canServeMIG(g *GPU, occupied uint64, profile string) bool {
 	}
 	for j := range g.MIG.Profiles {
 		p := &g.MIG.Profiles[j]
-		if strings.EqualFold(p.Name, profile) && placeable(p, occupied) > 0 {
+		if strings.EqualFold(p.Name, profile) && placeable(p, occupied, existing(g.MIG, p.Name)) > 0 {
 			return true
 		}
 	}
@@ -301,7 +305,7 @@ func migResult(g *GPU, occupied uint64, total int, totalMask uint64) MIGResult {
 	var best *MIGProfile
 	for j := range m.Profiles {
 		p := &m.Profiles[j]
-		n := placeable(p, occupied)
+		n := placeable(p, occupied, existing(m, p.Name))
 		// A profile listed twice keeps its larger count.
 		if old, ok := r.Placeable[p.Name]; !ok || n > old {
 			r.Placeable[p.Name] = n
@@ -333,16 +337,31 @@ func largerProfile(a, b *MIGProfile) bool {
 }
 
 // placeable counts how many instances of p fit in the slots not in occupied,
-// taking free placements greedily in order.
-func placeable(p *MIGProfile, occupied uint64) int {
-	n := 0
+// taking free placements greedily in order, and no more than the profile's
+// per-GPU limit allows beside the n instances of it that exist.
+func placeable(p *MIGProfile, occupied uint64, n int) int {
+	count := 0
 	for _, pl := range p.Placements {
+		if p.MaxInstances > 0 && n+count >= p.MaxInstances {
+			break
+		}
 		mask := slotMask(pl.Start, pl.Size)
 		if mask == 0 || occupied&mask != 0 {
 			continue
 		}
 		occupied |= mask
-		n++
+		count++
+	}
+	return count
+}
+
+// existing counts the GPU's instances of a profile.
+func existing(m *MIGState, profile string) int {
+	n := 0
+	for j := range m.Instances {
+		if strings.EqualFold(m.Instances[j].Profile, profile) {
+			n++
+		}
 	}
 	return n
 }

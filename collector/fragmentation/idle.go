@@ -43,6 +43,7 @@ type HolderKey struct {
 	Namespace, Pod, Container, Resource string
 	GPU                                 int
 	GPUInstance                         int
+	ComputeInstance                     int // MIG devices of one GPU instance differ here
 }
 
 // Observation is one holder's device activity in one sample.

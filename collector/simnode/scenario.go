@@ -49,6 +49,9 @@ type NodeSpec struct {
 	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
 	// its index). Real nodes need not number /dev/nvidiaN in index order.
 	MinorNumbers []int `yaml:"minorNumbers"`
+	// DriverBranch (R470, R510, R535, R550, R570, R580; default the newest)
+	// limits the NVML functions the node exports to that branch's nvml.h.
+	DriverBranch string `yaml:"driverBranch"`
 	// CgroupDriver and Runtime shape the generated host /proc/<pid>/cgroup:
 	// systemd-v2 (default), cgroupfs-v2, systemd-v1, cgroupfs-v1; containerd
 	// (default), cri-o, docker.
@@ -103,6 +106,9 @@ type FaultSpec struct {
 	// XID raises an XID event with this code, Count times (default 1).
 	XID   int `yaml:"xid"`
 	Count int `yaml:"count"`
+	// MIG attributes the XID to a MIG device of the GPU, by its position in
+	// the GPU's mig list: the event carries its GPU and compute instance IDs.
+	MIG *int `yaml:"mig"`
 	// ECC adds to the GPU's ECC error counters.
 	ECC *ECCFault `yaml:"ecc"`
 	// Lost: every NVML call on the GPU answers GPU_IS_LOST.
@@ -189,6 +195,10 @@ type GPUSpec struct {
 type MIGSpec struct {
 	Profile  string    `yaml:"profile"`
 	Workload *Workload `yaml:"workload"`
+	// ComputeInstances splits the GPU instance into this many compute
+	// instances (default 1), each its own MIG device with its own UUID,
+	// as nvidia-smi mig -cci does.
+	ComputeInstances int `yaml:"computeInstances"`
 }
 
 // Workload is what runs on a device over time.
@@ -558,6 +568,9 @@ func (s *Scenario) validate() error {
 	default:
 		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
 	}
+	if _, ok := driverBranches[s.Node.DriverBranch]; s.Node.DriverBranch != "" && !ok {
+		return s.errorAt([]any{"node", "driverBranch"}, "unknown driver branch %q; known: %s", s.Node.DriverBranch, branchNames())
+	}
 	if len(s.Node.MinorNumbers) > 0 {
 		if len(s.Node.MinorNumbers) != s.Node.Count {
 			return s.errorAt([]any{"node", "minorNumbers"}, "%d minor numbers for %d GPUs", len(s.Node.MinorNumbers), s.Node.Count)
@@ -601,6 +614,9 @@ func (s *Scenario) validate() error {
 				if err := s.validateWorkload(m.Workload, append(p, "mig", j, "workload")); err != nil {
 					return err
 				}
+				if m.ComputeInstances < 0 || m.ComputeInstances > 8 {
+					return s.errorAt(append(p, "mig", j, "computeInstances"), "%d compute instances: a GPU instance holds 1 to 8", m.ComputeInstances)
+				}
 			}
 		}
 	}
@@ -627,7 +643,11 @@ func (s *Scenario) validate() error {
 func (s *Scenario) migCount(gpu int) int {
 	for _, g := range s.GPUs {
 		if g.Index == gpu {
-			return len(g.MIG)
+			n := 0 // MIG devices: one per compute instance
+			for _, m := range g.MIG {
+				n += max(1, m.ComputeInstances)
+			}
+			return n
 		}
 	}
 	return 0
@@ -787,6 +807,9 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
+	}
+	if f.MIG != nil && (f.XID == 0 || *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU)) {
+		return s.errorAt(append(p, "mig"), "mig %d: an XID fault may name one of GPU %d's %d MIG devices", *f.MIG, *f.GPU, s.migCount(*f.GPU))
 	}
 	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
 		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000 (leave it out for 1)", f.Count)

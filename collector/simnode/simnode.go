@@ -67,8 +67,10 @@ type Node struct {
 	start    time.Time
 	now      func() time.Time
 	calls    atomic.Int64
-	driver   string
-	cuda     int
+	// missingCalls counts calls of functions the driver branch lacks.
+	missingCalls atomic.Int64
+	driver       string
+	cuda         int
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -283,7 +285,7 @@ func ProfileNames(cfg gpus.Config) []string {
 	sort.Ints(ids)
 	var out []string
 	for _, id := range ids {
-		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id], cfg.MemoryMB<<20))
 	}
 	return out
 }
@@ -303,7 +305,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	}
 	byName := map[string]int{}
 	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[nvmlsampler.MIGProfileName(id, info)] = id
+		byName[nvmlsampler.MIGProfileName(id, info, cfg.MemoryMB<<20)] = id
 	}
 	var used [8]bool
 	var plans []migPlan
@@ -380,13 +382,16 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 			return fmt.Errorf("create GPU instance %s: %v", p.name, ret)
 		}
 		giInfo, _ := gi.GetInfo()
-		m := &MIGDevice{
-			parent: d, slot: i, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
-			gi: int(giInfo.Id), ci: 0,
-			uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, i),
-			workload: resolveWorkload(specs[i].Workload, d.index),
+		for ci := 0; ci < max(1, specs[i].ComputeInstances); ci++ {
+			slot := len(d.migs)
+			m := &MIGDevice{
+				parent: d, slot: slot, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
+				gi: int(giInfo.Id), ci: ci,
+				uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, slot),
+				workload: resolveWorkload(specs[i].Workload, d.index),
+			}
+			d.migs = append(d.migs, m)
 		}
-		d.migs = append(d.migs, m)
 	}
 	return nil
 }
@@ -502,9 +507,31 @@ func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return nvml.Memory{}, ret
 	}
+	m := d.memory()
+	// v1 counts the driver's reserved memory as used.
+	return nvml.Memory{Total: m.Total, Used: m.Used + m.Reserved, Free: m.Free}, nvml.SUCCESS
+}
+
+// GetMemoryInfo_v2 implements nvmlsampler.Device (R510 and later).
+func (d *Device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	d.node.require("nvmlDeviceGetMemoryInfo_v2")
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Memory_v2{}, ret
+	}
+	return d.memory(), nvml.SUCCESS
+}
+
+// memory is the board's memory as v2 reports it. The driver reserves about
+// 0.7% of the framebuffer (nvidia-smi's "Reserved": 579 MiB of 81559 MiB
+// on an H100 80GB), which v1 counts as used.
+func (d *Device) memory() nvml.Memory_v2 {
 	total := d.cfg.MemoryMB << 20
+	reserved := (d.cfg.MemoryMB / 140) << 20
 	used := d.memUsedAt(d.node.elapsed())
-	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+	if used+reserved > total {
+		used = total - reserved
+	}
+	return nvml.Memory_v2{Total: total, Reserved: reserved, Used: used, Free: total - reserved - used}
 }
 
 // GetUtilizationRates implements nvmlsampler.Device.
@@ -710,6 +737,14 @@ func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	total := m.info.MemorySizeMB << 20
 	used := m.memUsedAt(m.parent.node.elapsed())
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+}
+
+// GetMemoryInfo_v2 implements nvmlsampler.Device: a MIG instance reserves
+// nothing of its own.
+func (m *MIGDevice) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetMemoryInfo_v2")
+	v1, ret := m.GetMemoryInfo()
+	return nvml.Memory_v2{Total: v1.Total, Used: v1.Used, Free: v1.Free}, ret
 }
 
 // GetUtilizationRates implements nvmlsampler.Device: not on MIG instances.

@@ -90,7 +90,7 @@ type config struct {
 func main() {
 	var cfg config
 	flag.IntVar(&cfg.nodes, "n", 200, "synthetic GPU nodes")
-	flag.IntVar(&cfg.pools, "pools", 10, "node pools the nodes are spread over")
+	flag.IntVar(&cfg.pools, "pools", 0, "node pools the nodes are spread over (0: ten, or one per node below ten nodes)")
 	flag.IntVar(&cfg.pending, "pending", -1, "Pending GPU pods (-1: 5% of the nodes, at least ten)")
 	flag.DurationVar(&cfg.interval, "interval", 15*time.Second, "scrape and evaluation interval")
 	flag.IntVar(&cfg.warmup, "warmup", 2, "evaluation cycles to let pass after every target is up, before measuring")
@@ -122,6 +122,9 @@ func main() {
 }
 
 func (c *config) check() error {
+	if c.pools == 0 {
+		c.pools = min(10, max(c.nodes, 1))
+	}
 	switch {
 	case c.nodes < 1:
 		return fmt.Errorf("-n %d: want at least one node", c.nodes)
@@ -297,7 +300,8 @@ func freePort() (string, error) {
 }
 
 // nodePage is one node's /metrics page: -page, or the simulated node's
-// page, fetched from the built exporter once it shows allocations and DCGM.
+// page, fetched from the built exporter once it shows allocations and its
+// DCGM collector is up.
 func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 	if cfg.page != "" {
 		return os.ReadFile(cfg.page)
@@ -340,11 +344,11 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err == nil && resp.StatusCode == http.StatusOK &&
-			bytes.Contains(b, []byte("\ngpu_allocation_info{")) && bytes.Contains(b, []byte("\ngpu_dcgm_health{")) {
+			bytes.Contains(b, []byte("\ngpu_allocation_info{")) && bytes.Contains(b, []byte("\n"+`gpu_exporter_collector_up{collector="dcgm"} 1`)) {
 			return b, nil
 		}
 	}
-	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM health within 60s\n%s", cfg.exporter, logs.String())
+	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM up within 60s\n%s", cfg.exporter, logs.String())
 }
 
 // ---------------------------------------------------------------------------

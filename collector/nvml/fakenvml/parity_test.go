@@ -326,6 +326,17 @@ func snapshotMIG(t *testing.T, d *simnode.Device, g *fakenvml.GPU) {
 			continue
 		}
 		p := fakenvml.GPUInstanceProfile{Info: info, Name: fakenvml.ProfileName(idx, info)}
+		// The name the simulated driver gives (nvmlDeviceGetGpuInstanceProfileInfoV).
+		if v2, r := d.GetGpuInstanceProfileInfoV2(idx); r == nvml.SUCCESS {
+			var b []byte
+			for _, c := range v2.Name {
+				if c == 0 {
+					break
+				}
+				b = append(b, byte(c))
+			}
+			p.Name = strings.TrimPrefix(string(b), "MIG ")
+		}
 		p.Placements, _ = d.GetGpuInstancePossiblePlacements(&info)
 		m.Profiles[idx] = p
 		list, r := d.GetGpuInstances(&info)
