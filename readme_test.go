@@ -97,6 +97,16 @@ func TestREADMEOpensWithTwoCommands(t *testing.T) {
 	if got, want := commands(first.text), []string{"make run", "make test"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("README.md:%d: the opening commands are %q, want %q", first.line, got, want)
 	}
+	// The Go README names is the one go.mod asks for.
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	readme, _ := os.ReadFile("README.md")
+	if goLine == nil || !bytes.Contains(readme, []byte("Go "+string(goLine[1])+" or later")) {
+		t.Errorf("README does not name go.mod's Go version as \"Go %s or later\"", goLine[1])
+	}
 	ci, err := os.ReadFile(".ci/run")
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +177,7 @@ func TestMakeRun(t *testing.T) {
 	logLine := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (DBG|INF|WRN) `)
 	var noise []string
 	for _, l := range strings.Split(output(), "\n") {
-		if !logLine.MatchString(l) {
+		if !logLine.MatchString(l) && !strings.HasPrefix(l, "make run: building ./gpu-pool-exporter") {
 			noise = append(noise, l)
 		}
 	}
@@ -271,6 +281,95 @@ func TestREADMEQueries(t *testing.T) {
 			}
 			if _, err := parser.NewParser(parser.Options{}).ParseExpr(l); err != nil {
 				t.Errorf("README.md:%d: %v", b.line+1+i, err)
+			}
+		}
+	}
+}
+
+// TestREADMEEveryBlockChecked: each code block of the READMEs is run by a
+// test, or says why it cannot run offline; a new block fails here until one
+// does.
+func TestREADMEEveryBlockChecked(t *testing.T) {
+	for _, b := range readmeBlocks(t) {
+		var by string
+		switch {
+		case b.line == readmeBlocks(t)[0].line:
+			by = "TestREADMEOpensWithTwoCommands, TestMakeRun"
+		case b.lang == "yaml" && b.section == "Simulated node and scenarios":
+			by = "TestREADMEScenarios"
+		case b.lang == "promql":
+			by = "TestREADMEQueries"
+		case b.section == "Install":
+			by = "deploy.TestREADMEInstall"
+		case b.lang == "sh" && allPrefixed(commands(b.text), "scripts/device-check"):
+			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
+		case b.lang == "sh" && b.section == "Who uses a shared GPU" && allPrefixed(commands(b.text), "kubectl"):
+			by = "needs a cluster (kubectl exec); cmd/gpu-pool-exporter.TestStatusSubcommand runs `gpu-pool-exporter status` against the simulated node and checks these rows"
+		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
+			checkRuleFiles(t, b)
+			by = "this test"
+		default:
+			t.Errorf("%s: a %s block in %q that no test runs; run it in a test or say why it cannot run offline", b.where(), b.lang, b.section)
+			continue
+		}
+		t.Logf("%s (%s, %s): %s", b.where(), b.lang, b.section, by)
+	}
+	// The commands of alerts/README.md, as written, from the top directory.
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool not found (make tools installs it)")
+		}
+		t.Skip("promtool not found")
+	}
+	b, err := os.ReadFile("alerts/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran int
+	for _, c := range commands(string(b)) {
+		args := strings.Fields(c)
+		if args[0] != "promtool" {
+			continue // go test ./alerts/... runs in this suite anyway
+		}
+		var expanded []string // as the shell would
+		for _, a := range args {
+			if files, _ := filepath.Glob(a); strings.Contains(a, "*") && len(files) > 0 {
+				expanded = append(expanded, files...)
+			} else {
+				expanded = append(expanded, a)
+			}
+		}
+		args = expanded
+		ran++
+		if out, err := exec.Command(promtool, args[1:]...).CombinedOutput(); err != nil {
+			t.Errorf("alerts/README.md: %s: %v\n%s", c, err, out)
+		}
+	}
+	if ran != 2 {
+		t.Errorf("ran %d promtool commands of alerts/README.md, want its 2", ran)
+	}
+	// dashboards/README.md's `go run ./dashboards/gen` is checked by
+	// dashboards/gen.TestCommittedDashboardsAreGenerated.
+}
+
+func allPrefixed(cmds []string, prefix string) bool {
+	for _, c := range cmds {
+		if !strings.HasPrefix(c, prefix) {
+			return false
+		}
+	}
+	return len(cmds) > 0
+}
+
+// checkRuleFiles: the prometheus.yml example loads the shipped rules file.
+func checkRuleFiles(t *testing.T, b block) {
+	t.Helper()
+	for _, l := range strings.Split(b.text, "\n") {
+		l = strings.TrimSpace(l)
+		if f, ok := strings.CutPrefix(l, "- "); ok {
+			if _, err := os.Stat(filepath.Join("alerts", filepath.Base(f))); err != nil {
+				t.Errorf("%s: rule file %s is not one alerts/ ships", b.where(), f)
 			}
 		}
 	}

@@ -18,51 +18,111 @@ import (
 const promtoolInstall = "install it with `apt-get install -y prometheus` (Debian/Ubuntu: it ships promtool), " +
 	"or download a release from https://prometheus.io/download/ and put promtool on PATH"
 
-// promtool finds promtool on PATH. Without it the test fails in CI (env CI
-// set) and is skipped elsewhere.
-func promtool(t *testing.T) string {
+// promtool3Install says how to get the Prometheus 3.x promtool.
+const promtool3Install = "build it with scripts/install-tools.sh (`make tools`), which installs " +
+	"github.com/prometheus/prometheus/cmd/promtool@" + promtool3Version + " as promtool3 in $(go env GOPATH)/bin"
+
+// promtool3Version is the prometheus module version of promtool3 (Prometheus
+// 3.x); scripts/install-tools.sh builds the same.
+const promtool3Version = "v0.316.0"
+
+// promtools are the promtool binaries the rules are tested with: Debian's
+// promtool (Prometheus 2.42) and promtool3 (Prometheus 3.x), keyed by name.
+// Without one the tests fail in CI (env CI set) and run with the other
+// elsewhere (skipped without both).
+func promtools(t *testing.T) map[string]string {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("promtool not found on PATH (CI is set, so this test must run): %s", promtoolInstall)
+	out := map[string]string{}
+	var missing []string
+	for name, how := range map[string]string{"promtool": promtoolInstall, "promtool3": promtool3Install} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			missing = append(missing, name+" not found on PATH: "+how)
+			continue
 		}
-		t.Skipf("promtool not found on PATH; %s", promtoolInstall)
+		out[name] = p
 	}
-	return p
+	sort.Strings(missing)
+	if len(missing) > 0 && os.Getenv("CI") != "" {
+		t.Fatalf("CI is set, so the rules must be tested on Prometheus 2.x and 3.x:\n%s", strings.Join(missing, "\n"))
+	}
+	for _, m := range missing {
+		t.Log(m)
+	}
+	if len(out) == 0 {
+		t.Skip("no promtool")
+	}
+	return out
 }
 
-func testFiles(t *testing.T) []string {
+// testDirs are the promtool test directories and the rules file each tests:
+// tests/ the rules file, tests/gmp/ its GKE Managed Prometheus variant.
+var testDirs = []struct{ dir, rules string }{
+	{"tests", "../" + RulesFileName},
+	{filepath.Join("tests", "gmp"), "../../" + GMPRulesFileName},
+}
+
+func testFilesIn(t *testing.T, dir string) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("tests", "*.yml"))
+	files, err := filepath.Glob(filepath.Join(dir, "*.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(files) == 0 {
-		t.Fatal("no promtool tests in tests/*.yml")
+		t.Fatalf("no promtool tests in %s/*.yml", dir)
 	}
 	sort.Strings(files)
 	return files
 }
 
+func testFiles(t *testing.T) []string {
+	t.Helper()
+	return testFilesIn(t, "tests")
+}
+
 func TestPromtoolCheckRules(t *testing.T) {
-	out, err := exec.Command(promtool(t), "check", "rules", RulesFileName).CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool check rules %s: %v\n%s", RulesFileName, err, out)
+	for name, pt := range promtools(t) {
+		for _, f := range []string{RulesFileName, GMPRulesFileName} {
+			out, err := exec.Command(pt, "check", "rules", f).CombinedOutput()
+			if err != nil {
+				t.Errorf("%s check rules %s: %v\n%s", name, f, err, out)
+			}
+		}
 	}
 }
 
 func TestPromtoolTestRules(t *testing.T) {
-	pt := promtool(t)
-	for _, f := range testFiles(t) {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			t.Parallel()
-			// promtool resolves rule_files relative to the test file.
-			out, err := exec.Command(pt, "test", "rules", f).CombinedOutput()
-			if err != nil {
-				t.Fatalf("promtool test rules %s: %v\n%s", f, err, out)
+	for name, pt := range promtools(t) {
+		for _, td := range testDirs {
+			for _, f := range testFilesIn(t, td.dir) {
+				t.Run(name+"/"+filepath.ToSlash(f), func(t *testing.T) {
+					t.Parallel()
+					// promtool resolves rule_files relative to the test file.
+					out, err := exec.Command(pt, "test", "rules", f).CombinedOutput()
+					if err != nil {
+						t.Fatalf("%s test rules %s: %v\n%s", name, f, err, out)
+					}
+				})
 			}
-		})
+		}
+	}
+}
+
+// TestGMPTestFiles checks that the GMP tests load the GMP rules in the rules
+// file's group order.
+func TestGMPTestFiles(t *testing.T) {
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range testFilesIn(t, testDirs[1].dir) {
+		tf := readTestFile(t, f)
+		if !slices.Equal(tf.RuleFiles, []string{testDirs[1].rules}) {
+			t.Errorf("%s: rule_files is %v, want [%s]", f, tf.RuleFiles, testDirs[1].rules)
+		}
+		if !slices.Equal(tf.GroupEvalOrder, rf.GroupNames()) {
+			t.Errorf("%s: group_eval_order is %v, want %v", f, tf.GroupEvalOrder, rf.GroupNames())
+		}
 	}
 }
 

@@ -28,11 +28,27 @@ type Holder struct {
 type DeviceKey struct {
 	GPU         int
 	GPUInstance int // -1 for a whole GPU
+	// ComputeInstance tells apart the MIG devices of one GPU instance that
+	// holds several compute instances; -1 for a whole GPU.
+	ComputeInstance int
 }
+
+// migKey is the key of a MIG device.
+func migKey(gpu int, m *DeviceState) DeviceKey {
+	return DeviceKey{gpu, m.GPUInstance, m.ComputeInstance}
+}
+
+// gpuKey is the key of a whole GPU.
+func gpuKey(gpu int) DeviceKey { return DeviceKey{gpu, -1, -1} }
 
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
-	Up       bool
+	Up bool
+	// Known: the kubelet answered within staleAllocations, so who holds what
+	// is known. Otherwise (no pod source, socket missing, kubelet down for
+	// longer) the gauges that depend on it are left out rather than showing
+	// every device free.
+	Known    bool
 	Duration time.Duration
 	// Holders per device, sorted.
 	ByDevice    map[DeviceKey][]Holder
@@ -48,6 +64,17 @@ type Allocations struct {
 	// heldIDs are the device IDs containers hold, per resource.
 	heldIDs   map[string]map[string]bool
 	Unmatched map[string]int // resource -> device IDs matching no device
+	// Shared are the units the device plugin hands out as replicas
+	// (time-slicing, MPS, GKE vgpuK), held or allocatable.
+	Shared map[DeviceKey]bool
+	// Replicas are the replica numbers each holder holds on a shared unit.
+	Replicas map[HolderOn][]int
+}
+
+// HolderOn is a holder of one unit.
+type HolderOn struct {
+	Holder
+	Key DeviceKey
 }
 
 // inventory is the sample's devices as podmap wants them.
@@ -56,7 +83,13 @@ func inventory(s *NodeSample) *podmap.Inventory {
 	for _, g := range s.GPUs {
 		ig := podmap.InventoryGPU{Index: g.GPU, UUID: g.UUID, Minor: g.Minor}
 		for _, m := range g.MIG {
-			ig.MIG = append(ig.MIG, podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile})
+			im := podmap.InventoryMIG{UUID: m.MIGUUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, Profile: m.MIGProfile}
+			if g.MIGLayout != nil {
+				if pl, ok := g.MIGLayout.Instances[m.GPUInstance]; ok {
+					im.HasPlacement, im.ProfileID, im.PlacementStart = true, pl.ProfileID, pl.Start
+				}
+			}
+			ig.MIG = append(ig.MIG, im)
 		}
 		inv.GPUs = append(inv.GPUs, ig)
 	}
@@ -65,7 +98,7 @@ func inventory(s *NodeSample) *podmap.Inventory {
 
 // resolveAllocations matches the kubelet's holdings to the sample's devices.
 func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
-	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}}
+	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}, Shared: map[DeviceKey]bool{}, Replicas: map[HolderOn][]int{}}
 	if snap == nil {
 		return a
 	}
@@ -73,6 +106,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
 		return a
 	}
+	a.Known = true
 	a.Allocatable = snap.Allocatable
 	inv := inventory(s)
 	if snap.AllocatableIDs != nil {
@@ -87,9 +121,12 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 					continue
 				}
 				if t, ok := inv.Resolve(ref); ok {
-					k := DeviceKey{t.GPU, t.GPUInstance}
+					k := targetKey(t)
 					a.AllocatableUnits[k] = true
 					refs[id] = k
+					if ref.IsShared() {
+						a.Shared[k] = true
+					}
 				}
 			}
 		}
@@ -112,14 +149,18 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 		a.ByDevice[k] = append(hs, h)
 	}
 	for _, m := range matched {
-		k := DeviceKey{GPU: m.Target.GPU, GPUInstance: m.Target.GPUInstance}
+		k := targetKey(m.Target)
 		h := Holder{Namespace: validUTF8(m.Namespace), Pod: validUTF8(m.Pod), Container: validUTF8(m.Container), Resource: validUTF8(m.Resource)}
+		if m.Ref.IsShared() {
+			a.Shared[k] = true
+			a.Replicas[HolderOn{h, k}] = append(a.Replicas[HolderOn{h, k}], m.Ref.Replica)
+		}
 		if g := gpuOf(s, k.GPU); k.GPUInstance < 0 && g != nil && len(g.MIG) > 0 {
 			// A whole MIG-mode GPU, held by its GPU UUID (the device
 			// plugin's migStrategy none): its holder holds every
 			// instance, and the devices are only counted per instance.
-			for _, mi := range g.MIG {
-				add(DeviceKey{GPU: k.GPU, GPUInstance: mi.GPUInstance}, h)
+			for j := range g.MIG {
+				add(migKey(k.GPU, &g.MIG[j]), h)
 			}
 			continue
 		}
@@ -138,6 +179,14 @@ func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unm
 	return a
 }
 
+// targetKey is the device a kubelet device ID resolved to.
+func targetKey(t podmap.Target) DeviceKey {
+	if t.GPUInstance < 0 {
+		return gpuKey(t.GPU)
+	}
+	return DeviceKey{t.GPU, t.GPUInstance, t.ComputeInstance}
+}
+
 func holderLess(a, b Holder) bool {
 	if a.Namespace != b.Namespace {
 		return a.Namespace < b.Namespace
@@ -152,19 +201,23 @@ func holderLess(a, b Holder) bool {
 }
 
 var (
-	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "namespace", "pod", "container", "resource"}
+	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "namespace", "pod", "container", "resource"}
 	allocInfoDesc = prometheus.NewDesc("gpu_allocation_info",
 		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
 		allocLabels, nil)
-	containerLabels   = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile"}
-	containerMemDesc  = prometheus.NewDesc("gpu_container_memory_used_bytes", "Framebuffer memory in use on a device the container holds alone.", containerLabels, nil)
-	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio", "Busy ratio of a device the container holds alone (NVML; DCGM SM activity on MIG instances).", containerLabels, nil)
-	containerSMDesc   = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
-	allocatableDesc   = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
+	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
+	containerMemDesc = prometheus.NewDesc("gpu_container_memory_used_bytes",
+		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
+		containerLabels, nil)
+	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio",
+		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
+		append(append([]string(nil), containerLabels...), "source"), nil)
+	containerSMDesc = prometheus.NewDesc("gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels, nil)
+	allocatableDesc = prometheus.NewDesc("gpu_kubelet_allocatable_devices",
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"}, nil)
 	devicesDesc = prometheus.NewDesc("gpu_devices",
-		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (GPU down).",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, or a reset pending: rows to remap, pages to retire, a recovery action). free and allocated are absent while the pod map is unknown.",
 		[]string{"state"}, nil)
 	healthyDesc = prometheus.NewDesc("gpu_healthy_devices",
 		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil, nil)
@@ -178,19 +231,53 @@ var (
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"}, nil)
 )
 
-// unitState is the state of each schedulable unit of the sample.
+// healthy says whether a GPU can take new work: NVML answers, its memory can
+// still be repaired, and no reset is pending. A GPU whose row remapping
+// failed (GPURowRemapFailed: replace it), or that waits for a reset (rows to
+// remap, pages to retire, an NVML recovery action) is unhealthy: never free
+// capacity, even though NVML answers and pods may still run on it.
+func healthy(g *GPUState) bool {
+	h := &g.Health
+	switch {
+	case !g.Up,
+		h.RemapFailed.OK && h.RemapFailed.V,
+		h.RemapPending.OK && h.RemapPending.V,
+		h.RetiredPending.OK && h.RetiredPending.V,
+		h.RecoveryAction.OK && h.RecoveryAction.V != 0:
+		return false
+	}
+	return true
+}
+
+// eachUnit calls f for each schedulable unit of the sample (whole GPUs, MIG
+// instances) with its health (see healthy).
 func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)) {
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
+		ok := healthy(g)
 		if len(g.MIG) == 0 {
-			f(&g.DeviceState, DeviceKey{g.GPU, -1}, g.Up)
+			f(&g.DeviceState, gpuKey(g.GPU), ok)
 			continue
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			f(m, DeviceKey{g.GPU, m.GPUInstance}, g.Up && m.Up)
+			f(m, migKey(g.GPU, m), ok && m.Up)
 		}
 	}
+}
+
+// sharedFree lists the units that have at least one free allocatable
+// device ID while held: time-sliced GPUs with free replicas.
+func (a *Allocations) sharedFree() map[DeviceKey]bool {
+	out := map[DeviceKey]bool{}
+	for res, refs := range a.allocatableRefs {
+		for id, k := range refs {
+			if !a.heldIDs[res][id] && len(a.ByDevice[k]) > 0 {
+				out[k] = true
+			}
+		}
+	}
+	return out
 }
 
 func collectAllocations(st *State, ch chan<- prometheus.Metric) {
@@ -215,25 +302,47 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		}
 		lv := labelValues(d)
 		for _, h := range holders {
-			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], h.Namespace, h.Pod, h.Container, h.Resource)
+			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 		}
-		if len(holders) != 1 || !d.Up {
-			return // shared devices: per-container use is unknown, so absent rather than duplicated
+		if !d.Up {
+			return
+		}
+		du := st.Usage.device(key)
+		if du != nil && du.Known && du.Shared {
+			// On a device held alone its holder's series is the device's.
+			ch <- prometheus.MustNewConstMetric(outsidePodsDesc, prometheus.GaugeValue, du.OutsidePods.MemoryBytes, lv...)
+			// Shared: each container's own processes, 0 for a holder running nothing.
+			for i := range du.Containers {
+				cu := &du.Containers[i]
+				cl := []string{cu.Namespace, cu.Pod, cu.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
+				if cu.Use.MemoryKnown {
+					ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, cu.Use.MemoryBytes, cl...)
+				}
+				if v, src, ok := containerActivity(du, d, cu); ok {
+					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+				}
+			}
+			return
+		}
+		if len(holders) != 1 {
+			return // shared devices without process accounting: per-container use is unknown, so absent rather than duplicated
 		}
 		h := holders[0]
-		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3]}
+		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
 		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}
-		if v, ok := activity(d); ok {
-			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, cl...)
+		if v, src, ok := containerActivity(nil, d, nil); ok {
+			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
 		}
 		if v, ok := d.Values.Get(FieldSMActive); ok {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
 		}
 	})
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
-	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	if a.Known {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	}
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
 	if a.AllocatableUnits != nil {
@@ -270,15 +379,6 @@ func (a *Allocations) freeIDs(s *NodeSample) map[string]int {
 		out[res] = n
 	}
 	return out
-}
-
-// activity is a device's busy figure: NVML's busy ratio, or on a MIG
-// instance (where NVML has none) DCGM's SM activity.
-func activity(d *DeviceState) (float64, bool) {
-	if v, ok := d.Values.Get(FieldUtilization); ok {
-		return v, true
-	}
-	return d.Values.Get(FieldSMActive)
 }
 
 // validUTF8 keeps a label value that a kubelet or driver bug made invalid

@@ -31,7 +31,7 @@ type podNode struct {
 	clk    *fixedClock
 }
 
-func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
+func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gpe")
 	if err != nil {
@@ -50,7 +50,7 @@ func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func newPodNode(t *testing.T, sc *simnode.Scenario) *podNode {
 
 // step moves the scenario clock, updates the fake kubelet, refreshes the
 // client and takes a sample.
-func (p *podNode) step(t *testing.T, d time.Duration) *collector.Page {
+func (p *podNode) step(t testing.TB, d time.Duration) *collector.Page {
 	t.Helper()
 	p.clk.Advance(d)
 	p.kube.SetPods(p.node.KubeletPods())
@@ -304,6 +304,43 @@ func TestPartialDevicePluginLoss(t *testing.T) {
 	}
 }
 
+// Issue 12 defect 2: a GPU instance split into two compute instances is two
+// MIG devices. Their series must differ (the registry refused the page
+// when both had the same labels) and each pod's allocation must resolve to
+// its own compute instance.
+func TestTwoComputeInstancesInOneGPUInstance(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-40GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.20gb, computeInstances: 2}]
+pods:
+  - {namespace: a, name: pod-a, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: b, name: pod-b, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if ready, why := pn.e.Ready(); !ready {
+		t.Fatalf("not ready: %s", why)
+	}
+	for _, ci := range []string{"0", "1"} {
+		if v := value(t, p, "gpu_up", `gpu_instance="`, `compute_instance="`+ci+`"`); v != "1" {
+			t.Errorf("compute instance %s: gpu_up %s", ci, v)
+		}
+	}
+	info := series(p, "gpu_allocation_info")
+	if len(info) != 2 {
+		t.Fatalf("allocations: %v", info)
+	}
+	for _, l := range info {
+		lb := parseLabels(l)
+		want := map[string]string{"a": "0", "b": "1"}[lb["namespace"]]
+		if lb["compute_instance"] != want {
+			t.Errorf("%s holds compute instance %q, want %q", lb["namespace"], lb["compute_instance"], want)
+		}
+	}
+}
+
 // freeDevices is gpu_kubelet_free_devices by resource.
 func freeDevices(p *collector.Page) map[string]string {
 	out := map[string]string{}
@@ -338,5 +375,102 @@ func TestFreeDevicesPerResource(t *testing.T) {
 	p = pn.step(t, 30*time.Second)
 	if got := freeDevices(p)["nvidia.com/gpu"]; got != "0" {
 		t.Errorf("free nvidia.com/gpu with the only free GPU lost = %s, want 0", got)
+	}
+}
+
+// podMapGauges are the gauges that say what is free or idle: they need to
+// know who holds what.
+var podMapGauges = []string{
+	`gpu_devices{state="free"}`, `gpu_devices{state="allocated"}`,
+	"gpu_memory_stranded_bytes", "gpu_free_devices_largest_group",
+	"gpu_fragmentation_gpus", "gpu_fragmentation_weighted_gpus",
+	"gpu_unallocated_capacity_gpus", "gpu_idle_allocated_devices",
+	"gpu_kubelet_free_devices",
+}
+
+// present lists which of podMapGauges the page has.
+func present(p *collector.Page) []string {
+	var out []string
+	for _, g := range podMapGauges {
+		name, sel, _ := strings.Cut(g, "{")
+		var want []string
+		if sel != "" {
+			want = append(want, strings.TrimSuffix(sel, "}"))
+		}
+		if len(series(p, name, want...)) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// While the pod map is unknown, a node must not look empty: no free
+// devices, no stranded VRAM of 0, no fragmentation saying all is free. What
+// does not depend on it stays: unhealthy devices, MIG slices.
+func TestPodMapUnknownLeavesOutCapacityGauges(t *testing.T) {
+	// No kubelet at all (no pod source: socket missing, bare metal).
+	e, _ := newExporter(t, nil, newClock(), nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	if got := present(p); len(got) != 0 {
+		t.Errorf("without a pod map the page has %v", got)
+	}
+	for _, keep := range []string{`gpu_devices{state="unhealthy"}`, "gpu_mig_free_slices", "gpu_healthy_devices"} {
+		name, sel, _ := strings.Cut(keep, "{")
+		var want []string
+		if sel != "" {
+			want = append(want, strings.TrimSuffix(sel, "}"))
+		}
+		if len(series(p, name, want...)) == 0 {
+			t.Errorf("%s is gone without a pod map; it does not depend on it", keep)
+		}
+	}
+
+	// A kubelet that answered, then went away for longer than five minutes.
+	pn := newPodNode(t, nil)
+	p = pn.step(t, time.Second)
+	if got := present(p); len(got) != len(podMapGauges) {
+		t.Fatalf("with a kubelet the page has only %v of %v", got, podMapGauges)
+	}
+	pn.kube.Stop()
+	p = pn.step(t, 4*time.Minute) // down, last answer 4 minutes old: still known
+	if got := present(p); len(got) != len(podMapGauges) {
+		t.Errorf("kubelet down for 4m: the page has only %v", got)
+	}
+	p = pn.step(t, 2*time.Minute)
+	if got := present(p); len(got) != 0 {
+		t.Errorf("kubelet down for 6m: the page still has %v", got)
+	}
+}
+
+// "Unhealthy" is what cannot take new work, not only what NVML lost: a GPU
+// whose row remapping failed (the alerts say replace it) or that waits for a
+// reset is never free capacity. Default scenario: GPU 5 (free) fails row
+// remapping, GPU 4 (held) has rows pending remap, GPU 3 (held) asks for a
+// GPU reset (NVML recovery action).
+func TestUnhealthyIncludesRemapFailureAndPendingReset(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	three, four, five := 3, 4, 5
+	sc.Faults = append(sc.Faults,
+		simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &five, Remap: &simnode.RemapFault{Uncorrectable: 1, Failed: true}},
+		simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &four, Remap: &simnode.RemapFault{Uncorrectable: 1, Pending: true}},
+		simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &three, RecoveryAction: "gpu_reset"},
+	)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if v := value(t, p, "gpu_devices", `state="unhealthy"`); v != "0" {
+		t.Fatalf("unhealthy before the faults: %s", v)
+	}
+	p = pn.step(t, 30*time.Second)
+	for state, want := range map[string]string{"unhealthy": "3", "free": "1", "allocated": "7"} {
+		if v := value(t, p, "gpu_devices", `state="`+state+`"`); v != want {
+			t.Errorf("gpu_devices{state=%q} = %s, want %s", state, v, want)
+		}
+	}
+	if v := value(t, p, "gpu_healthy_devices"); v != "8" {
+		t.Errorf("gpu_healthy_devices = %s, want 8", v)
+	}
+	if got := freeDevices(p)["nvidia.com/gpu"]; got != "0" {
+		t.Errorf("free nvidia.com/gpu = %s with the only free GPU's remapping failed, want 0", got)
 	}
 }

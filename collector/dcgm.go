@@ -71,10 +71,13 @@ func setDCGM(d *DeviceState, dv dcgm.DeviceValues) {
 }
 
 var (
-	dcgmHealthDesc = prometheus.NewDesc("gpu_dcgm_health",
-		"DCGM health watch result per subsystem; a state set over pass, warn and fail.",
-		[]string{"gpu", "uuid", "system", "status"}, nil)
-	dcgmStatuses = []string{dcgm.HealthPass, dcgm.HealthWarn, dcgm.HealthFail}
+	dcgmHealthDesc = prometheus.NewDesc("gpu_dcgm_health_status",
+		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
+		[]string{"gpu", "uuid", "system"}, nil)
+	dcgmHealthSummaryDesc = prometheus.NewDesc("gpu_dcgm_health_status",
+		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
+		[]string{"gpu", "uuid", "system"}, nil)
+	dcgmStatusValues = map[string]float64{dcgm.HealthPass: 0, dcgm.HealthWarn: 1, dcgm.HealthFail: 2}
 )
 
 func collectDCGMHealth(g *GPUState, ch chan<- prometheus.Metric) {
@@ -82,15 +85,13 @@ func collectDCGMHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		return
 	}
 	gpu := strconv.Itoa(g.GPU)
+	worst := 0.0
 	for _, sys := range dcgm.HealthSystems {
-		cur, ok := g.DCGMHealth[sys]
-		if !ok {
-			cur = dcgm.HealthPass
-		}
-		for _, st := range dcgmStatuses {
-			ch <- prometheus.MustNewConstMetric(dcgmHealthDesc, prometheus.GaugeValue, b2f(cur == st), gpu, g.UUID, sys, st)
-		}
+		v := dcgmStatusValues[g.DCGMHealth[sys]] // not reported: 0, DCGM found nothing to say
+		worst = max(worst, v)
+		ch <- prometheus.MustNewConstMetric(dcgmHealthDesc, prometheus.GaugeValue, v, gpu, g.UUID, sys)
 	}
+	ch <- prometheus.MustNewConstMetric(dcgmHealthSummaryDesc, prometheus.GaugeValue, worst, gpu, g.UUID, "all")
 }
 
 // dcgmStatus is the collector status of DCGM: absent when DCGM is off (auto

@@ -45,7 +45,7 @@ func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), coun
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds, XID: counter}, s)
+	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds, XID: counter, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
 	if v := value(t, p, "gpu_exporter_collector_up", `collector="dcgm"`); v != "1" {
 		t.Errorf("dcgm up = %s", v)
 	}
-	if n := len(series(p, "gpu_dcgm_health", `gpu="0"`, `status="pass"`)); n != len(dcgm.HealthSystems) {
+	if n := len(series(p, "gpu_dcgm_health_status", `gpu="0"`)); n != len(dcgm.HealthSystems) {
 		t.Errorf("%d health systems for GPU 0", n)
 	}
 }

@@ -37,17 +37,17 @@ func idleActivity(d *DeviceState) (float64, bool) {
 }
 
 // computeDerived runs the idle tracker and the fragmentation model.
-func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, now time.Time) *Derived {
+func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, u *Usage, now time.Time) *Derived {
 	d := &Derived{Prices: map[DeviceKey]float64{}}
 	var obs []fragmentation.Observation
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, healthy bool) {
-		act, known := idleActivity(dev)
-		if !dev.Up {
-			known = false
-		}
 		for _, h := range a.ByDevice[key] {
+			act, known := holderIdleActivity(u, dev, key, h)
+			if !dev.Up {
+				known = false
+			}
 			obs = append(obs, fragmentation.Observation{
-				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance},
+				Key:      fragmentation.HolderKey{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, GPU: key.GPU, GPUInstance: key.GPUInstance, ComputeInstance: key.ComputeInstance},
 				Activity: act, Known: known,
 			})
 		}
@@ -56,7 +56,9 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *N
 				if dev.IsMIG() {
 					if g := gpuOf(s, key.GPU); g != nil && g.MIGLayout != nil {
 						if pl, ok := g.MIGLayout.Instances[dev.GPUInstance]; ok {
-							price = fragmentation.SliceShare(price, pl.Size, g.MIGLayout.TotalSlices)
+							// Placements are in memory slices (8 on A100/H100);
+							// the share is in compute slices, NVML's SliceCount.
+							price = fragmentation.SliceShare(price, pl.Slices, g.MIGLayout.TotalSlices)
 						}
 					}
 				}
@@ -84,10 +86,12 @@ func gpuOf(s *NodeSample, gpu int) *GPUState {
 // fragInput turns the sample and its allocations into the model's input.
 func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 	out := make([]fragmentation.GPU, 0, len(s.GPUs))
+	shared := a.sharedFree()
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
-		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: g.Up, NVLinkDomain: -1, NUMANode: -1}
-		fg.MemoryTotal, _ = g.Values.Get(FieldMemoryTotal)
+		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: healthy(g), NVLinkDomain: -1, NUMANode: -1,
+			SharedFree: shared[gpuKey(g.GPU)]}
+		fg.MemoryTotal = usableMemory(&g.Values)
 		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
 		if g.Health.NVLinkActive > 0 {
 			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
@@ -102,7 +106,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 			l := g.MIGLayout
 			ms := &fragmentation.MIGState{TotalSlices: l.TotalSlices}
 			for _, p := range l.Profiles {
-				mp := fragmentation.MIGProfile{Name: p.Name, Slices: p.Slices, MemoryBytes: p.MemoryBytes}
+				mp := fragmentation.MIGProfile{Name: p.Name, Slices: p.Slices, MaxInstances: p.MaxInstances, MemoryBytes: p.MemoryBytes}
 				for _, pl := range p.Placements {
 					mp.Placements = append(mp.Placements, fragmentation.Placement{Start: int(pl.Start), Size: int(pl.Size)})
 				}
@@ -114,14 +118,14 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 					continue
 				}
 				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
-					Allocated: len(a.ByDevice[DeviceKey{g.GPU, m.GPUInstance}]) > 0}
-				mi.MemoryTotal, _ = m.Values.Get(FieldMemoryTotal)
+					Allocated: len(a.ByDevice[migKey(g.GPU, &m)]) > 0}
+				mi.MemoryTotal = usableMemory(&m.Values)
 				mi.MemoryUsed, _ = m.Values.Get(FieldMemoryUsed)
 				ms.Instances = append(ms.Instances, mi)
 			}
 			fg.MIG = ms
 		} else {
-			fg.Allocated = len(a.ByDevice[DeviceKey{g.GPU, -1}]) > 0
+			fg.Allocated = len(a.ByDevice[gpuKey(g.GPU)]) > 0
 		}
 		out = append(out, fg)
 	}
@@ -132,12 +136,12 @@ var (
 	idleDesc = prometheus.NewDesc("gpu_allocation_idle",
 		"1 if the holder's device stayed below the idle threshold for the whole idle window (--idle.threshold, --idle.window).", allocLabels, nil)
 	idleSecondsDesc = prometheus.NewDesc("gpu_allocation_idle_seconds_total",
-		"Seconds the holder's device has been idle while held, counted once the idle window is met; starts afresh for a new holder.", allocLabels, nil)
+		"Seconds the holder's device has been idle while held, counted once the idle window is met; like every counter here it never falls: a holder with the same labels within an hour goes on from its last value.", allocLabels, nil)
 	idleDevicesDesc = prometheus.NewDesc("gpu_idle_allocated_devices",
 		"Allocated devices all of whose holders are idle.", nil, nil)
 	priceDesc = prometheus.NewDesc("gpu_price_dollars_per_hour",
 		"Configured on-demand price of the device per hour (a MIG instance by its share of slices); only when a price list is configured.",
-		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "model"}, nil)
+		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "model"}, nil)
 	strandedDesc = prometheus.NewDesc("gpu_memory_stranded_bytes",
 		"Free VRAM on allocated devices: under whole-device scheduling no other pod can use it.", nil, nil)
 	largestGroupDesc = prometheus.NewDesc("gpu_free_devices_largest_group",
@@ -165,27 +169,30 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	}
 	s := st.Sample
 	for _, is := range d.Idle {
+		if !is.Known {
+			continue // neither idle nor busy: left out rather than "not idle"
+		}
 		k := is.Key
-		lv := unitLabels(s, k.GPU, k.GPUInstance)
+		lv := unitLabels(s, DeviceKey{k.GPU, k.GPUInstance, k.ComputeInstance})
 		if lv == nil {
 			continue
 		}
-		labels := []string{lv[0], lv[1], lv[2], lv[3], k.Namespace, k.Pod, k.Container, k.Resource}
+		labels := []string{lv[0], lv[1], lv[2], lv[3], lv[4], k.Namespace, k.Pod, k.Container, k.Resource}
 		ch <- prometheus.MustNewConstMetric(idleDesc, prometheus.GaugeValue, b2f(is.Idle), labels...)
 		ch <- prometheus.MustNewConstMetric(idleSecondsDesc, prometheus.CounterValue, is.IdleSeconds, labels...)
 	}
-	ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	known := st.Allocations != nil && st.Allocations.Known
+	if known {
+		ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
+	}
 	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
 			lv := labelValues(dev)
-			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], dev.Model)
+			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], lv[4], dev.Model)
 		}
 	})
 	f := &d.Frag
-	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
-	for dom, n := range f.LargestFreeGroup {
-		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
-	}
+	// MIG slices and placements depend on the GPU instances only.
 	for _, m := range f.MIG {
 		gpu := strconv.Itoa(m.GPU)
 		ch <- prometheus.MustNewConstMetric(migFreeSlicesDesc, prometheus.GaugeValue, float64(m.FreeSlices), gpu, m.UUID)
@@ -193,6 +200,15 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 		for prof, n := range m.Placeable {
 			ch <- prometheus.MustNewConstMetric(migPlaceableDesc, prometheus.GaugeValue, float64(n), gpu, m.UUID, prof)
 		}
+	}
+	if !known {
+		// Who holds what is unknown: free capacity, stranded VRAM and
+		// fragmentation would all say "everything is free".
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(strandedDesc, prometheus.GaugeValue, f.StrandedMemoryBytes)
+	for dom, n := range f.LargestFreeGroup {
+		ch <- prometheus.MustNewConstMetric(largestGroupDesc, prometheus.GaugeValue, float64(n), dom)
 	}
 	for shape, v := range f.PerShape {
 		ch <- prometheus.MustNewConstMetric(fragDesc, prometheus.GaugeValue, v, shape)
@@ -202,18 +218,26 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 }
 
 // unitLabels are the device labels of a GPU or MIG instance of the sample.
-func unitLabels(s *NodeSample, gpu, gi int) []string {
-	g := gpuOf(s, gpu)
+func unitLabels(s *NodeSample, k DeviceKey) []string {
+	g := gpuOf(s, k.GPU)
 	if g == nil {
 		return nil
 	}
-	if gi < 0 {
+	if k.GPUInstance < 0 {
 		return labelValues(&g.DeviceState)
 	}
 	for j := range g.MIG {
-		if g.MIG[j].GPUInstance == gi {
+		if migKey(k.GPU, &g.MIG[j]) == k {
 			return labelValues(&g.MIG[j])
 		}
 	}
 	return nil
+}
+
+// usableMemory is the memory pods can allocate: the total less what the
+// driver reserves for itself (known from NVML memory v2).
+func usableMemory(v *Values) float64 {
+	total, _ := v.Get(FieldMemoryTotal)
+	reserved, _ := v.Get(FieldMemoryReserved)
+	return total - reserved
 }

@@ -18,11 +18,15 @@ import (
 func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
 	t.Helper()
 	pn := newPodNode(t, sc)
-	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now})
+	sysfs := t.TempDir()
+	if err := pn.node.WriteSysfs(sysfs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Sysfs: sysfs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc}, s)
+	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +51,14 @@ func TestFragmentationOnSimulatedNode(t *testing.T) {
 	pn := newDerivedNode(t, nil, collector.DerivedConfig{})
 	p := pn.step(t, time.Second)
 
-	// Stranded: free VRAM of every allocated device, summed by hand.
+	// Stranded: free VRAM of every allocated device, summed by hand; memory
+	// the driver reserves is not free, and not GPU 6's: one of its four
+	// time-slicing replicas is free, so the next gpu.shared pod can use that
+	// memory.
 	var want float64
-	for _, dev := range [][2]string{{"0", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"4", ""}, {"6", ""}, {"7", "0"}, {"7", "1"}, {"7", "2"}} {
+	for _, dev := range [][2]string{{"0", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"4", ""}, {"7", "0"}, {"7", "1"}, {"7", "2"}} {
 		m := []string{`gpu="` + dev[0] + `"`, `gpu_instance="` + dev[1] + `"`}
-		want += num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
+		want += num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_reserved_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
 	}
 	if got := num(t, p, "gpu_memory_stranded_bytes"); !near(got, want) {
 		t.Errorf("stranded %v, want %v", got, want)
@@ -183,5 +190,56 @@ pods:
 	}
 	if v := value(t, p, "gpu_allocation_idle_seconds_total", `pod="second"`); v != "0" {
 		t.Errorf("the replacing pod inherited idle seconds: %s", v)
+	}
+}
+
+// Issue 12 defect 3: on A100 a 7g instance's placement spans 8 memory
+// slices; its price share is by compute slices, so it costs the whole GPU,
+// and a 3g instance 3/7 of it (its placement spans 4 memory slices).
+func TestMIGPriceByComputeSlicesOnA100(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-40GB, count: 2}
+gpus:
+  - {index: 0, mig: [{profile: 7g.40gb}]}
+  - {index: 1, mig: [{profile: 3g.20gb}, {profile: 3g.20gb}]}
+`)
+	model := "Mock NVIDIA A100-SXM4-40GB"
+	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{model: 7}}
+	pn := newDerivedNode(t, sc, collector.DerivedConfig{Prices: prices})
+	p := pn.step(t, time.Second)
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="0"`, `gpu_instance="0"`); !near(v, 7) {
+		t.Errorf("7g.40gb price %v, want 7 (the whole GPU)", v)
+	}
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="1"`, `gpu_instance="1"`); !near(v, 3) {
+		t.Errorf("3g.20gb price %v, want 3 (3 of 7 compute slices)", v)
+	}
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 0 {
+		t.Errorf("free slices beside a 7g instance: %v, want 0", v)
+	}
+	// Two 3g instances cover all 8 memory slices: nothing more fits.
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="1"`); v != 0 {
+		t.Errorf("free slices beside two 3g instances: %v, want 0", v)
+	}
+}
+
+// Issue 13 item 9: a profile's per-GPU instance limit caps what is
+// placeable: H100's 1g.10gb+me allows one instance, not one per free slice.
+func TestMIGPlaceableHonoursInstanceLimits(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 2}
+gpus:
+  - {index: 0, mig: [{profile: 1g.10gb}]}
+  - {index: 1, mig: [{profile: 1g.10gb+me}]}
+`)
+	pn := newDerivedNode(t, sc, collector.DerivedConfig{})
+	p := pn.step(t, time.Second)
+	if v := num(t, p, "gpu_mig_placeable_instances", `gpu="0"`, `mig_profile="1g.10gb+me"`); v != 1 {
+		t.Errorf("1g.10gb+me placeable on GPU 0: %v, want 1 (InstanceCount)", v)
+	}
+	if v := num(t, p, "gpu_mig_placeable_instances", `gpu="1"`, `mig_profile="1g.10gb+me"`); v != 0 {
+		t.Errorf("1g.10gb+me placeable beside one: %v, want 0", v)
+	}
+	if v := num(t, p, "gpu_mig_placeable_instances", `gpu="0"`, `mig_profile="1g.10gb"`); v != 6 {
+		t.Errorf("1g.10gb placeable beside one: %v, want 6", v)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
@@ -48,6 +49,23 @@ type Config struct {
 	// Derived configures idle allocations, prices and fragmentation; the
 	// zero value uses the defaults.
 	Derived DerivedConfig
+	// Groups are the metric groups served; nil serves the default profile.
+	Groups GroupSet
+	// Compat, when set, also serves dcgm-exporter's default families under
+	// its names, from the same sample and in the same render.
+	Compat *CompatConfig
+	// Processes, when set, maps the processes NVML lists to containers:
+	// per-container use of shared devices.
+	Processes *procs.Resolver
+	// Status names the exporter on the landing page.
+	Status StatusInfo
+}
+
+// StatusInfo is what the landing page says about the exporter itself.
+type StatusInfo struct {
+	Version   string
+	Node      string
+	Simulated bool
 }
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -63,14 +81,22 @@ type State struct {
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
-	Derived     *Derived
-	Collectors  []CollectorStatus
+	// XIDInstances are the XIDs NVML attributed to MIG instances.
+	XIDInstances []xid.InstanceCount
+	// ECCEvents are the ECC error events per GPU, by sample GPU position.
+	ECCEvents [][2]uint64
+	Derived   *Derived
+	// Usage is per-container use from process accounting; nil when off.
+	Usage      *Usage
+	Collectors []CollectorStatus
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
 	// LastAnswer is, per GPU, the time NVML last answered at all (a lost
 	// GPU answers with an error; a hung one does not answer).
 	LastAnswer []time.Time
 	Rendered   time.Time
+	// compatRates are the byte rates the compatibility families show.
+	compatRates map[compatKey]compatRates
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
@@ -83,6 +109,9 @@ type Page struct {
 	plainLen, gzipLen []string
 	// State is what the page shows, for the landing page.
 	State *State
+	// StatusHTML and StatusJSON are the landing page and /status.json,
+	// rendered with the metrics.
+	StatusHTML, StatusJSON []byte
 }
 
 // Exporter samples in the background and keeps the rendered page.
@@ -101,6 +130,9 @@ type Exporter struct {
 	idle      *fragmentation.IdleTracker
 	counters  *monotonic // under renderMu
 	renderErr atomic.Pointer[renderResult]
+	// procsWarned: the proc-root warning was logged (under renderMu).
+	procsWarned bool
+	compat      *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -136,8 +168,14 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
 		return nil, err
 	}
-	if cfg.RuntimeMetrics {
-		e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupGo) {
+		e.reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorMemStatsMetricsDisabled()))
+	}
+	if cfg.RuntimeMetrics && cfg.Groups.On(GroupProcess) {
+		e.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if cfg.Compat != nil {
+		e.compat = newCompatRenderer(*cfg.Compat)
 	}
 	e.reg.MustRegister(stateCollector{e})
 	return e, nil
@@ -204,11 +242,30 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.Allocations = resolveAllocations(e.cfg.Pods.Snapshot(), s, now, e.unmatched)
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
 	}
-	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, s.Time)
+	if e.cfg.Processes != nil {
+		st.Usage = attributeProcesses(ctx, e.cfg.Processes, s, st.Allocations)
+		// Every PID missing is a proc root that is not the host's, not
+		// processes that happened to exit: say so once.
+		lost := st.Usage.PIDs > 0 && st.Usage.NotFound == st.Usage.PIDs
+		if lost && !e.procsWarned {
+			e.cfg.Log.Warn().Int("pids", st.Usage.PIDs).Msg("none of the PIDs NVML reports is in the proc root: mount the host's /proc (read-only hostPath) and pass --procs.proc-root; until then every GPU process counts as outside pods")
+		}
+		e.procsWarned = lost
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "", Duration: st.Usage.Duration})
+	}
+	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, st.Usage, s.Time)
 	if r := e.cfg.XID; r != nil {
 		st.XIDs = r.Counter().Snapshot()
 		st.XIDLast = r.Counter().LastPerDevice()
+		st.XIDInstances = r.InstanceCounts()
+		st.ECCEvents = make([][2]uint64, len(s.GPUs))
+		for i, g := range s.GPUs {
+			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
+		}
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
+	}
+	if e.compat != nil {
+		e.compat.update(st)
 	}
 	err := e.render(st)
 	if err != nil {
@@ -255,8 +312,17 @@ func (e *Exporter) render(st *State) error {
 	if err := e.gz.Close(); err != nil {
 		return err
 	}
+	var html, js bytes.Buffer
+	view := buildStatus(st, e.cfg.Status, e.cfg.Pods != nil, e.cfg.Processes != nil)
+	if err := view.HTML(&html); err != nil {
+		return err
+	}
+	if err := view.JSON(&js); err != nil {
+		return err
+	}
 	e.page.Store(&Page{Plain: buf.Bytes(), Gzip: zbuf.Bytes(), Time: st.Rendered, State: st,
-		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())}})
+		plainLen: []string{strconv.Itoa(buf.Len())}, gzipLen: []string{strconv.Itoa(zbuf.Len())},
+		StatusHTML: html.Bytes(), StatusJSON: js.Bytes()})
 	return nil
 }
 

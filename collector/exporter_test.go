@@ -48,6 +48,16 @@ func newClock() *fixedClock {
 	return &fixedClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
 }
 
+// fullGroups serves every metric group: these tests check values, the
+// budget test (budget_test.go) checks what each profile serves.
+func fullGroups() collector.GroupSet {
+	g, err := collector.ProfileGroups(collector.ProfileFull)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
 // newExporter builds an exporter over a simulated node with a fixed clock.
 func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(nvmlsampler.NVML) nvmlsampler.NVML) (*collector.Exporter, *simnode.Node) {
 	t.Helper()
@@ -59,11 +69,15 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 	if wrap != nil {
 		lib = wrap(node)
 	}
-	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	sysfs := t.TempDir()
+	if err := node.WriteSysfs(sysfs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Sysfs: sysfs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,12 +89,12 @@ func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(
 var deterministicMetrics = []string{
 	"gpu_info", "gpu_mig_info", "gpu_driver_info", "gpu_up", "gpu_last_sample_timestamp_seconds",
 	"gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
-	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
+	"gpu_temperature_celsius", "gpu_memory_temperature_celsius", "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz",
 	"gpu_memory_clock_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_width",
 	"gpu_exporter_collector_up", "gpu_exporter_last_sample_timestamp_seconds",
 	"gpu_power_limit_watts", "gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
 	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
-	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action", "gpu_nvlink_active_links",
+	"gpu_clock_event_active", "gpu_pcie_replay_errors_total", "gpu_recovery_action_code", "gpu_nvlink_active_links",
 	"gpu_numa_node", "gpu_nvlink_errors_total",
 }
 
@@ -245,7 +259,7 @@ func TestNotSupportedFieldsAreSkipped(t *testing.T) {
 	if strings.Contains(text, `gpu_temperature_celsius{gpu="2"`) || strings.Contains(text, `gpu_power_watts{gpu="2"`) {
 		t.Error("unsupported fields of GPU 2 are exported")
 	}
-	if !strings.Contains(text, `gpu_up{gpu="2",gpu_instance="",mig_profile="",uuid=`) || strings.Contains(text, `gpu_up{gpu="2",gpu_instance="",mig_profile="",uuid="`+e.Page().State.Sample.GPUs[2].UUID+`"} 0`) {
+	if !strings.Contains(text, `gpu_up{compute_instance="",gpu="2",gpu_instance="",mig_profile="",uuid=`) || strings.Contains(text, `gpu_up{compute_instance="",gpu="2",gpu_instance="",mig_profile="",uuid="`+e.Page().State.Sample.GPUs[2].UUID+`"} 0`) {
 		t.Error("GPU 2 should stay up when fields are merely unsupported")
 	}
 	if n, _ := testutil.GatherAndCount(e.Registry(), "gpu_temperature_celsius"); n != 7 {

@@ -229,6 +229,14 @@ func (d *faultyDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	return d.Device.GetMemoryInfo()
 }
 
+// GetMemoryInfo_v2 fails with the same faults as v1: both are "memory info".
+func (d *faultyDevice) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	if r := d.c("GetMemoryInfo"); r != nvml.SUCCESS {
+		return nvml.Memory_v2{}, r
+	}
+	return d.Device.GetMemoryInfo_v2()
+}
+
 func (d *faultyDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	if r := d.c("GetUtilizationRates"); r != nvml.SUCCESS {
 		return nvml.Utilization{}, r

@@ -41,6 +41,10 @@ const (
 	FieldPCIeRxBytes         = nvml.FieldPCIeRxBytes
 	FieldNVLinkTxBytes       = nvml.FieldNVLinkTxBytes
 	FieldNVLinkRxBytes       = nvml.FieldNVLinkRxBytes
+	FieldMemoryTemperature   = nvml.FieldMemoryTemperature
+	FieldEncoderUtilization  = nvml.FieldEncoderUtilization
+	FieldDecoderUtilization  = nvml.FieldDecoderUtilization
+	FieldMemoryReserved      = nvml.FieldMemoryReserved
 	numFields                = nvml.NumFields
 )
 
@@ -64,7 +68,7 @@ type fieldSpec struct {
 // deviceLabels identify a device series: a whole GPU has gpu_instance="" and
 // mig_profile="", a MIG instance has both set. They never change when pods
 // come and go.
-var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile"}
+var deviceLabels = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 
 var fieldSpecs = [numFields]fieldSpec{
 	FieldMemoryUsed:          {"gpu_memory_used_bytes", "Framebuffer memory in use, in bytes.", prometheus.GaugeValue, SourceNVML},
@@ -93,6 +97,10 @@ var fieldSpecs = [numFields]fieldSpec{
 	FieldPCIeRxBytes:         {"gpu_pcie_receive_bytes_total", "Bytes received over PCIe (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
 	FieldNVLinkTxBytes:       {"gpu_nvlink_transmit_bytes_total", "Bytes sent over NVLink (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
 	FieldNVLinkRxBytes:       {"gpu_nvlink_receive_bytes_total", "Bytes received over NVLink (DCGM rate, integrated by the exporter).", prometheus.CounterValue, SourceDCGM},
+	FieldMemoryTemperature:   {"gpu_memory_temperature_celsius", "Memory (HBM) temperature in degrees Celsius (NVML field NVML_FI_DEV_MEMORY_TEMP; GPUs without a memory sensor have none).", prometheus.GaugeValue, SourceNVML},
+	FieldEncoderUtilization:  {"gpu_encoder_utilization_ratio", "Fraction of the last sample period the video encoder was busy (NVML, 0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldDecoderUtilization:  {"gpu_decoder_utilization_ratio", "Fraction of the last sample period the video decoder was busy (NVML, 0-1).", prometheus.GaugeValue, SourceNVML},
+	FieldMemoryReserved:      {"gpu_memory_reserved_bytes", "Framebuffer memory the driver and firmware reserve, in bytes (NVML memory info v2, R510 and later); not part of gpu_memory_used_bytes there.", prometheus.GaugeValue, SourceNVML},
 }
 
 var fieldDescs = func() [numFields]*prometheus.Desc {

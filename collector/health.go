@@ -15,11 +15,26 @@ var (
 	remapTypeNames = [2]string{"correctable", "uncorrectable"}
 )
 
+const eccHelp = "ECC errors counted by the driver: volatile since the last driver load, aggregate over the GPU's life."
+
+const clockEventHelp = "1 while a clock event (throttle) reason holds the clocks down; a state set over reasons (several can hold at once)."
+
+// slowdownReasons are the clock event reasons that slow a busy GPU down
+// against its will: hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown
+// and hw_power_brake_slowdown (the GPUThrottled alert). The others (the
+// software power cap, which every busy GPU at its power limit shows, idle,
+// application clocks, sync boost, display clock) are in clock_events.
+const slowdownReasons = 0x8 | 0x20 | 0x40 | 0x80
+
 var (
-	eccDesc = prometheus.NewDesc("gpu_ecc_errors_total",
-		"ECC errors counted by the driver: volatile since the last driver load, aggregate over the GPU's life.",
-		[]string{"gpu", "uuid", "error", "scope"}, nil)
-	retiredDesc = prometheus.NewDesc("gpu_retired_pages",
+	eccDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	// eccAggregateDesc is the same family for scope="aggregate" (group
+	// ecc_detail): the GPU's lifetime counts, for RMA decisions.
+	eccAggregateDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	// eccCorrectedDesc is the same family for error="corrected",
+	// scope="volatile" (group ecc_corrected).
+	eccCorrectedDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	retiredDesc      = prometheus.NewDesc("gpu_retired_pages",
 		"Framebuffer pages retired, by cause (GPUs before Ampere).", []string{"gpu", "uuid", "cause"}, nil)
 	retiredPendingDesc = prometheus.NewDesc("gpu_retired_pages_pending",
 		"1 if a page retirement waits for the next driver reload.", []string{"gpu", "uuid"}, nil)
@@ -30,13 +45,22 @@ var (
 	remapFailedDesc = prometheus.NewDesc("gpu_remapped_rows_failed",
 		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"}, nil)
 	clockEventDesc = prometheus.NewDesc("gpu_clock_event_active",
-		"1 while a clock event (throttle) reason holds the clocks down; a state set over reasons.", []string{"gpu", "uuid", "reason"}, nil)
+		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
+	// clockEventOtherDesc is the same family for the reasons that do not
+	// slow a busy GPU down (group clock_events, off by default).
+	clockEventOtherDesc = prometheus.NewDesc("gpu_clock_event_active",
+		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
+	clockEventSummaryDesc = prometheus.NewDesc("gpu_clock_event_active",
+		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
 	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
 		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
 	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink data-link errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e).", []string{"gpu", "uuid", "type"}, nil)
-	recoveryDesc = prometheus.NewDesc("gpu_recovery_action",
-		"The recovery action NVML asks for (XID 154); a state set, 1 for the current action.", []string{"gpu", "uuid", "action"}, nil)
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
+	nvlinkErrSummaryDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
+	recoveryDesc = prometheus.NewDesc("gpu_recovery_action_code",
+		"The recovery action NVML asks for (XID 154, R570 and later), as its code (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, 5 recover_imex_domain, 6 bus_reset, 7 system_reboot; a newer code is shown as is. One action holds at a time, so one series with its code rather than a state set.",
+		[]string{"gpu", "uuid"}, nil)
 	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
 		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"}, nil)
 	numaDesc = prometheus.NewDesc("gpu_numa_node",
@@ -52,7 +76,14 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 	for e := 0; e < 2; e++ {
 		for sc := 0; sc < 2; sc++ {
 			if v := h.ECC[e][sc]; v.OK {
-				ch <- prometheus.MustNewConstMetric(eccDesc, prometheus.CounterValue, float64(v.V), gpu, uuid, eccErrorNames[e], eccScopeNames[sc])
+				d := eccDesc
+				switch {
+				case sc == 1:
+					d = eccAggregateDesc
+				case e == 0:
+					d = eccCorrectedDesc
+				}
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v.V), gpu, uuid, eccErrorNames[e], eccScopeNames[sc])
 			}
 		}
 	}
@@ -72,8 +103,13 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 	}
 	if h.ClockReasons.OK {
 		for _, r := range nvml.ClockEventReasons {
-			ch <- prometheus.MustNewConstMetric(clockEventDesc, prometheus.GaugeValue, b2f(h.ClockReasons.V&r.Bit != 0), gpu, uuid, r.Name)
+			d := clockEventOtherDesc
+			if r.Bit&slowdownReasons != 0 {
+				d = clockEventDesc
+			}
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, b2f(h.ClockReasons.V&r.Bit != 0), gpu, uuid, r.Name)
 		}
+		ch <- prometheus.MustNewConstMetric(clockEventSummaryDesc, prometheus.GaugeValue, b2f(h.ClockReasons.V&slowdownReasons != 0), gpu, uuid, "all")
 	}
 	if h.PCIeReplay.OK {
 		ch <- prometheus.MustNewConstMetric(pcieReplayDesc, prometheus.CounterValue, float64(h.PCIeReplay.V), gpu, uuid)
@@ -81,14 +117,18 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 	if h.HasNVLink {
 		// 18 links x 4 types per GPU would be 72 series; one per type says
 		// which GPU to look at, and links up says whether one went down.
+		var sum uint64
 		for t, v := range h.NVLinkErrors {
+			if !h.NVLinkErrorSeen[t] {
+				continue
+			}
 			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvml.NVLinkErrorTypes[t].Name)
+			sum += v
 		}
+		ch <- prometheus.MustNewConstMetric(nvlinkErrSummaryDesc, prometheus.CounterValue, float64(sum), gpu, uuid, "all")
 	}
 	if h.RecoveryAction.OK {
-		for i, name := range nvml.RecoveryActionNames {
-			ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, b2f(h.RecoveryAction.V == i), gpu, uuid, name)
-		}
+		ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, float64(h.RecoveryAction.V), gpu, uuid)
 	}
 	ch <- prometheus.MustNewConstMetric(nvlinkActiveDesc, prometheus.GaugeValue, float64(h.NVLinkActive), gpu, uuid)
 	if h.NUMANode.OK {

@@ -3,6 +3,7 @@ package collector_test
 import (
 	"context"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,9 +91,8 @@ faults:
 		{"gpu_remapped_rows", []string{`gpu="2"`, `type="uncorrectable"`}, "3"},
 		{"gpu_remapped_rows_pending", []string{`gpu="2"`}, "1"},
 		{"gpu_remapped_rows_failed", []string{`gpu="2"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="node_reboot"`}, "1"},
-		{"gpu_recovery_action", []string{`gpu="3"`, `action="none"`}, "0"},
-		{"gpu_recovery_action", []string{`gpu="2"`, `action="none"`}, "1"},
+		{"gpu_recovery_action_code", []string{`gpu="3"`}, "2"}, // node_reboot
+		{"gpu_recovery_action_code", []string{`gpu="2"`}, "0"}, // none
 		{"gpu_nvlink_active_links", []string{`gpu="0"`}, "18"},
 	} {
 		if v := value(t, p, c.name, c.match...); v != c.want {
@@ -170,7 +170,7 @@ faults:
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now}, s)
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now, Groups: fullGroups()}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,5 +318,85 @@ func TestInvalidUTF8FromNVMLDoesNotPanic(t *testing.T) {
 	e.SampleOnce(context.Background()) // a panic here would take the exporter down
 	if s := series(e.Page(), "gpu_info", `gpu="1"`); len(s) != 1 || !strings.Contains(s[0], "NVIDIA \ufffd") {
 		t.Errorf("GPU 1's info with a mangled name: %v", s)
+	}
+}
+
+// Issue 12 defects 6 and 11: recovery actions 5-7 and clock event reasons
+// 0x200/0x400 (board limit, reliability) are exported like the others;
+// the simulated node takes both lists from go-nvml's constants.
+func TestNewerRecoveryActionsAndClockReasons(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 4}
+faults:
+  - {at: 0s, gpu: 0, recoveryAction: recover_imex_domain}
+  - {at: 0s, gpu: 1, recoveryAction: bus_reset}
+  - {at: 0s, gpu: 2, recoveryAction: system_reboot}
+  - {at: 0s, gpu: 3, throttle: [board_limit, reliability]}
+`)
+	clk := newClock()
+	e, _ := newExporter(t, sc, clk, nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	for gpu, code := range []string{"5", "6", "7"} {
+		if v := value(t, p, "gpu_recovery_action_code", `gpu="`+strconv.Itoa(gpu)+`"`); v != code {
+			t.Errorf("GPU %d: recovery action code %s, want %s", gpu, v, code)
+		}
+	}
+	for _, r := range []string{"board_limit", "reliability"} {
+		if v := value(t, p, "gpu_clock_event_active", `gpu="3"`, `reason="`+r+`"`); v != "1" {
+			t.Errorf("clock event reason %s = %s, want 1", r, v)
+		}
+	}
+}
+
+// recoveryNVML reports a recovery action value newer than go-nvml knows.
+type recoveryNVML struct{ nvmlsampler.NVML }
+
+func (r recoveryNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	d, ret := r.NVML.DeviceGetHandleByIndex(i)
+	return recoveryDevice{d}, ret
+}
+
+type recoveryDevice struct{ nvmlsampler.Device }
+
+func (recoveryDevice) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
+	for i := range fv {
+		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
+			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+			continue
+		}
+		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+		fv[i].Value = [8]byte{42}
+	}
+	return nvml.SUCCESS
+}
+
+// Issue 12 defect 6: a value the exporter does not know is shown, not hidden.
+func TestUnknownRecoveryActionIsExported(t *testing.T) {
+	clk := newClock()
+	e, _ := newExporter(t, scenario(t, "node: {model: H100-SXM5-80GB, count: 1}"), clk, func(l nvmlsampler.NVML) nvmlsampler.NVML { return recoveryNVML{l} })
+	e.SampleOnce(context.Background())
+	if v := value(t, e.Page(), "gpu_recovery_action_code", `gpu="0"`); v != "42" {
+		t.Errorf("recovery action code = %s, want 42", v)
+	}
+}
+
+// Issue 12 defect 13: on Blackwell the per-link NVLink error counters answer
+// NOT_SUPPORTED; the errors come from NVLink5's NVML_FI_DEV_NVLINK_COUNT_*
+// field values, per link (the simulated B200 has link i report i symbol
+// errors: 0+1+...+17 = 153 over 18 links).
+func TestBlackwellNVLinkErrorsFromFields(t *testing.T) {
+	clk := newClock()
+	e, _ := newExporter(t, scenario(t, "node: {model: B200-SXM5-180GB, count: 1}"), clk, nil)
+	e.SampleOnce(context.Background())
+	p := e.Page()
+	if v := value(t, p, "gpu_nvlink_errors_total", `gpu="0"`, `type="symbol"`); v != "153" {
+		t.Errorf("symbol errors %s, want 153", v)
+	}
+	if v := value(t, p, "gpu_nvlink_errors_total", `gpu="0"`, `type="recovery"`); v != "0" {
+		t.Errorf("recovery events %s, want 0", v)
+	}
+	if got := series(p, "gpu_nvlink_errors_total", `type="crc_flit"`); len(got) != 0 {
+		t.Errorf("per-link counter types exported on Blackwell: %v", got)
 	}
 }

@@ -31,6 +31,12 @@ var (
 	xidDesc = prometheus.NewDesc("gpu_xid_errors_total",
 		"XID errors reported by the driver, by code, with the category and the immediate action of NVIDIA's Xid catalog. Every occurrence counts.",
 		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
+	migXIDDesc = prometheus.NewDesc("gpu_mig_xid_errors_total",
+		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU); join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod.",
+		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "xid", "category", "action"}, nil)
+	eccEventsDesc = prometheus.NewDesc("gpu_ecc_error_events_total",
+		"ECC error events delivered by NVML's event set since the exporter started: single_bit (corrected) or double_bit (uncorrected).",
+		[]string{"gpu", "uuid", "type"}, nil)
 	// The alert rules' "new XID in the last hour" is time() minus these, not
 	// increase(): a counter cannot tell a scrape gap or a fresh Prometheus
 	// from new events, nor a new event after an exporter restart from none.
@@ -57,7 +63,23 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if st == nil {
 		return
 	}
-	collectState(st, ch)
+	groups := c.e.cfg.Groups
+	filtered := make(chan prometheus.Metric, 256)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range filtered {
+			if g, ok := descGroups[m.Desc()]; !ok || groups.On(g) {
+				ch <- m
+			}
+		}
+	}()
+	collectState(st, filtered)
+	if c.e.compat != nil {
+		c.e.compat.collect(st, filtered)
+	}
+	close(filtered)
+	<-done
 }
 
 func collectState(st *State, ch chan<- prometheus.Metric) {
@@ -102,6 +124,22 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(xidDesc, prometheus.CounterValue, float64(x.Total), lv...)
 		ch <- prometheus.MustNewConstMetric(xidFirstDesc, prometheus.GaugeValue, float64(x.First.UnixNano())/1e9, lv...)
 		ch <- prometheus.MustNewConstMetric(xidLastDesc, prometheus.GaugeValue, float64(x.Last.UnixNano())/1e9, lv...)
+	}
+	for _, x := range st.XIDInstances {
+		ci := ""
+		if x.Instance.ComputeInstance >= 0 {
+			ci = strconv.Itoa(x.Instance.ComputeInstance)
+		}
+		ch <- prometheus.MustNewConstMetric(migXIDDesc, prometheus.CounterValue, float64(x.Total),
+			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Instance.GPUInstance), ci, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)
+	}
+	for i, n := range st.ECCEvents {
+		if i >= len(s.GPUs) {
+			break
+		}
+		g := &s.GPUs[i]
+		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[0]), strconv.Itoa(g.GPU), g.UUID, "single_bit")
+		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[1]), strconv.Itoa(g.GPU), g.UUID, "double_bit")
 	}
 	for _, x := range st.XIDLast {
 		ch <- prometheus.MustNewConstMetric(lastXIDDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)

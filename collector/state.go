@@ -19,9 +19,9 @@ type (
 
 // labelValues are a device series' identity labels (deviceLabels).
 func labelValues(d *DeviceState) []string {
-	gi := ""
+	gi, ci := "", ""
 	if d.IsMIG() {
-		gi = strconv.Itoa(d.GPUInstance)
+		gi, ci = strconv.Itoa(d.GPUInstance), strconv.Itoa(d.ComputeInstance)
 	}
-	return []string{strconv.Itoa(d.GPU), d.UUID, gi, d.MIGProfile}
+	return []string{strconv.Itoa(d.GPU), d.UUID, gi, d.MIGProfile, ci}
 }

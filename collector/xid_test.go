@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
@@ -94,5 +95,106 @@ faults:
 	}
 	if v := value(t, p, "gpu_exporter_collector_up", `collector="xid"`); v != "1" {
 		t.Errorf("xid collector up = %s", v)
+	}
+}
+
+// xidExporter runs an exporter over node with an XID reader of src.
+func xidExporter(t *testing.T, node *simnode.Node, src xid.EventSource, clk *fixedClock, events uint64) *collector.Page {
+	t.Helper()
+	reader := xid.NewReader(src, nil)
+	reader.WaitTimeout = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go reader.Run(ctx)
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Groups: fullGroups()}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(20 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for reader.Events() < events {
+		if time.Now().After(deadline) {
+			t.Fatalf("reader saw %d events, want %d", reader.Events(), events)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.SampleOnce(ctx)
+	return e.Page()
+}
+
+// Issue 12 defect 9: an XID NVML attributes to a MIG device (its event
+// carries GPU and compute instance IDs) is counted on that instance too.
+func TestXIDPerMIGInstance(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+faults:
+  - {at: 10s, gpu: 0, mig: 1, xid: 13}
+  - {at: 10s, gpu: 0, mig: 2, xid: 43, count: 2}
+`)
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	src, _ := nvmlsampler.XIDSource(node)
+	p := xidExporter(t, node, src, clk, 3)
+	migs := node.Devices()[0].MIG()
+	gi13, gi43 := strconv.Itoa(migs[1].GPUInstance()), strconv.Itoa(migs[2].GPUInstance())
+	if v := value(t, p, "gpu_mig_xid_errors_total", `gpu_instance="`+gi13+`"`, `compute_instance="1"`, `xid="13"`); v != "1" {
+		t.Errorf("XID 13 on GI %s CI 1 = %s, want 1", gi13, v)
+	}
+	if got := series(p, "gpu_mig_xid_errors_total", `gpu_instance="`+gi13+`"`, `compute_instance="0"`); len(got) != 0 {
+		t.Errorf("XID 13 counted on the other compute instance: %v", got)
+	}
+	if v := value(t, p, "gpu_mig_xid_errors_total", `gpu_instance="`+gi43+`"`, `compute_instance="0"`, `xid="43"`); v != "2" {
+		t.Errorf("XID 43 on GI %s = %s, want 2", gi43, v)
+	}
+	if v := value(t, p, "gpu_xid_errors_total", `gpu="0"`, `xid="13"`); v != "1" {
+		t.Errorf("XID 13 on the GPU = %s, want 1", v)
+	}
+}
+
+// eccSource delivers a fixed list of events once.
+type eccSource struct{ events []xid.Event }
+
+func (s *eccSource) Open() (xid.Waiter, error) { return s, nil }
+func (s *eccSource) Close() error              { return nil }
+func (s *eccSource) Wait(timeout time.Duration) (xid.Event, error) {
+	if len(s.events) == 0 {
+		time.Sleep(timeout)
+		return xid.Event{}, xid.ErrTimeout
+	}
+	e := s.events[0]
+	s.events = s.events[1:]
+	return e, nil
+}
+
+// Issue 12 defect 12: ECC events counted by the event reader are exported.
+func TestECCEventsExported(t *testing.T) {
+	clk := newClock()
+	node, err := simnode.New(scenario(t, "node: {model: H100-SXM5-80GB, count: 2}"), simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	uuid := node.Devices()[1].UUID()
+	src := &eccSource{events: []xid.Event{
+		{GPU: 1, UUID: uuid, Type: nvml.EventTypeSingleBitEccError},
+		{GPU: 1, UUID: uuid, Type: nvml.EventTypeSingleBitEccError},
+		{GPU: 1, UUID: uuid, Type: nvml.EventTypeDoubleBitEccError},
+	}}
+	p := xidExporter(t, node, src, clk, 3)
+	for _, c := range []struct{ gpu, typ, want string }{{"1", "single_bit", "2"}, {"1", "double_bit", "1"}, {"0", "single_bit", "0"}} {
+		if v := value(t, p, "gpu_ecc_error_events_total", `gpu="`+c.gpu+`"`, `type="`+c.typ+`"`); v != c.want {
+			t.Errorf("GPU %s %s ECC events = %s, want %s", c.gpu, c.typ, v, c.want)
+		}
 	}
 }

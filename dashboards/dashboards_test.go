@@ -139,8 +139,10 @@ func TestVariables(t *testing.T) {
 				t.Errorf("%s: want a query variable %s", n, name)
 			}
 		}
-		if !strings.Contains(queries["nodepool"], "kube_node_labels") {
-			t.Errorf("%s: nodepool should come from kube_node_labels, is %q", n, queries["nodepool"])
+		// The rules' pool label (GKE, Karpenter, EKS, AKS, "none"), not
+		// GKE's label alone.
+		if queries["nodepool"] != "label_values(node:gpu_nodepool:info, nodepool)" {
+			t.Errorf("%s: nodepool should list node:gpu_nodepool:info's nodepool, as the rules do; is %q", n, queries["nodepool"])
 		}
 	}
 }

@@ -16,6 +16,22 @@ import (
 // its directory. deploy/sync.sh refreshes them.
 const rulesPath = "alerts/gpu-pool-exporter.rules.yml"
 
+// gmpRulesPath is the rules file for GKE Managed Prometheus, generated from
+// rulesPath (go run ./alerts/gmpgen, which deploy/sync.sh runs).
+const gmpRulesPath = "alerts/gpu-pool-exporter.gmp.rules.yml"
+
+func readGMPRulesFile(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, gmpRulesPath))
+	if err != nil {
+		t.Fatalf("%v (run deploy/sync.sh)", err)
+	}
+	if !bytes.Contains(b, []byte("exported_namespace")) {
+		t.Fatalf("%s names no exported_namespace: it is not the GMP variant", gmpRulesPath)
+	}
+	return b
+}
+
 func readRulesFile(t *testing.T) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, rulesPath))
@@ -73,6 +89,20 @@ func TestCopiesInSync(t *testing.T) {
 	if err != nil || !bytes.Equal(chartRules, rules) {
 		t.Errorf("%s/files/gpu-pool-exporter.rules.yml differs from %s%s", chartDir, rulesPath, hint)
 	}
+	gmpRules := readGMPRulesFile(t)
+	chartGMP, err := os.ReadFile(filepath.Join(chartDir, "files/gpu-pool-exporter.gmp.rules.yml"))
+	if err != nil || !bytes.Equal(chartGMP, gmpRules) {
+		t.Errorf("%s/files/gpu-pool-exporter.gmp.rules.yml differs from %s%s", chartDir, gmpRulesPath, hint)
+	}
+
+	for _, l := range []string{"shard", "global", "gmp.shard", "gmp.global"} {
+		name := "gpu-pool-exporter." + l + ".rules.yml"
+		src, errS := os.ReadFile(filepath.Join(repoRoot, "alerts", name))
+		cp, errC := os.ReadFile(filepath.Join(chartDir, "files", name))
+		if errS != nil || errC != nil || !bytes.Equal(src, cp) {
+			t.Errorf("%s/files/%s differs from alerts/%s%s", chartDir, name, name, hint)
+		}
+	}
 
 	srcDir := filepath.Join(repoRoot, "dashboards")
 	copyDir := filepath.Join(chartDir, "files/dashboards")
@@ -95,6 +125,8 @@ func TestCopiesInSync(t *testing.T) {
 	for _, f := range []string{
 		"kustomize/components/prometheus-operator/prometheusrule.yaml",
 		"kustomize/components/gke-managed-prometheus/clusterrules.yaml",
+		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-shard.yaml",
+		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-global.yaml",
 	} {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -104,6 +136,6 @@ func TestCopiesInSync(t *testing.T) {
 		if len(m.promRules)+len(m.clusterRules) != 1 {
 			t.Errorf("%s: want one rule object", f)
 		}
-		checkRules(t, m, rules)
+		checkRules(t, m, rules, gmpRules)
 	}
 }

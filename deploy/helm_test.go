@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const (
@@ -89,6 +90,30 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		name:    "gpu-operator-sharded-rules",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"prometheusRule.layer=split"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "PrometheusRule", len(m.promRules), 2)
+			wantLayers(t, m, "PrometheusRule", m.promRules[0].ObjectMeta, m.promRules[1].ObjectMeta)
+		},
+	},
+	{
+		name:    "gke-sharded-rules",
+		values:  []string{chartDir + "/values-gke.yaml"},
+		sets:    []string{"gmpRules.layer=split"},
+		profile: gke,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ClusterRules", len(m.clusterRules), 1)
+			wantCount(t, m, "GlobalRules", len(m.globalRules), 1)
+			if t.Failed() {
+				return
+			}
+			wantLayers(t, m, "ClusterRules+GlobalRules", m.clusterRules[0].Metadata, m.globalRules[0].Metadata)
+		},
+	},
+	{
 		name:    "gpu-operator-podmonitor",
 		values:  []string{chartDir + "/values-gpu-operator.yaml"},
 		sets:    []string{"serviceMonitor.enabled=false", "podMonitor.enabled=true"},
@@ -96,6 +121,19 @@ var helmCases = []helmCase{
 		check: func(t *testing.T, m *manifests) {
 			wantCount(t, m, "PodMonitor", len(m.podMonitors), 1)
 			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 0)
+		},
+	},
+	{
+		name:    "lean-with-dcgm-exporter-names",
+		sets:    []string{"exporter.collectors.profile=lean", "exporter.collectors.groups.media=true", "exporter.collectors.groups.process=false", "exporter.compatDCGMExporter=true"},
+		profile: generic,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--collector.profile=lean", "--collector.media", "--no-collector.process", "--compat.dcgm-exporter"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: DaemonSet args %v lack %s", m.name, args, want)
+				}
+			}
 		},
 	},
 	{
@@ -113,6 +151,15 @@ var helmCases = []helmCase{
 	},
 }
 
+// wantLayers: a sharded setup's two rule objects, node level then global.
+func wantLayers(t *testing.T, m *manifests, kind string, shard, global metav1.ObjectMeta) {
+	t.Helper()
+	if shard.Labels[rulesLayerLabel] != "shard" || global.Labels[rulesLayerLabel] != "global" {
+		t.Errorf("%s: %s objects %s and %s are labelled %s=%q and %q, want shard and global", m.name, kind,
+			shard.Name, global.Name, rulesLayerLabel, shard.Labels[rulesLayerLabel], global.Labels[rulesLayerLabel])
+	}
+}
+
 func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
 	t.Helper()
 	if got != want {
@@ -122,7 +169,7 @@ func wantCount(t *testing.T, m *manifests, kind string, got, want int) {
 
 func TestHelmChart(t *testing.T) {
 	helm := tool(t, "helm", installHelm)
-	rules := readRulesFile(t)
+	rules, gmpRules := readRulesFile(t), readGMPRulesFile(t)
 	for _, tc := range helmCases {
 		t.Run(tc.name, func(t *testing.T) {
 			args := valuesArgs(tc.values...)
@@ -147,7 +194,7 @@ func TestHelmChart(t *testing.T) {
 				scheme = "https"
 			}
 			checkScrapeWiring(t, m, scheme)
-			checkRules(t, m, rules)
+			checkRules(t, m, rules, gmpRules)
 			checkDashboards(t, m)
 			checkNamespaced(t, m)
 			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {
@@ -194,7 +241,7 @@ func checkNamespaced(t *testing.T, m *manifests) {
 	t.Helper()
 	for key, doc := range m.raw {
 		tm := metaOf(t, doc)
-		clusterScoped := tm.Kind == "ClusterRules" || tm.Kind == "Namespace"
+		clusterScoped := tm.Kind == "ClusterRules" || tm.Kind == "GlobalRules" || tm.Kind == "Namespace"
 		switch {
 		case clusterScoped && tm.Metadata.Namespace != "":
 			t.Errorf("%s: cluster-scoped %s has namespace %q", m.name, key, tm.Metadata.Namespace)
@@ -329,8 +376,8 @@ func checkSecured(t *testing.T, m *manifests) {
 		if e.TLSConfig == nil || e.TLSConfig.ServerName == nil || *e.TLSConfig.ServerName != "gpu-pool-exporter" {
 			t.Errorf("%s: ServiceMonitor tlsConfig %+v", m.name, e.TLSConfig)
 		}
-		if sm.Metadata.Labels["release"] != "kube-prometheus-stack" {
-			t.Errorf("%s: ServiceMonitor additionalLabels missing: %v", m.name, sm.Metadata.Labels)
+		if sm.Labels["release"] != "kube-prometheus-stack" {
+			t.Errorf("%s: ServiceMonitor additionalLabels missing: %v", m.name, sm.Labels)
 		}
 	}
 	for _, pm := range m.podMonitorings {

@@ -3,13 +3,16 @@ package deploy_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -151,6 +154,12 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 		errorf("the kubelet's %s must be mounted read-only at the same path: volume %+v mount %+v", podResourcesDir, v.VolumeSource, m)
 	}
 
+	// Each GPU's NUMA node comes from the host's sysfs (issue 12 defect 4):
+	// NVML answers it only where GPUs are NUMA nodes.
+	if v, m := volumes["sys"], mounts["sys"]; v.HostPath == nil || v.HostPath.Path != "/sys" || m.MountPath != "/host/sys" || !m.ReadOnly || args["--path.sysfs"] != "/host/sys" {
+		errorf("the host's /sys must be mounted read-only at /host/sys and passed as --path.sysfs: volume %+v mount %+v flag %q", v.VolumeSource, m, args["--path.sysfs"])
+	}
+
 	// Security context.
 	sc := c.SecurityContext
 	if sc == nil {
@@ -187,6 +196,10 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 	case generic, gpuOperator:
 		if !toolkit {
 			errorf("NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES=utility are missing: the toolkit would inject no GPU")
+		}
+		// Issue 12 defect 13: without it the toolkit hides MIG devices.
+		if env["NVIDIA_MIG_MONITOR_DEVICES"].Value != "all" {
+			errorf("NVIDIA_MIG_MONITOR_DEVICES=all is missing: NVML would see no MIG devices in the container")
 		}
 		if ldPath {
 			errorf("LD_LIBRARY_PATH is set although the toolkit provides NVML")
@@ -300,10 +313,10 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: %s selector %v does not select %v", m.name, kind, s, set)
 		}
 	}
-	nodeLabel := func(kind string, r []promRelabel) {
+	nodeLabel := func(kind string, r []monitoringv1.RelabelConfig) {
 		t.Helper()
-		if !slices.ContainsFunc(r, func(r promRelabel) bool {
-			return slices.Equal(r.SourceLabels, []string{"__meta_kubernetes_pod_node_name"}) && r.TargetLabel == "node"
+		if !slices.ContainsFunc(r, func(r monitoringv1.RelabelConfig) bool {
+			return slices.Equal(r.SourceLabels, []monitoringv1.LabelName{"__meta_kubernetes_pod_node_name"}) && r.TargetLabel == "node"
 		}) {
 			t.Errorf("%s: %s does not set the node label", m.name, kind)
 		}
@@ -314,13 +327,13 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: ServiceMonitor jobLabel %q gives job=%q, and the shipped rules select job=%q", m.name, sm.Spec.JobLabel, svc.Labels[sm.Spec.JobLabel], job)
 		}
 		for _, e := range sm.Spec.Endpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port != "metrics" || e.Scheme.String() != scheme {
+				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
 			if !e.HonorLabels {
 				t.Errorf("%s: ServiceMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
 			}
-			nodeLabel("ServiceMonitor", e.Relabelings)
+			nodeLabel("ServiceMonitor", e.RelabelConfigs)
 		}
 	}
 	for _, pm := range m.podMonitors {
@@ -329,13 +342,13 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: PodMonitor jobLabel %q gives job=%q, and the shipped rules select job=%q", m.name, pm.Spec.JobLabel, podLabels[pm.Spec.JobLabel], job)
 		}
 		for _, e := range pm.Spec.PodMetricsEndpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: PodMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port == nil || *e.Port != "metrics" || e.Scheme.String() != scheme {
+				t.Errorf("%s: PodMonitor endpoint %v/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
 			if !e.HonorLabels {
 				t.Errorf("%s: PodMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
 			}
-			nodeLabel("PodMonitor", e.Relabelings)
+			nodeLabel("PodMonitor", e.RelabelConfigs)
 		}
 	}
 	for _, pm := range m.podMonitorings {
@@ -344,8 +357,8 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			t.Errorf("%s: PodMonitoring %s: its name is the job label, and the shipped rules select job=%q", m.name, pm.Metadata.Name, job)
 		}
 		for _, e := range pm.Spec.Endpoints {
-			if e.Port != "metrics" || e.Scheme != scheme {
-				t.Errorf("%s: PodMonitoring endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme, scheme)
+			if e.Port.String() != "metrics" || e.Scheme != scheme {
+				t.Errorf("%s: PodMonitoring endpoint %s/%s, want metrics/%s", m.name, e.Port.String(), e.Scheme, scheme)
 			}
 		}
 		permitted := []string{"container", "node", "pod", "top_level_controller_name", "top_level_controller_type"}
@@ -365,25 +378,50 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 }
 
 // checkRules compares the spec of every rendered rule object with the rules
-// file, the single source of the rules.
-func checkRules(t *testing.T, m *manifests, rulesFile []byte) {
+// file, the single source of the rules: PrometheusRule with the file itself,
+// GKE Managed Prometheus' ClusterRules and GlobalRules with its GMP variant
+// (generated from it: GMP stores the exporter's and kube-state-metrics'
+// namespace label as exported_namespace); an object labelled
+// gpu-pool-exporter/rules-layer: shard|global with that layer's file, generated
+// from those (alerts/gpu-pool-exporter[.gmp].<layer>.rules.yml).
+func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 	t.Helper()
-	want := plainYAML(t, rulesFile)
-	check := func(key string) {
+	check := func(key string, meta metav1.ObjectMeta, gmp bool) {
 		t.Helper()
+		source, data := rulesPath, rulesFile
+		if gmp {
+			source, data = gmpRulesPath, gmpRulesFile
+		}
+		if l := meta.Labels[rulesLayerLabel]; l != "" && l != "all" {
+			source = strings.TrimSuffix(source, ".rules.yml") + "." + l + ".rules.yml"
+			b, err := os.ReadFile(filepath.Join(repoRoot, source))
+			if err != nil {
+				t.Errorf("%s: %s is labelled %s=%s: %v", m.name, key, rulesLayerLabel, l, err)
+				return
+			}
+			data = b
+		}
+		want := plainYAML(t, data)
 		doc := plainYAML(t, m.raw[key])
 		spec := doc.(map[string]any)["spec"]
 		if !reflect.DeepEqual(spec, want) {
-			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, rulesPath, firstDifference(spec, want))
+			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, source, firstDifference(spec, want))
 		}
 	}
 	for _, r := range m.promRules {
-		check("PrometheusRule/" + r.Metadata.Name)
+		check("PrometheusRule/"+r.Name, r.ObjectMeta, false)
 	}
 	for _, r := range m.clusterRules {
-		check("ClusterRules/" + r.Metadata.Name)
+		check("ClusterRules/"+r.Metadata.Name, r.Metadata, true)
+	}
+	for _, r := range m.globalRules {
+		check("GlobalRules/"+r.Metadata.Name, r.Metadata, true)
 	}
 }
+
+// rulesLayerLabel tells the node-level (shard) rule objects from the global
+// ones in a sharded setup.
+const rulesLayerLabel = "gpu-pool-exporter/rules-layer"
 
 // firstDifference names the first rule group whose rendering differs, to keep
 // failure messages short.

@@ -65,14 +65,14 @@ var kustomizeCases = []struct {
 }
 
 func TestKustomize(t *testing.T) {
-	rules := readRulesFile(t)
+	rules, gmpRules := readRulesFile(t), readGMPRulesFile(t)
 	for _, tc := range kustomizeCases {
 		t.Run(tc.dir, func(t *testing.T) {
 			m := decodeManifests(t, tc.dir, kustomizeBuild(t, tc.dir))
 			ds := m.daemonSet(t)
 			checkDaemonSet(t, m.name, ds, tc.profile)
 			checkScrapeWiring(t, m, "http")
-			checkRules(t, m, rules)
+			checkRules(t, m, rules, gmpRules)
 			wantCount(t, m, "ServiceAccount", len(m.serviceAccounts), 1)
 			wantCount(t, m, "ResourceQuota", len(m.quotas), 1)
 			if len(m.roles)+len(m.roleBindings) != 0 {

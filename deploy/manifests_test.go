@@ -1,6 +1,7 @@
 // Package deploy_test checks the deployment artefacts (Dockerfile, Helm chart,
 // kustomize overlays) offline: it renders them, decodes every object strictly
-// into Kubernetes API types (or small local types for the CRDs), and checks the
+// into the Go types of its API (Kubernetes', prometheus-operator's), checks
+// GMP's objects against GMP's published CRD schemas, and checks the
 // invariants a GPU-node DaemonSet must keep.
 package deploy_test
 
@@ -16,11 +17,13 @@ import (
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -95,11 +98,12 @@ type manifests struct {
 	daemonSets      []appsv1.DaemonSet
 	roles           []rbacv1.Role
 	roleBindings    []rbacv1.RoleBinding
-	serviceMonitors []serviceMonitor
-	podMonitors     []podMonitor
-	promRules       []prometheusRule
+	serviceMonitors []monitoringv1.ServiceMonitor
+	podMonitors     []monitoringv1.PodMonitor
+	promRules       []monitoringv1.PrometheusRule
 	podMonitorings  []podMonitoring
 	clusterRules    []clusterRules
+	globalRules     []clusterRules
 	networkPolicies []networkingv1.NetworkPolicy
 	// raw keeps every document by "Kind/name" for generic comparisons.
 	raw map[string][]byte
@@ -179,10 +183,28 @@ func decodeManifests(t *testing.T, name string, stream []byte) *manifests {
 			target = appendNew(&m.podMonitorings)
 		case "monitoring.googleapis.com/v1 ClusterRules":
 			target = appendNew(&m.clusterRules)
+		case "monitoring.googleapis.com/v1 GlobalRules":
+			target = appendNew(&m.globalRules)
 		case "networking.k8s.io/v1 NetworkPolicy":
 			target = appendNew(&m.networkPolicies)
 		default:
 			t.Errorf("%s: unexpected object %s %s", name, tm.APIVersion, key)
+			continue
+		}
+		schemaKind := tm.Kind
+		if schemaKind == "GlobalRules" {
+			// GMP's Rules, ClusterRules and GlobalRules share one spec
+			// (RulesSpec); testdata/gmp-crds carries ClusterRules'.
+			schemaKind = "ClusterRules"
+		}
+		if crd := gmpSchema(t, tm.APIVersion, schemaKind); crd != nil {
+			// GMP: its published schema decides; the view type only reads.
+			if errs := crd.validate(doc); len(errs) > 0 {
+				t.Errorf("%s: %s does not pass GMP's CRD schema: %v", name, key, errs.ToAggregate())
+			}
+			if err := yaml.Unmarshal(doc, target); err != nil {
+				t.Errorf("%s: %s: %v", name, key, err)
+			}
 			continue
 		}
 		if err := strictUnmarshal(doc, target); err != nil {
@@ -207,175 +229,34 @@ func appendNew[T any](s *[]T) *T {
 	return &(*s)[len(*s)-1]
 }
 
-// Local copies of the CRD schemas this project renders: only the fields it
-// uses or documents, so that a misspelt field fails strict decoding.
-
-// promRelabel is prometheus-operator's RelabelConfig.
-type promRelabel struct {
-	SourceLabels []string `json:"sourceLabels,omitempty"`
-	Separator    *string  `json:"separator,omitempty"`
-	TargetLabel  string   `json:"targetLabel,omitempty"`
-	Regex        string   `json:"regex,omitempty"`
-	Modulus      uint64   `json:"modulus,omitempty"`
-	Replacement  *string  `json:"replacement,omitempty"`
-	Action       string   `json:"action,omitempty"`
-}
-
-type secretOrConfigMap struct {
-	Secret    *corev1.SecretKeySelector    `json:"secret,omitempty"`
-	ConfigMap *corev1.ConfigMapKeySelector `json:"configMap,omitempty"`
-}
-
-// promTLSConfig is prometheus-operator's SafeTLSConfig.
-type promTLSConfig struct {
-	CA                 *secretOrConfigMap        `json:"ca,omitempty"`
-	Cert               *secretOrConfigMap        `json:"cert,omitempty"`
-	KeySecret          *corev1.SecretKeySelector `json:"keySecret,omitempty"`
-	ServerName         *string                   `json:"serverName,omitempty"`
-	InsecureSkipVerify *bool                     `json:"insecureSkipVerify,omitempty"`
-	MinVersion         *string                   `json:"minVersion,omitempty"`
-	MaxVersion         *string                   `json:"maxVersion,omitempty"`
-}
-
-type promBasicAuth struct {
-	Username corev1.SecretKeySelector `json:"username"`
-	Password corev1.SecretKeySelector `json:"password"`
-}
-
-// promEndpoint covers ServiceMonitor endpoints and PodMonitor
-// podMetricsEndpoints alike.
-type promEndpoint struct {
-	Port              string         `json:"port,omitempty"`
-	Path              string         `json:"path,omitempty"`
-	Scheme            string         `json:"scheme,omitempty"`
-	Interval          string         `json:"interval,omitempty"`
-	ScrapeTimeout     string         `json:"scrapeTimeout,omitempty"`
-	HonorLabels       bool           `json:"honorLabels,omitempty"`
-	TLSConfig         *promTLSConfig `json:"tlsConfig,omitempty"`
-	BasicAuth         *promBasicAuth `json:"basicAuth,omitempty"`
-	Relabelings       []promRelabel  `json:"relabelings,omitempty"`
-	MetricRelabelings []promRelabel  `json:"metricRelabelings,omitempty"`
-}
-
-type namespaceSelector struct {
-	Any        bool     `json:"any,omitempty"`
-	MatchNames []string `json:"matchNames,omitempty"`
-}
-
-type serviceMonitor struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
-		JobLabel          string               `json:"jobLabel,omitempty"`
-		Selector          metav1.LabelSelector `json:"selector"`
-		NamespaceSelector *namespaceSelector   `json:"namespaceSelector,omitempty"`
-		Endpoints         []promEndpoint       `json:"endpoints"`
-	} `json:"spec"`
-}
-
-type podMonitor struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
-		JobLabel            string               `json:"jobLabel,omitempty"`
-		Selector            metav1.LabelSelector `json:"selector"`
-		NamespaceSelector   *namespaceSelector   `json:"namespaceSelector,omitempty"`
-		PodMetricsEndpoints []promEndpoint       `json:"podMetricsEndpoints"`
-	} `json:"spec"`
-}
-
-// promRuleGroup is prometheus-operator's RuleGroup (camelCase, unlike a
-// Prometheus rules file's keep_firing_for and query_offset).
-type promRuleGroup struct {
-	Name        string            `json:"name"`
-	Interval    string            `json:"interval,omitempty"`
-	QueryOffset string            `json:"queryOffset,omitempty"`
-	Limit       *int              `json:"limit,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Rules       []struct {
-		Record        string            `json:"record,omitempty"`
-		Alert         string            `json:"alert,omitempty"`
-		Expr          string            `json:"expr"`
-		For           string            `json:"for,omitempty"`
-		KeepFiringFor string            `json:"keepFiringFor,omitempty"`
-		Labels        map[string]string `json:"labels,omitempty"`
-		Annotations   map[string]string `json:"annotations,omitempty"`
-	} `json:"rules"`
-}
-
-type prometheusRule struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
-		Groups []promRuleGroup `json:"groups"`
-	} `json:"spec"`
-}
-
-type gmpSecretSelector struct {
-	Secret *struct {
-		Name      string `json:"name"`
-		Key       string `json:"key"`
-		Namespace string `json:"namespace,omitempty"`
-	} `json:"secret,omitempty"`
-}
-
-type gmpTLS struct {
-	ServerName         string             `json:"serverName,omitempty"`
-	InsecureSkipVerify bool               `json:"insecureSkipVerify,omitempty"`
-	MinVersion         string             `json:"minVersion,omitempty"`
-	MaxVersion         string             `json:"maxVersion,omitempty"`
-	CA                 *gmpSecretSelector `json:"ca,omitempty"`
-	Cert               *gmpSecretSelector `json:"cert,omitempty"`
-	Key                *gmpSecretSelector `json:"key,omitempty"`
-}
+// Views of GMP's objects, for reading only: what is valid is decided by GMP's
+// published CRD schemas (crdschema_test.go), not by these types.
 
 type podMonitoring struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+	Spec     struct {
 		Selector  metav1.LabelSelector `json:"selector"`
 		Endpoints []struct {
-			// A port name here; GMP also takes a number.
-			Port             string        `json:"port"`
-			Scheme           string        `json:"scheme,omitempty"`
-			Path             string        `json:"path,omitempty"`
-			Interval         string        `json:"interval,omitempty"`
-			Timeout          string        `json:"timeout,omitempty"`
-			MetricRelabeling []promRelabel `json:"metricRelabeling,omitempty"`
-			TLS              *gmpTLS       `json:"tls,omitempty"`
-			BasicAuth        *struct {
-				Username string            `json:"username,omitempty"`
-				Password gmpSecretSelector `json:"password,omitempty"`
-			} `json:"basicAuth,omitempty"`
+			Port   intstr.IntOrString `json:"port"`
+			Scheme string             `json:"scheme"`
+			TLS    *struct {
+				ServerName string `json:"serverName"`
+			} `json:"tls"`
+			BasicAuth *struct {
+				Username string `json:"username"`
+				Password struct {
+					Secret *struct {
+						Name string `json:"name"`
+					} `json:"secret"`
+				} `json:"password"`
+			} `json:"basicAuth"`
 		} `json:"endpoints"`
 		TargetLabels *struct {
-			Metadata *[]string `json:"metadata,omitempty"`
-			FromPod  []struct {
-				From string `json:"from"`
-				To   string `json:"to,omitempty"`
-			} `json:"fromPod,omitempty"`
-		} `json:"targetLabels,omitempty"`
+			Metadata *[]string `json:"metadata"`
+		} `json:"targetLabels"`
 	} `json:"spec"`
-}
-
-// gmpRuleGroup is GMP's RuleGroup: no keepFiringFor, no limit.
-type gmpRuleGroup struct {
-	Name     string `json:"name"`
-	Interval string `json:"interval,omitempty"`
-	Rules    []struct {
-		Record      string            `json:"record,omitempty"`
-		Alert       string            `json:"alert,omitempty"`
-		Expr        string            `json:"expr"`
-		For         string            `json:"for,omitempty"`
-		Labels      map[string]string `json:"labels,omitempty"`
-		Annotations map[string]string `json:"annotations,omitempty"`
-	} `json:"rules"`
 }
 
 type clusterRules struct {
-	metav1.TypeMeta `json:",inline"`
-	Metadata        metav1.ObjectMeta `json:"metadata"`
-	Spec            struct {
-		Groups []gmpRuleGroup `json:"groups"`
-	} `json:"spec"`
+	Metadata metav1.ObjectMeta `json:"metadata"`
 }

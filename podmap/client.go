@@ -61,6 +61,10 @@ type Config struct {
 	BackoffMax time.Duration
 	// Logger receives connection state changes. The zero Logger discards.
 	Logger zerolog.Logger
+	// Now stamps Snapshot.Time, which the exporter compares with its
+	// sample time to tell a stale pod map. Default time.Now; tests with a
+	// fixed clock give theirs.
+	Now func() time.Time
 }
 
 // Snapshot is the result of the latest refresh. Snapshots are immutable and
@@ -253,8 +257,12 @@ func (c *Client) Refresh(ctx context.Context) error {
 		return err
 	}
 
+	now := time.Now
+	if c.cfg.Now != nil {
+		now = c.cfg.Now
+	}
 	c.snap.Store(&Snapshot{
-		Time:            time.Now(),
+		Time:            now(),
 		Up:              true,
 		Holdings:        holdings,
 		Allocatable:     counts,

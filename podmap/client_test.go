@@ -510,7 +510,7 @@ func TestClientDRA(t *testing.T) {
 	want := map[string][]Target{
 		"p1": {
 			{GPU: 1, UUID: inv.GPUs[1].UUID, GPUInstance: 9, MIGProfile: "1g.10gb+me"}, // gpu-0: minor 0 is index 1
-			{GPU: 0, UUID: inv.GPUs[0].UUID, GPUInstance: -1},                          // gpu-2: minor 2 is index 0
+			{GPU: 0, UUID: inv.GPUs[0].UUID, GPUInstance: -1, ComputeInstance: -1},     // gpu-2: minor 2 is index 0
 		},
 		"p2": {{GPU: 1, UUID: inv.GPUs[1].UUID, GPUInstance: 2, MIGProfile: "1g.10gb"}},
 	}

@@ -1,6 +1,7 @@
 package podmap
 
 import (
+	"strconv"
 	"strings"
 )
 
@@ -22,6 +23,12 @@ type InventoryMIG struct {
 	GPUInstance     int
 	ComputeInstance int
 	Profile         string // e.g. "1g.10gb"
+	// HasPlacement: ProfileID (NVML's GpuInstanceProfileInfo.Id) and
+	// PlacementStart are known. NVIDIA's DRA driver names MIG devices
+	// gpu-<minor>-mig-<profile>-<profileID>-<placementStart>.
+	HasPlacement   bool
+	ProfileID      int
+	PlacementStart int
 }
 
 // Target is what a device ID resolved to: a GPU, or a MIG instance on it.
@@ -31,7 +38,10 @@ type Target struct {
 	GPU         int // NVML index of the (parent) GPU
 	UUID        string
 	GPUInstance int // -1 = whole GPU
-	MIGProfile  string
+	// ComputeInstance tells apart the MIG devices of a GPU instance that
+	// holds several compute instances; -1 for a whole GPU.
+	ComputeInstance int
+	MIGProfile      string
 }
 
 // Resolve finds the GPU or MIG instance that ref names. It returns false if
@@ -123,10 +133,55 @@ func (inv *Inventory) resolveDRA(ref DeviceRef) (Target, bool) {
 			cands = append(cands, &g.MIG[i])
 		}
 	}
-	if len(cands) != 1 {
+	if pid, start, ok := draPlacement(mig); ok && best > 0 {
+		// Current names end in <profileID>-<placementStart>: the one
+		// instance at that placement, whatever else shares its profile
+		// name (7 x 1g), and +me apart from -me (same name once dots and
+		// signs are dropped, different profile IDs).
+		var at []*InventoryMIG
+		known := false
+		for _, m := range cands {
+			if m.HasPlacement {
+				known = true
+				if m.ProfileID == pid && m.PlacementStart == start {
+					at = append(at, m)
+				}
+			}
+		}
+		if known {
+			cands = at
+		}
+	}
+	if len(cands) == 0 {
 		return Target{}, false
 	}
+	// Several compute instances of one GPU instance share its placement;
+	// the name names the GPU instance, held as a whole.
+	for _, m := range cands[1:] {
+		if m.GPUInstance != cands[0].GPUInstance {
+			return Target{}, false
+		}
+	}
 	return migTarget(g, cands[0]), true
+}
+
+// draPlacement reads the trailing "<profileID>-<placementStart>" of a DRA
+// MIG device name's MIG part.
+func draPlacement(mig string) (pid, start int, ok bool) {
+	i := strings.LastIndexByte(mig, '-')
+	if i <= 0 {
+		return 0, 0, false
+	}
+	j := strings.LastIndexByte(mig[:i], '-')
+	if j < 0 {
+		return 0, 0, false
+	}
+	p, err1 := strconv.Atoi(mig[j+1 : i])
+	s, err2 := strconv.Atoi(mig[i+1:])
+	if err1 != nil || err2 != nil || p < 0 || s < 0 {
+		return 0, 0, false
+	}
+	return p, s, true
 }
 
 // startsWithDigitRun reports whether s is "<digits>-..." or all digits.
@@ -139,11 +194,11 @@ func startsWithDigitRun(s string) bool {
 }
 
 func wholeGPU(g *InventoryGPU) Target {
-	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: -1}
+	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: -1, ComputeInstance: -1}
 }
 
 func migTarget(g *InventoryGPU, m *InventoryMIG) Target {
-	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: m.GPUInstance, MIGProfile: m.Profile}
+	return Target{GPU: g.Index, UUID: g.UUID, GPUInstance: m.GPUInstance, ComputeInstance: m.ComputeInstance, MIGProfile: m.Profile}
 }
 
 func (inv *Inventory) gpuByUUID(uuid string) *InventoryGPU {

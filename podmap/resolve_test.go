@@ -40,8 +40,15 @@ func testInventory() *Inventory {
 func TestResolve(t *testing.T) {
 	inv := testInventory()
 	g := func(i int) string { return inv.GPUs[i].UUID }
-	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1} }
-	mig := func(i, gi int, p string) Target { return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p} }
+	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1, ComputeInstance: -1} }
+	mig := func(i, gi int, p string) Target {
+		for _, m := range inv.GPUs[i].MIG {
+			if m.GPUInstance == gi {
+				return Target{GPU: i, UUID: g(i), GPUInstance: gi, ComputeInstance: m.ComputeInstance, MIGProfile: p}
+			}
+		}
+		return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p}
+	}
 	tests := []struct {
 		id   string
 		want Target
@@ -90,8 +97,15 @@ func TestResolve(t *testing.T) {
 func TestResolveDRA(t *testing.T) {
 	inv := testInventory()
 	g := func(i int) string { return inv.GPUs[i].UUID }
-	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1} }
-	mig := func(i, gi int, p string) Target { return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p} }
+	whole := func(i int) Target { return Target{GPU: i, UUID: g(i), GPUInstance: -1, ComputeInstance: -1} }
+	mig := func(i, gi int, p string) Target {
+		for _, m := range inv.GPUs[i].MIG {
+			if m.GPUInstance == gi {
+				return Target{GPU: i, UUID: g(i), GPUInstance: gi, ComputeInstance: m.ComputeInstance, MIGProfile: p}
+			}
+		}
+		return Target{GPU: i, UUID: g(i), GPUInstance: gi, MIGProfile: p}
+	}
 	tests := []struct {
 		dev  string
 		cdi  []string
@@ -377,6 +391,44 @@ func TestMatchAgreesWithResolve(t *testing.T) {
 	for _, h := range unmatched {
 		if got, ok := inv.Resolve(h.Ref); ok {
 			t.Errorf("%s: unmatched by Match, Resolve gave %+v", h.DeviceID, got)
+		}
+	}
+}
+
+// Issue 12 defect 5: NVIDIA's DRA driver names MIG devices
+// gpu-<minor>-mig-<profile>-<profileID>-<placementStart>. With placements
+// known, a 7 x 1g layout resolves instance by instance, and +me and -me
+// profiles (the same once dots and signs are dropped) stay apart.
+func TestResolveDRAByPlacement(t *testing.T) {
+	g0 := "GPU-" + testUUID(1, 0)
+	var migs []InventoryMIG
+	for i := 0; i < 6; i++ {
+		migs = append(migs, InventoryMIG{UUID: "MIG-" + testUUID(3, i), GPUInstance: 7 + i, Profile: "1g.10gb", HasPlacement: true, ProfileID: 19, PlacementStart: i})
+	}
+	migs = append(migs,
+		InventoryMIG{UUID: "MIG-" + testUUID(3, 6), GPUInstance: 13, Profile: "1g.10gb+me", HasPlacement: true, ProfileID: 20, PlacementStart: 6},
+		InventoryMIG{UUID: "MIG-" + testUUID(3, 7), GPUInstance: 14, Profile: "1g.10gb-me", HasPlacement: true, ProfileID: 47, PlacementStart: 7})
+	inv := &Inventory{GPUs: []InventoryGPU{{Index: 0, UUID: g0, Minor: 0, MIG: migs}}}
+	for _, tc := range []struct {
+		name string
+		gi   int
+		ok   bool
+	}{
+		{"gpu-0-mig-1g10gb-19-0", 7, true},
+		{"gpu-0-mig-1g10gb-19-3", 10, true},
+		{"gpu-0-mig-1g10gb-19-5", 12, true},
+		{"gpu-0-mig-1g10gb-19-6", 0, false}, // no 1g.10gb there
+		{"gpu-0-mig-1g10gb-me-20-6", 13, true},
+		{"gpu-0-mig-1g10gb-me-47-7", 14, true},
+		{"gpu-0-mig-1g10gb-me-20-7", 0, false},
+	} {
+		ref, err := ParseDRADevice(tc.name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := inv.Resolve(ref)
+		if ok != tc.ok || (ok && got.GPUInstance != tc.gi) {
+			t.Errorf("%s: GPU instance %d, %v; want %d, %v", tc.name, got.GPUInstance, ok, tc.gi, tc.ok)
 		}
 	}
 }

@@ -63,6 +63,8 @@ const forDuration = "5s"
 var exporterFlags = []string{
 	"--idle.window=10s",
 	"--idle.price=NVIDIA H100 80GB HBM3=11.06",
+	// dcgm-exporter's names beside ours: its dashboard is checked too.
+	"--compat.dcgm-exporter",
 }
 
 // mayBeEmpty are dashboard panels (or variables) with a query that needs what
@@ -111,7 +113,8 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	}
 	for _, f := range exporterFlags {
 		name := strings.SplitN(f, "=", 2)[0]
-		if regexp.MustCompile(regexp.QuoteMeta(name) + `[=\s]`).Match(help) {
+		// Boolean flags show as --[no-]name in --help.
+		if regexp.MustCompile(`(--|\[no-\])` + regexp.QuoteMeta(strings.TrimPrefix(name, "--")) + `[=\s]`).Match(help) {
 			args = append(args, f)
 		} else {
 			t.Logf("exporter has no %s flag; not passing %s", name, f)
@@ -195,6 +198,10 @@ scrape_configs:
 
 	// 5. Every dashboard query returns data.
 	checkDashboards(t, prom)
+
+	// 6. So does every query of dcgm-exporter's own dashboard, and every
+	// family of its default counter list is there with its type.
+	checkDCGMExporterDashboard(t, prom)
 
 	if t.Failed() {
 		for _, f := range []string{filepath.Join(tmp, "exporter.log"), promLog} {
@@ -465,4 +472,144 @@ func containsAll(have, want []string) bool {
 		}
 	}
 	return true
+}
+
+// dcgmExporter is testdata/dcgm-exporter.json: the queries of dcgm-exporter's
+// Grafana dashboard and its default counter list, copied from its repository
+// at the commit named in the file.
+type dcgmExporter struct {
+	Source string `json:"source"`
+	Commit string `json:"commit"`
+	Panels []struct {
+		Title string `json:"title"`
+		Expr  string `json:"expr"`
+	} `json:"panels"`
+	Variables []struct {
+		Name  string `json:"name"`
+		Query string `json:"query"`
+	} `json:"variables"`
+	DefaultCounters struct {
+		Fields []struct {
+			Field string `json:"field"`
+			Type  string `json:"type"`
+		} `json:"fields"`
+	} `json:"defaultCounters"`
+}
+
+// notServed are the default counters gpu-pool-exporter does not serve, and why.
+var notServed = map[string]string{
+	"DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU guests only; the exporter runs on the host",
+	"DCGM_FI_DRIVER_VERSION":          "a label on every family, as dcgm-exporter serves it",
+}
+
+// labelValuesRE is Grafana's label_values(metric, label) variable query.
+var labelValuesRE = regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$`)
+
+func checkDCGMExporterDashboard(t *testing.T, prom string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "dcgm-exporter.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dcgmExporter
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatalf("testdata/dcgm-exporter.json: %v", err)
+	}
+	if len(d.Panels) < 8 || len(d.Variables) < 2 || len(d.DefaultCounters.Fields) < 20 || d.Commit == "" {
+		t.Fatalf("testdata/dcgm-exporter.json lost its content: %d panels, %d variables, %d counters", len(d.Panels), len(d.Variables), len(d.DefaultCounters.Fields))
+	}
+	// The variables: each must list at least one value; the panels then
+	// run with the variable matching everything it listed.
+	values := map[string]string{}
+	for _, v := range d.Variables {
+		m := labelValuesRE.FindStringSubmatch(v.Query)
+		if m == nil {
+			t.Errorf("dcgm-exporter variable %s: %q is not label_values(metric, label)", v.Name, v.Query)
+			continue
+		}
+		var r struct {
+			Data []map[string]string `json:"data"`
+		}
+		if err := getJSON(prom+"/api/v1/series?match[]="+url.QueryEscape(m[1]), &r); err != nil {
+			t.Errorf("dcgm-exporter variable %s: %v", v.Name, err)
+			continue
+		}
+		seen := map[string]bool{}
+		for _, s := range r.Data {
+			if x := s[m[2]]; x != "" {
+				seen[x] = true
+			}
+		}
+		if len(seen) == 0 {
+			t.Errorf("dcgm-exporter variable %s (%s) lists no value", v.Name, v.Query)
+			continue
+		}
+		var alts []string
+		for x := range seen {
+			// As Grafana does: regex-escaped, then escaped for a PromQL string.
+			alts = append(alts, strings.ReplaceAll(regexp.QuoteMeta(x), `\`, `\\`))
+		}
+		sort.Strings(alts)
+		values[v.Name] = strings.Join(alts, "|")
+	}
+	for _, p := range d.Panels {
+		expr := p.Expr
+		for name, v := range values {
+			expr = strings.ReplaceAll(expr, "$"+name, v)
+		}
+		if strings.Contains(expr, "$") {
+			t.Errorf("dcgm-exporter panel %q: unknown variable in %s", p.Title, expr)
+			continue
+		}
+		n, err := queryCount(prom, expr)
+		switch {
+		case err != nil:
+			t.Errorf("dcgm-exporter panel %q: %v\n%s", p.Title, err, expr)
+		case n == 0:
+			t.Errorf("dcgm-exporter panel %q returns no data: %s", p.Title, expr)
+		}
+	}
+	// A GPU nobody holds is nobody's: its series carry empty holder labels,
+	// so honor_labels does not give them the exporter pod's own.
+	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod="gpu-pool-exporter-x7k2p"}`); err != nil || n != 0 {
+		t.Errorf("%d DCGM_FI_DEV_GPU_TEMP series carry the exporter's own pod label (%v)", n, err)
+	}
+	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod!=""}`); err != nil || n == 0 {
+		t.Errorf("no DCGM_FI_DEV_GPU_TEMP series names its holder's pod (%d, %v)", n, err)
+	}
+	// Every default counter is served under its name, with its type.
+	var meta struct {
+		Data map[string][]struct {
+			Type string `json:"type"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/metadata", &meta); err != nil {
+		t.Fatalf("/api/v1/metadata: %v", err)
+	}
+	for _, f := range d.DefaultCounters.Fields {
+		if why, ok := notServed[f.Field]; ok {
+			if f.Field == "DCGM_FI_DRIVER_VERSION" {
+				if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{DCGM_FI_DRIVER_VERSION!=""}`); err != nil || n == 0 {
+					t.Errorf("DCGM_FI_DRIVER_VERSION is not a label of DCGM_FI_DEV_GPU_TEMP (%d series, %v)", n, err)
+				}
+			}
+			t.Logf("%s not served as a family: %s", f.Field, why)
+			continue
+		}
+		n, err := queryCount(prom, f.Field)
+		if f.Field == "DCGM_FI_DEV_FB_RESERVED" {
+			// From NVML's memory info v2 (R510+), as gpu_memory_reserved_bytes.
+			if ours, _ := queryCount(prom, "gpu_memory_reserved_bytes"); ours == 0 && n == 0 {
+				t.Logf("%s not served: the driver reports no reserved memory (gpu_memory_reserved_bytes absent too)", f.Field)
+				continue
+			}
+		}
+		if err != nil || n == 0 {
+			t.Errorf("default counter %s: %d series (%v)", f.Field, n, err)
+			continue
+		}
+		if ms := meta.Data[f.Field]; len(ms) == 0 || ms[0].Type != f.Type {
+			t.Errorf("default counter %s: Prometheus has type %v, dcgm-exporter's list says %s", f.Field, ms, f.Type)
+		}
+	}
 }

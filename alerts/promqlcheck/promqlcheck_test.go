@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
 )
 
@@ -188,33 +189,6 @@ func TestCheckerCatchesMistakes(t *testing.T) {
 	}
 }
 
-// templateQueryRE finds the PromQL inside annotation templates: the
-// backquoted strings given to query (directly or through printf).
-var templateQueryRE = regexp.MustCompile("`([^`]*)`")
-
-// fillPrintfVerbs replaces the %s of a printf format with a value that
-// parses: a label value inside quotes, a number outside (a threshold).
-func fillPrintfVerbs(q string) string {
-	var b strings.Builder
-	inQuote := false
-	for i := 0; i < len(q); i++ {
-		switch {
-		case q[i] == '"':
-			inQuote = !inQuote
-		case strings.HasPrefix(q[i:], "%s"):
-			if inQuote {
-				b.WriteString("x")
-			} else {
-				b.WriteString("1")
-			}
-			i++
-			continue
-		}
-		b.WriteByte(q[i])
-	}
-	return b.String()
-}
-
 func TestRulesPromQL(t *testing.T) {
 	c := newChecker(t)
 	rf, err := alerts.Rules()
@@ -247,12 +221,6 @@ func TestRulesPromQL(t *testing.T) {
 	if n < 50 {
 		t.Errorf("only %d expressions checked; the rules file parser lost some", n)
 	}
-}
-
-// looksLikePromQL tells a query from the shell commands quoted in the same
-// annotations.
-func looksLikePromQL(s string) bool {
-	return regexp.MustCompile(`^[a-zA-Z_:]+[a-zA-Z0-9_:]*(\{|\()`).MatchString(strings.TrimSpace(s))
 }
 
 func TestDashboardsPromQL(t *testing.T) {
@@ -319,6 +287,63 @@ func TestKnownMetricsAreUsed(t *testing.T) {
 }
 
 func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestProfilesServeEveryUsedMetric: every exporter metric an alert, a
+// recording rule or a dashboard uses is in a metric group that the lean and
+// the default profile serve, so trimming series never blinds an alert or a
+// panel. (cmd/gpu-pool-exporter's budget test checks the same on the
+// simulated node's real pages.)
+func TestProfilesServeEveryUsedMetric(t *testing.T) {
+	c := newChecker(t)
+	used, err := UsedMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := collector.FamilyGroups()
+	n := 0
+	for _, profile := range []string{collector.ProfileLean, collector.ProfileDefault} {
+		groups, err := collector.ProfileGroups(profile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range sortedNames(used) {
+			if c.known[name] != exporterMetric {
+				continue
+			}
+			n++
+			gs, ok := families[name]
+			if !ok {
+				t.Errorf("%s (used by %s) belongs to no metric group: add it to collector/groups.go", name, used[name][0])
+				continue
+			}
+			served := false
+			for _, g := range gs {
+				served = served || groups.On(g)
+			}
+			if !served {
+				t.Errorf("profile %s leaves out %s (groups %v), which %s uses", profile, name, gs, strings.Join(used[name], "; "))
+			}
+		}
+	}
+	if n < 60 {
+		t.Errorf("only %d exporter metrics checked; UsedMetrics lost some", n)
+	}
+	// And the other way: every family the exporter can serve is listed.
+	for name := range families {
+		if c.known[name] != exporterMetric {
+			t.Errorf("%s is served (collector.FamilyGroups) but not listed in known_metrics.txt", name)
+		}
+	}
+}
+
+func sortedNames(m map[string][]string) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)

@@ -2,14 +2,11 @@ package main
 
 import (
 	"fmt"
-	"html/template"
 	stdlog "log"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
 	"time"
 
-	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
@@ -75,8 +72,9 @@ func newMux(exp *collector.Exporter, o *options) http.Handler {
 			http.NotFound(w, r)
 			return
 		}
-		landing(w, exp, o)
+		landing(w, exp)
 	})
+	mux.HandleFunc(statusPath, func(w http.ResponseWriter, _ *http.Request) { statusJSON(w, exp) })
 	return mux
 }
 
@@ -98,63 +96,26 @@ func limitConcurrency(h http.Handler, max int) http.Handler {
 	})
 }
 
-var landingTmpl = template.Must(template.New("landing").Parse(`<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>gpu-pool-exporter</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}.down{color:#b00}</style>
-</head><body>
-<h1>gpu-pool-exporter</h1>
-<p>Version {{.Version}}{{if .Node}} on node <b>{{.Node}}</b>{{end}}{{if .Simulated}} &mdash; <b>simulated GPU node</b>{{end}}.</p>
-<ul>
-<li><a href="metrics">/metrics</a> (rendered once per sample, served from cache)</li>
-<li><a href="healthz">/healthz</a> (alive)</li>
-<li><a href="readyz">/readyz</a> (a fresh sample exists): {{.Ready}}</li>
-</ul>
-{{if .Driver}}<p>Driver {{.Driver.DriverVersion}}, CUDA {{.Driver.CUDADriverVersion}}, NVML {{.Driver.NVMLVersion}}. Last sample {{.SampleTime}}.</p>{{end}}
-<table><tr><th>GPU</th><th>Model</th><th>UUID</th><th>Device</th><th>Up</th><th>Util</th><th>Memory used</th><th>MIG</th></tr>
-{{range .Rows}}<tr{{if not .Up}} class="down"{{end}}><td>{{.GPU}}</td><td>{{.Model}}</td><td>{{.UUID}}</td><td>{{.Device}}</td><td>{{if .Up}}yes{{else}}no{{end}}</td><td>{{.Util}}</td><td>{{.Mem}}</td><td>{{.MIG}}</td></tr>
-{{else}}<tr><td colspan="8">no sample yet</td></tr>{{end}}
-</table></body></html>
-`))
-
-type landingRow struct {
-	GPU, Model, UUID, Device, Util, Mem, MIG string
-	Up                                       bool
-}
-
-func landing(w http.ResponseWriter, exp *collector.Exporter, o *options) {
-	data := struct {
-		Version, Node, Ready, SampleTime string
-		Simulated                        bool
-		Driver                           *collector.DriverInfo
-		Rows                             []landingRow
-	}{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}
-	_, data.Ready = exp.Ready()
-	if p := exp.Page(); p != nil {
-		s := p.State.Sample
-		data.Driver = &s.Driver
-		data.SampleTime = s.Time.UTC().Format("2006-01-02 15:04:05 MST")
-		for _, g := range s.GPUs {
-			row := landingRow{GPU: strconv.Itoa(g.GPU), Model: g.Model, UUID: g.UUID, Up: g.Up, Util: "-", Mem: "-"}
-			if g.Minor >= 0 {
-				row.Device = "nvidia" + strconv.Itoa(g.Minor)
-			}
-			if u, ok := g.Values.Get(collector.FieldUtilization); ok {
-				row.Util = fmt.Sprintf("%.0f%%", u*100)
-			}
-			used, ok1 := g.Values.Get(collector.FieldMemoryUsed)
-			total, ok2 := g.Values.Get(collector.FieldMemoryTotal)
-			if ok1 && ok2 {
-				row.Mem = fmt.Sprintf("%.1f / %.1f GiB", used/(1<<30), total/(1<<30))
-			}
-			for i, m := range g.MIG {
-				if i > 0 {
-					row.MIG += ", "
-				}
-				row.MIG += m.MIGProfile
-			}
-			data.Rows = append(data.Rows, row)
-		}
+// landing serves the page rendered with the last sample: no work per request.
+func landing(w http.ResponseWriter, exp *collector.Exporter) {
+	p := exp.Page()
+	if p == nil {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "no sample yet: the first sample is being taken", http.StatusServiceUnavailable)
+		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	_ = landingTmpl.Execute(w, data)
+	_, _ = w.Write(p.StatusHTML)
+}
+
+// statusJSON serves the landing page's table as JSON, for `gpu-pool-exporter status`.
+func statusJSON(w http.ResponseWriter, exp *collector.Exporter) {
+	p := exp.Page()
+	if p == nil {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "no sample yet: the first sample is being taken", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(p.StatusJSON)
 }

@@ -47,6 +47,7 @@ type options struct {
 	interval        time.Duration
 	deviceTimeout   time.Duration
 	nvmlLibrary     string
+	sysfs           string
 	simulate        bool
 	simulateSeed    int64
 	simulateFile    string
@@ -75,6 +76,26 @@ type options struct {
 	kubeletRefresh   time.Duration
 	kubeletTimeout   time.Duration
 	kubeletResources []string
+
+	procsEnabled   bool
+	procsRoot      string
+	procsRootSet   bool
+	procsLogDir    string
+	procsLogDirSet bool
+	procsCRISocket string
+	profile        string
+	groupFlags     map[collector.Group]*groupFlag
+	groups         collector.GroupSet
+	dcgmOn         bool
+	dcgmOnSet      bool
+	kubeletOnSet   bool
+	kubeletOn      bool
+	compatDCGM     bool
+}
+
+// groupFlag is one --[no-]collector.<group> flag and whether it was given.
+type groupFlag struct {
+	on, set bool
 }
 
 func init() {
@@ -161,7 +182,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 			o, code, err = nil, exitOK, nil
 		}
 	}()
-	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation.")
+	app := kingpin.New("gpu-pool-exporter", "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. "+
+		"`gpu-pool-exporter status [--url=http://localhost:"+DefaultPort+"]` prints who is on each GPU of a running exporter.")
 	app.Version(version.Print("gpu-pool-exporter"))
 	app.HelpFlag.Short('h')
 	app.UsageWriter(stdout)
@@ -175,6 +197,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	var timeoutSet bool
 	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&timeoutSet)).DurationVar(&o.deviceTimeout)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
+	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&o.sysfs)
 	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
 	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&o.simulateSeedSet)).Int64Var(&o.simulateSeed)
 	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&o.simulateFile)
@@ -199,7 +222,29 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 42: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
+	o.groupFlags = map[collector.Group]*groupFlag{}
+	for _, g := range collector.Groups {
+		if g.Name == collector.GroupCore {
+			continue
+		}
+		gf := &groupFlag{}
+		o.groupFlags[g.Name] = gf
+		app.Flag("collector."+string(g.Name), "Serve "+g.Help+" (--no-collector."+string(g.Name)+" to leave out; default: per --collector.profile).").
+			IsSetByUser(&gf.set).BoolVar(&gf.on)
+	}
+	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
+	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
+		BoolVar(&o.compatDCGM)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
+	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&o.procsEnabled)
+	app.Flag("procs.proc-root", "The host's /proc as mounted in the exporter (read-only hostPath, e.g. /host/proc; no host PID namespace needed): NVML reports host PIDs, whose cgroup names their container.").
+		Default("/proc").IsSetByUser(&o.procsRootSet).StringVar(&o.procsRoot)
+	app.Flag("procs.container-log-dir", "The kubelet's /var/log/containers (read-only hostPath): its <pod>_<namespace>_<container>-<id>.log names turn container IDs into pods. Only names are read.").
+		Default("/var/log/containers").IsSetByUser(&o.procsLogDirSet).StringVar(&o.procsLogDir)
+	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&o.procsCRISocket)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
 	}
@@ -264,6 +309,25 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 		if strings.TrimSuffix(r, "*") == "" || strings.ContainsAny(r, " ,") {
 			return nil, exitUsage, fmt.Errorf("--kubelet.resource-names=%q: want a resource name such as example.com/gpu, or a prefix ending in *", r)
 		}
+	}
+	groups, err := collector.ProfileGroups(o.profile)
+	if err != nil {
+		return nil, exitUsage, fmt.Errorf("--collector.profile=%s: %v", o.profile, err)
+	}
+	for g, f := range o.groupFlags {
+		if f.set {
+			groups[g] = f.on
+		}
+	}
+	o.groups = groups
+	if o.dcgmOnSet && !o.dcgmOn {
+		if o.dcgmHostEngine != "" {
+			return nil, exitUsage, fmt.Errorf("--no-collector.dcgm contradicts --dcgm.host-engine=%s: drop one of them", o.dcgmHostEngine)
+		}
+		o.dcgmMode = string(dcgm.ModeOff)
+	}
+	if o.kubeletOnSet && !o.kubeletOn {
+		o.kubeletEnabled = false
 	}
 	mode, err := dcgm.ParseMode(o.dcgmMode)
 	if err != nil {
@@ -379,6 +443,9 @@ func newLogger(o *options, w io.Writer) zerolog.Logger {
 
 // run is main without os.Exit, for tests. It returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)
@@ -408,6 +475,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			l.Close() // no-op once served; frees the port on an early return
 		}
 	}()
+	var probeListener net.Listener
+	if o.probeAddress != "" {
+		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
+			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
+			return exitError
+		}
+		defer probeListener.Close() // likewise
+	}
 	lib, node, err := openNVML(o, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
@@ -416,10 +491,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitError
 	}
+	sysfs := o.sysfs
 	if node != nil {
 		defer node.Close()
+		// The simulated GPUs' bus IDs are not this machine's: serve their
+		// sysfs from a private directory.
+		if dir, err := os.MkdirTemp("", "gpu-pool-exporter-sysfs"); err == nil {
+			defer os.RemoveAll(dir)
+			if node.WriteSysfs(dir) == nil {
+				sysfs = dir
+			}
+		}
 	}
-	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log})
+	resolver, closeResolver, err := processResolver(o, node, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
+		return exitUsage
+	}
+	defer closeResolver()
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil, Sysfs: sysfs})
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitError
@@ -431,8 +521,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer wg.Wait()
 	defer cancel()
 
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived}
-	if src, ok := nvmlsampler.XIDSource(lib); ok {
+	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
+		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver}
+	if o.compatDCGM {
+		host := o.nodeName
+		if host == "" {
+			host, _ = os.Hostname()
+		}
+		cfg.Compat = &collector.CompatConfig{Hostname: host}
+	}
+	if src, ok := nvmlsampler.XIDSource(lib); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
 		cfg.XID = xid.NewReader(src, nil)
 		cfg.XID.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
 		wg.Add(1)
@@ -482,13 +580,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 
-	var probeListener net.Listener
-	if o.probeAddress != "" {
-		if probeListener, err = net.Listen("tcp", o.probeAddress); err != nil {
-			fmt.Fprintf(stderr, "gpu-pool-exporter: cannot listen on --web.probe-address=%s: %v\n", o.probeAddress, err)
-			return exitError
-		}
-	}
 	for i, l := range listeners {
 		listeners[i] = newLimitListener(l, o.maxConnections)
 	}

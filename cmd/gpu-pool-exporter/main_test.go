@@ -93,6 +93,9 @@ func TestBadFlagsExit2(t *testing.T) {
 		{[]string{"--dcgm.mode=standalone"}, "needs --dcgm.host-engine"},
 		{[]string{"--dcgm.host-engine=nohost"}, "--dcgm.host-engine=nohost: want HOST:PORT"},
 		{[]string{"--kubelet.refresh-interval=10ms"}, "--kubelet.refresh-interval=10ms is too short"},
+		{[]string{"--collector.profile=tiny"}, "collector.profile"},
+		{[]string{"--no-collector.dcgm", "--dcgm.host-engine=h:5555"}, "--no-collector.dcgm contradicts --dcgm.host-engine=h:5555"},
+		{[]string{"--collector.nosuchgroup"}, "unknown long flag '--collector.nosuchgroup'"},
 		{[]string{"--kubelet.refresh-interval=1000000h"}, "--kubelet.refresh-interval=1000000h0m0s is too long: it must be at most 2m0s"},
 		{[]string{"--collect-interval=1000000h"}, "--collect-interval=1000000h0m0s is too long: it must be at most 5m0s"},
 		{[]string{"--idle.window=1000000h"}, "--idle.window=1000000h0m0s must be at most 168h0m0s"},
@@ -164,7 +167,7 @@ func TestSimulateServesAndShutsDown(t *testing.T) {
 	}()
 	body := waitFor(t, "http://"+addr+"/metrics", 200)
 	for _, m := range []string{"gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio", "gpu_temperature_celsius",
-		"gpu_power_watts", "gpu_energy_joules_total", "gpu_info", "gpu_driver_info", "gpu_exporter_build_info", "go_goroutines", "process_resident_memory_bytes"} {
+		"gpu_power_watts", "gpu_energy_joules_total", "gpu_info", "gpu_driver_info", "gpu_exporter_build_info", "process_resident_memory_bytes"} {
 		if !strings.Contains(body, "\n"+m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
@@ -438,5 +441,44 @@ func TestHelpAndVersionExit0(t *testing.T) {
 		if out.Len()+errb.Len() == 0 {
 			t.Errorf("%s printed nothing", arg)
 		}
+	}
+}
+
+// TestGoBuildSaysWhatItIs builds a clean clone with plain `go build` (no
+// -ldflags), as a user would, and reads --version: the version and revision
+// come from what Go embeds.
+func TestGoBuildSaysWhatItIs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	top, _ := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	clone := filepath.Join(t.TempDir(), "src")
+	if out, err := exec.Command("git", "clone", "--quiet", "--no-local", strings.TrimSpace(string(top)), clone).CombinedOutput(); err != nil {
+		t.Skipf("git clone: %v\n%s", err, out)
+	}
+	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter")
+	build.Dir = clone
+	// A fresh machine's default; this one's go env may say -buildvcs=false.
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=auto")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	rev := strings.TrimSpace(string(head))
+	first := strings.SplitN(string(out), "\n", 2)[0]
+	// A tagged commit is vX.Y.Z; any other, Go's pseudo-version naming it.
+	if !regexp.MustCompile(`version v\d+\.\d+\.\d+(-\S*` + rev[:12] + `)? `).MatchString(first) {
+		t.Errorf("a plain go build of %s says %q: want Go's module version, which names the commit", rev[:12], first)
+	}
+	if !strings.Contains(first, "revision: "+rev+")") {
+		t.Errorf("a plain go build of %s says %q: want revision %s", rev[:12], first, rev)
 	}
 }

@@ -290,11 +290,13 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // limitListener keeps at most n connections open. At the cap, a new
-// connection closes the oldest one that is not serving a request (a client
-// still sending its headers or its TLS handshake, or an idle keep-alive), or
-// is itself closed if all n are busy. So slow clients hold at most n
-// connections, not the pod's memory, and cannot hold them against a
-// scraper: its connection is the newest, and it sends its request at once.
+// connection closes one that is not serving a request (a client still
+// sending its headers or its TLS handshake, or an idle keep-alive): the
+// oldest of those from the client address holding the most connections; if
+// all n are serving requests, the new one is closed. So slow clients hold
+// at most n connections, not the pod's memory, and cannot hold them against
+// a scraper: one address with thousands of connections loses them first,
+// and the scraper's connection is the newest and sends its request at once.
 // Accept never waits, so nothing queues in the kernel ahead of the scraper.
 type limitListener struct {
 	net.Listener
@@ -302,6 +304,7 @@ type limitListener struct {
 
 	mu     sync.Mutex
 	conns  map[*limitedConn]struct{}
+	byAddr map[string]int // open connections per client address
 	peak   int
 	evicts int64
 }
@@ -310,7 +313,7 @@ func newLimitListener(l net.Listener, n int) net.Listener {
 	if n <= 0 {
 		return l
 	}
-	return &limitListener{Listener: l, max: n, conns: map[*limitedConn]struct{}{}}
+	return &limitListener{Listener: l, max: n, conns: map[*limitedConn]struct{}{}, byAddr: map[string]int{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -319,29 +322,51 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		lc := &limitedConn{Conn: c, l: l, since: time.Now()}
+		lc := &limitedConn{Conn: c, l: l, since: time.Now(), addr: hostOf(c.RemoteAddr())}
 		l.mu.Lock()
 		if len(l.conns) >= l.max {
-			var oldest *limitedConn
+			var victim *limitedConn
 			for x := range l.conns {
-				if st := http.ConnState(x.state.Load()); (st == http.StateNew || st == http.StateIdle) && (oldest == nil || x.since.Before(oldest.since)) {
-					oldest = x
+				if st := http.ConnState(x.state.Load()); st != http.StateNew && st != http.StateIdle {
+					continue
+				}
+				if victim == nil || l.byAddr[x.addr] > l.byAddr[victim.addr] ||
+					(l.byAddr[x.addr] == l.byAddr[victim.addr] && x.since.Before(victim.since)) {
+					victim = x
 				}
 			}
-			if oldest == nil { // every connection is serving a request
+			if victim == nil { // every connection is serving a request
 				l.mu.Unlock()
 				c.Close()
 				continue
 			}
-			delete(l.conns, oldest)
+			l.removeLocked(victim)
 			l.evicts++
-			go oldest.Conn.Close()
+			go victim.Conn.Close()
 		}
 		l.conns[lc] = struct{}{}
+		l.byAddr[lc.addr]++
 		l.peak = max(l.peak, len(l.conns))
 		l.mu.Unlock()
 		return lc, nil
 	}
+}
+
+func (l *limitListener) removeLocked(c *limitedConn) {
+	if _, ok := l.conns[c]; !ok {
+		return
+	}
+	delete(l.conns, c)
+	if l.byAddr[c.addr]--; l.byAddr[c.addr] <= 0 {
+		delete(l.byAddr, c.addr)
+	}
+}
+
+func hostOf(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	return a.String()
 }
 
 // stats is the open connections, the most ever open and the evictions.
@@ -354,13 +379,14 @@ func (l *limitListener) stats() (open, peak int, evicts int64) {
 type limitedConn struct {
 	net.Conn
 	l     *limitListener
+	addr  string       // client address
 	state atomic.Int32 // http.ConnState, from the server's ConnState hook
 	since time.Time    // when it entered that state; under l.mu
 }
 
 func (c *limitedConn) Close() error {
 	c.l.mu.Lock()
-	delete(c.l.conns, c)
+	c.l.removeLocked(c)
 	c.l.mu.Unlock()
 	return c.Conn.Close()
 }

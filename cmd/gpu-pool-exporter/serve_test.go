@@ -285,6 +285,31 @@ func TestConnectionCap(t *testing.T) {
 	if evicts < 4*limit {
 		t.Errorf("%d evictions, want %d: the slow clients past the cap give way", evicts, 4*limit)
 	}
+	// One address with many connections gives way before one with few:
+	// a scraper from another address keeps its connection while the slow
+	// clients keep coming.
+	scraperDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	sc, err := scraperDialer.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	time.Sleep(50 * time.Millisecond) // accepted, not yet asked anything
+	for i := 0; i < 2*limit; i++ {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n"))
+		slow = append(slow, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+	sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
+		t.Errorf("the scraper from its own address lost its connection to %d slow ones from another: %q", 2*limit, b)
+	}
+
 	// The slow clients are still connected (from their side) and more keep
 	// coming; a scrape gets through.
 	for i := 0; i < 3; i++ {

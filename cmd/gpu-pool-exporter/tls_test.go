@@ -146,3 +146,63 @@ func TestPprofOnlyBehindFlag(t *testing.T) {
 		<-done
 	}
 }
+
+// Rotation needs no restart: a new certificate is served on the next
+// connection, and a changed password is checked once the web config file
+// changes.
+func TestWebConfigRotation(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool1 := writeCert(t, dir)
+	hash1, _ := bcrypt.GenerateFromPassword([]byte("first"), bcrypt.MinCost)
+	webConfig := filepath.Join(dir, "web.yml")
+	writeConfig := func(hash []byte) {
+		os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+	}
+	writeConfig(hash1)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int)
+	go func() {
+		done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--web.config.file=" + webConfig, "--collect-interval=1s"}, io.Discard, io.Discard)
+	}()
+	defer func() { cancel(); <-done }()
+	status := func(pool *x509.CertPool, pass string) int {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+		req, _ := http.NewRequest("GET", "https://"+addr+"/metrics", nil)
+		req.SetBasicAuth("prometheus", pass)
+		resp, err := c.Do(req)
+		if err != nil {
+			return -1
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually := func(what string, f func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !f() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 15s", what)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	eventually("first certificate and password", func() bool { return status(pool1, "first") == 200 })
+
+	// New certificate files in place (cert-manager renews a Secret): the
+	// next connection gets the new one.
+	_, _, pool2 := writeCert(t, dir)
+	eventually("renewed certificate", func() bool { return status(pool2, "first") == 200 })
+	if code := status(pool1, "first"); code != -1 {
+		t.Errorf("the old CA still verifies the served certificate (%d)", code)
+	}
+	// A new password in the web config.
+	hash2, _ := bcrypt.GenerateFromPassword([]byte("second"), bcrypt.MinCost)
+	time.Sleep(1100 * time.Millisecond) // a different modification time
+	writeConfig(hash2)
+	eventually("new password", func() bool { return status(pool2, "second") == 200 })
+	if code := status(pool2, "first"); code != http.StatusUnauthorized {
+		t.Errorf("the old password after rotation: %d, want 401", code)
+	}
+}

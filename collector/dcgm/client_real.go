@@ -108,19 +108,40 @@ func (r *realClient) check(err error, what string) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
+// isConnectionError classifies by DCGM's return code: the host engine is
+// gone (DCGM_ST_CONNECTION_NOT_VALID) or DCGM is not set up any more
+// (DCGM_ST_UNINITIALIZED).
 func isConnectionError(err error) bool {
+	code, ok := returnCode(err)
+	return ok && (code == godcgm.DCGM_ST_CONNECTION_NOT_VALID || code == godcgm.DCGM_ST_UNINITIALIZED)
+}
+
+// dcgmMessages are the texts of DCGM's errorString() for the return codes
+// the exporter acts on (dcgmlib's errorString switch). Most go-dcgm
+// functions return fmt errors carrying only that text, possibly after a
+// prefix of go-dcgm's; the text is then the only trace of the code.
+var dcgmMessages = map[string]int{
+	"Host engine connection invalid/disconnected": godcgm.DCGM_ST_CONNECTION_NOT_VALID,
+	"Object is in an undefined state":             godcgm.DCGM_ST_UNINITIALIZED,
+	"GPU is lost":                                 godcgm.DCGM_ST_GPU_IS_LOST,
+	"Feature not supported":                       godcgm.DCGM_ST_NOT_SUPPORTED,
+	"This request is serviced by a module of DCGM that is not currently loaded": godcgm.DCGM_ST_MODULE_NOT_LOADED,
+}
+
+// returnCode recovers DCGM's return code from a go-dcgm error: the code of
+// a *godcgm.Error, else the code whose errorString() text ends the message.
+func returnCode(err error) (int, bool) {
 	var de *godcgm.Error
 	if errors.As(err, &de) {
-		switch int(de.Code) {
-		case godcgm.DCGM_ST_CONNECTION_NOT_VALID, godcgm.DCGM_ST_UNINITIALIZED:
-			return true
+		return int(de.Code), true
+	}
+	m := err.Error()
+	for msg, code := range dcgmMessages {
+		if strings.HasSuffix(m, msg) {
+			return code, true
 		}
 	}
-	// Most go-dcgm functions return fmt errors with DCGM's message only.
-	m := strings.ToLower(err.Error())
-	return strings.Contains(m, "host engine is not valid") ||
-		strings.Contains(m, "connection to the host engine") ||
-		strings.Contains(m, "not initialized")
+	return 0, false
 }
 
 func toEntityKind(g godcgm.Field_Entity_Group) (EntityKind, bool) {

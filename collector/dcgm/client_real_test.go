@@ -4,6 +4,7 @@ package dcgm
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	godcgm "github.com/NVIDIA/go-dcgm/pkg/dcgm"
@@ -62,7 +63,9 @@ func TestConstantsMatchGoDCGM(t *testing.T) {
 }
 
 func TestConnectionErrorClassification(t *testing.T) {
-	if !isConnectionError(errors.New("error retrieving DCGM MIG hierarchy: The connection to the host engine is not valid any longer")) {
+	// dcgm_structs.h's comment on DCGM_ST_CONNECTION_NOT_VALID; DCGM's
+	// errorString() says "Host engine connection invalid/disconnected".
+	if !isConnectionError(errors.New("error retrieving DCGM MIG hierarchy: Host engine connection invalid/disconnected")) {
 		t.Error("connection loss not recognised")
 	}
 	if isConnectionError(errors.New("error watching fields: Profiling is not supported for this group of GPUs or GPU")) {
@@ -82,5 +85,31 @@ func TestRealClientSingleton(t *testing.T) {
 		if errors.Is(err, ErrBusy) {
 			t.Fatalf("open refused as busy after a failure: %v", err)
 		}
+	}
+}
+
+// Issue 12 defect 10: connection loss is what DCGM's return code says, and
+// go-dcgm's plain errors carry only errorString()'s text of that code
+// ("Host engine connection invalid/disconnected"), often after a prefix.
+func TestConnectionLossByReturnCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		lost bool
+	}{
+		{errors.New("Host engine connection invalid/disconnected"), true},
+		{errors.New("Error watching fields: Host engine connection invalid/disconnected"), true},
+		{fmt.Errorf("error connecting to nv-hostengine: %w", errors.New("Host engine connection invalid/disconnected")), true},
+		{errors.New("Error destroying group: Object is in an undefined state"), true},
+		{errors.New("GPU is lost"), false},
+		{errors.New("Feature not supported"), false},
+		{errors.New("This request is serviced by a module of DCGM that is not currently loaded"), false},
+		{errors.New("something else"), false},
+	} {
+		if got := isConnectionError(tc.err); got != tc.lost {
+			t.Errorf("isConnectionError(%q) = %v, want %v", tc.err, got, tc.lost)
+		}
+	}
+	if code, ok := returnCode(errors.New("Error watching fields: Host engine connection invalid/disconnected")); !ok || code != godcgm.DCGM_ST_CONNECTION_NOT_VALID {
+		t.Errorf("return code %d, %v; want DCGM_ST_CONNECTION_NOT_VALID", code, ok)
 	}
 }

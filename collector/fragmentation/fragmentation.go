@@ -25,6 +25,10 @@ type GPU struct {
 	// ignored when MIG is on: holders then hold instances
 	// (MIGInstance.Allocated).
 	Allocated bool
+	// SharedFree: an allocated, time-sliced GPU that still has free
+	// replicas. It is not free (a whole-GPU task cannot have it), but its
+	// free memory is not stranded either: the next replica's pod can use it.
+	SharedFree bool
 	// MemoryTotal and MemoryUsed are in bytes; used for stranded memory of an
 	// allocated whole GPU. Ignored when MIG is on (instances carry their own).
 	MemoryTotal, MemoryUsed float64
@@ -63,9 +67,13 @@ type MIGInstance struct {
 
 // MIGProfile is one GPU instance profile and where it can be placed.
 type MIGProfile struct {
-	Name        string  // e.g. "3g.40gb"
-	Slices      int     // compute slices
-	MemoryBytes float64 // instance memory
+	Name   string // e.g. "3g.40gb"
+	Slices int    // compute slices
+	// MaxInstances is how many instances of the profile one GPU can hold
+	// (NVML's InstanceCount; one for +me profiles); 0 means no limit
+	// beyond the placements.
+	MaxInstances int
+	MemoryBytes  float64 // instance memory
 	// Placements are the possible placements in slots, in NVML's order.
 	Placements []Placement
 }
@@ -93,7 +101,8 @@ type Result struct {
 	// StrandedMemoryBytes is the free VRAM (total - used) on allocated,
 	// healthy devices, whole GPUs and MIG instances: under whole-device
 	// scheduling nobody else can use it. Unhealthy devices are left out:
-	// their memory is lost to health, not to allocation.
+	// their memory is lost to health, not to allocation; so are time-sliced
+	// GPUs with free replicas (GPU.SharedFree).
 	StrandedMemoryBytes float64
 	// LargestFreeGroup maps DomainNVLink and DomainNUMA to the size of the
 	// largest set of free, healthy, non-MIG GPUs sharing one domain. A GPU
@@ -174,7 +183,9 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 				res.Unhealthy++
 			case g.Allocated:
 				res.Allocated++
-				res.StrandedMemoryBytes += freeMemory(g.MemoryTotal, g.MemoryUsed)
+				if !g.SharedFree {
+					res.StrandedMemoryBytes += freeMemory(g.MemoryTotal, g.MemoryUsed)
+				}
 			default:
 				res.Free++
 				s.capacity = 1
@@ -272,7 +283,7 @@ func canServeMIG(g *GPU, occupied uint64, profile string) bool {
 	}
 	for j := range g.MIG.Profiles {
 		p := &g.MIG.Profiles[j]
-		if strings.EqualFold(p.Name, profile) && placeable(p, occupied) > 0 {
+		if strings.EqualFold(p.Name, profile) && placeable(p, occupied, existing(g.MIG, p.Name)) > 0 {
 			return true
 		}
 	}
@@ -294,7 +305,7 @@ func migResult(g *GPU, occupied uint64, total int, totalMask uint64) MIGResult {
 	var best *MIGProfile
 	for j := range m.Profiles {
 		p := &m.Profiles[j]
-		n := placeable(p, occupied)
+		n := placeable(p, occupied, existing(m, p.Name))
 		// A profile listed twice keeps its larger count.
 		if old, ok := r.Placeable[p.Name]; !ok || n > old {
 			r.Placeable[p.Name] = n
@@ -326,16 +337,31 @@ func largerProfile(a, b *MIGProfile) bool {
 }
 
 // placeable counts how many instances of p fit in the slots not in occupied,
-// taking free placements greedily in order.
-func placeable(p *MIGProfile, occupied uint64) int {
-	n := 0
+// taking free placements greedily in order, and no more than the profile's
+// per-GPU limit allows beside the n instances of it that exist.
+func placeable(p *MIGProfile, occupied uint64, n int) int {
+	count := 0
 	for _, pl := range p.Placements {
+		if p.MaxInstances > 0 && n+count >= p.MaxInstances {
+			break
+		}
 		mask := slotMask(pl.Start, pl.Size)
 		if mask == 0 || occupied&mask != 0 {
 			continue
 		}
 		occupied |= mask
-		n++
+		count++
+	}
+	return count
+}
+
+// existing counts the GPU's instances of a profile.
+func existing(m *MIGState, profile string) int {
+	n := 0
+	for j := range m.Instances {
+		if strings.EqualFold(m.Instances[j].Profile, profile) {
+			n++
+		}
 	}
 	return n
 }

@@ -43,6 +43,7 @@ type HolderKey struct {
 	Namespace, Pod, Container, Resource string
 	GPU                                 int
 	GPUInstance                         int
+	ComputeInstance                     int // MIG devices of one GPU instance differ here
 }
 
 // Observation is one holder's device activity in one sample.
@@ -61,10 +62,19 @@ type Observation struct {
 type IdleStatus struct {
 	Key  HolderKey
 	Idle bool
+	// Known: the holder's activity was known in this sample (every
+	// observation of the key). An unknown holder is not idle, but it is not
+	// busy either: the exporter leaves its gpu_allocation_idle out (a MIG
+	// instance without DCGM, a GPU that stopped answering).
+	Known bool
 	// IdleSeconds is the idle time accrued by this holder
 	// (gpu_allocation_idle_seconds_total): it never decreases while the
 	// holder exists, and starts at 0 for a new holder.
 	IdleSeconds float64
+	// QuietSince is the first sample of the holder's current run below the
+	// threshold (zero while it is busy or unknown): the landing page's "idle
+	// for".
+	QuietSince time.Time
 }
 
 // IdleTracker follows holders from sample to sample and decides which are
@@ -136,9 +146,11 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 	out := make([]IdleStatus, 0, len(obs))
 	for i := range obs {
 		o := &obs[i]
-		below := o.Known && o.Activity >= 0 && o.Activity < t.cfg.Threshold // false for NaN
+		known := o.Known && o.Activity >= 0 // false for NaN
+		below := known && o.Activity < t.cfg.Threshold
 		h, ok := t.holders[o.Key]
 		if ok && h.gen == t.gen {
+			out[h.out].Known = out[h.out].Known && known
 			// Same key twice in one sample: busy evidence wins, and the
 			// interval ending in this sample is not counted.
 			if !below {
@@ -146,6 +158,7 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 				h.idleSeconds = h.before
 				out[h.out].Idle = false
 				out[h.out].IdleSeconds = h.idleSeconds
+				out[h.out].QuietSince = time.Time{}
 				t.holders[o.Key] = h
 			}
 			continue
@@ -157,7 +170,11 @@ func (t *IdleTracker) Observe(now time.Time, obs []Observation) []IdleStatus {
 		t.step(&h, now, below)
 		h.gen, h.out = t.gen, len(out)
 		t.holders[o.Key] = h
-		out = append(out, IdleStatus{Key: o.Key, Idle: h.idle, IdleSeconds: h.idleSeconds})
+		st := IdleStatus{Key: o.Key, Idle: h.idle, Known: known, IdleSeconds: h.idleSeconds}
+		if h.inWindow {
+			st.QuietSince = h.windowStart
+		}
+		out = append(out, st)
 	}
 	for k, h := range t.holders {
 		if h.gen != t.gen {

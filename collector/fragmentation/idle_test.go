@@ -308,3 +308,56 @@ func TestIdleTrackerConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Unknown activity is neither idle nor busy: the status says so, and a
+// holder seen twice in one sample is known only if both observations are.
+func TestIdleStatusKnown(t *testing.T) {
+	tr, err := NewIdleTracker(IdleConfig{Threshold: 0.05, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := HolderKey{Namespace: "ns", Pod: "a", GPU: 0, GPUInstance: 1}
+	b := HolderKey{Namespace: "ns", Pod: "b", GPU: 0, GPUInstance: 2}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	st := tr.Observe(now, []Observation{
+		{Key: a, Activity: 0, Known: false},
+		{Key: b, Activity: 0, Known: true},
+		{Key: b, Activity: 0.5, Known: false},
+	})
+	if len(st) != 2 || st[0].Known || st[0].Idle || st[1].Known {
+		t.Fatalf("statuses %+v: want a and b unknown, not idle", st)
+	}
+	st = tr.Observe(now.Add(2*time.Minute), []Observation{{Key: b, Activity: 0, Known: true}})
+	if len(st) != 1 || !st[0].Known {
+		t.Fatalf("statuses %+v: want b known", st)
+	}
+}
+
+// QuietSince is the start of the current below-threshold run (the landing
+// page's "idle for"), zero while busy or unknown.
+func TestIdleQuietSince(t *testing.T) {
+	tr := newTracker(t, 30*time.Second)
+	for _, s := range []struct {
+		sec      int
+		activity float64
+		known    bool
+		since    int // -1: zero
+	}{
+		{0, 0.5, true, -1},
+		{10, 0.01, true, 10},
+		{20, 0.0, true, 10},
+		{50, 0.0, true, 10}, // idle now, still quiet since 10
+		{60, 0.9, true, -1},
+		{70, 0.0, false, -1}, // unknown is not quiet
+		{80, 0.0, true, 80},
+	} {
+		got := tr.Observe(at(s.sec), []Observation{{Key: keyA, Activity: s.activity, Known: s.known}})
+		want := time.Time{}
+		if s.since >= 0 {
+			want = at(s.since)
+		}
+		if !got[0].QuietSince.Equal(want) {
+			t.Errorf("t=%d: QuietSince %v, want %v", s.sec, got[0].QuietSince, want)
+		}
+	}
+}

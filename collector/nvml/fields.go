@@ -34,6 +34,11 @@ const (
 	FieldPCIeRxBytes
 	FieldNVLinkTxBytes
 	FieldNVLinkRxBytes
+	// NVML fields served for dcgm-exporter parity too.
+	FieldMemoryTemperature  // NVML_FI_DEV_MEMORY_TEMP, degrees Celsius
+	FieldEncoderUtilization // nvmlDeviceGetEncoderUtilization, 0-1
+	FieldDecoderUtilization // nvmlDeviceGetDecoderUtilization, 0-1
+	FieldMemoryReserved     // nvmlDeviceGetMemoryInfo_v2 reserved, bytes
 	// NumFields is the number of fields.
 	NumFields
 )

@@ -13,14 +13,15 @@ type HealthDevice interface {
 	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
 	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
 	GetRemappedRows() (int, int, bool, bool, nvml.Return)
-	GetCurrentClocksEventReasons() (uint64, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
 	GetPcieReplayCounter() (int, nvml.Return)
 	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
 	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
 	GetPowerManagementLimit() (uint32, nvml.Return)
 	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
 	GetFieldValues([]nvml.FieldValue) nvml.Return
-	GetNumaNodeId() (int, nvml.Return)
+	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
 }
 
 // opt is a value NVML may not have given.
@@ -43,55 +44,87 @@ type Health struct {
 	RemapFailed    opt[bool]
 	ClockReasons   opt[uint64]
 	PCIeReplay     opt[int]
-	// NVLinkErrors sums each error type over every link ever seen up, with
-	// a link's last value kept while it is down: a link going down must not
-	// make the counter fall.
-	NVLinkErrors   [4]uint64
-	HasNVLink      bool
-	RecoveryAction opt[int]
-	NUMANode       opt[int]
-	NVLinkActive   int // number of active NVLinks
+	// NVLinkErrors sums each error type (NVLinkErrorTypes) over every link
+	// ever seen up, with a link's last value kept while it is down: a link
+	// going down must not make the counter fall. NVLinkErrorSeen says which
+	// types the GPU reports: per-link counters before Blackwell, NVLink5
+	// field values (NVML_FI_DEV_NVLINK_COUNT_*) on Blackwell.
+	NVLinkErrors    [numNVLinkErrorTypes]uint64
+	NVLinkErrorSeen [numNVLinkErrorTypes]bool
+	HasNVLink       bool
+	RecoveryAction  opt[int]
+	NUMANode        opt[int]
+	NVLinkActive    int // number of active NVLinks
 }
+
+const numNVLinkErrorTypes = 8
 
 // nvlinkKey is one error counter of one link.
 type nvlinkKey struct{ link, typ int }
 
 var (
-	// NVLinkErrorTypes are the NVLink data-link error counters read, in
-	// the order of Health.NVLinkErrors.
-	NVLinkErrorTypes = []struct {
+	// NVLinkErrorTypes are the NVLink error counts read, in the order of
+	// Health.NVLinkErrors: the data-link counters of
+	// nvmlDeviceGetNvLinkErrorCounter (Ampere, Hopper), and on Blackwell,
+	// where those answer NOT_SUPPORTED, NVLink5's per-link field values
+	// (R570+). Field 0: no NVLink5 field; Counter -1: no per-link counter.
+	NVLinkErrorTypes = [numNVLinkErrorTypes]struct {
 		Name    string
 		Counter nvml.NvLinkErrorCounter
+		Field   uint32
 	}{
-		{"replay", nvml.NVLINK_ERROR_DL_REPLAY},
-		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY},
-		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT},
-		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA},
+		{"replay", nvml.NVLINK_ERROR_DL_REPLAY, 0},
+		{"recovery", nvml.NVLINK_ERROR_DL_RECOVERY, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS},
+		{"crc_flit", nvml.NVLINK_ERROR_DL_CRC_FLIT, 0},
+		{"crc_data", nvml.NVLINK_ERROR_DL_CRC_DATA, 0},
+		{"symbol", -1, nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS},
+		{"effective", -1, nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS},
+		{"receive", -1, nvml.FI_DEV_NVLINK_COUNT_RCV_ERRORS},
+		{"recovery_failed", -1, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS},
 	}
 
-	// ClockEventReasons are NVML's clock event (throttle) reason bits.
+	// ClockEventReasons are NVML's clock event (throttle) reason bits, from
+	// go-nvml's constants (nvml.h). R535 renamed ClocksThrottleReason* to
+	// ClocksEventReason*; go-nvml keeps the three hardware ones under the
+	// old name only. Every bit of nvml.ClocksEventReasonAll is here.
 	ClockEventReasons = []struct {
 		Name string
 		Bit  uint64
 	}{
-		{"gpu_idle", 0x1},
-		{"applications_clocks_setting", 0x2},
-		{"sw_power_cap", 0x4},
-		{"hw_slowdown", 0x8},
-		{"sync_boost", 0x10},
-		{"sw_thermal_slowdown", 0x20},
-		{"hw_thermal_slowdown", 0x40},
-		{"hw_power_brake_slowdown", 0x80},
-		{"display_clock_setting", 0x100},
+		{"gpu_idle", nvml.ClocksEventReasonGpuIdle},
+		{"applications_clocks_setting", nvml.ClocksEventReasonApplicationsClocksSetting},
+		{"sw_power_cap", nvml.ClocksEventReasonSwPowerCap},
+		{"hw_slowdown", nvml.ClocksThrottleReasonHwSlowdown},
+		{"sync_boost", nvml.ClocksEventReasonSyncBoost},
+		{"sw_thermal_slowdown", nvml.ClocksEventReasonSwThermalSlowdown},
+		{"hw_thermal_slowdown", nvml.ClocksThrottleReasonHwThermalSlowdown},
+		{"hw_power_brake_slowdown", nvml.ClocksThrottleReasonHwPowerBrakeSlowdown},
+		{"display_clock_setting", nvml.ClocksEventReasonDisplayClockSetting},
+		{"board_limit", nvml.ClocksEventReasonBoardLimit},
+		{"reliability", nvml.ClocksEventReasonReliability},
 	}
 
-	// RecoveryActionNames are NVML's recovery actions, by value.
-	RecoveryActionNames = []string{"none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset"}
+	// RecoveryActions are NVML's recovery actions
+	// (nvmlDeviceGpuRecoveryAction_t), from go-nvml's constants, for the
+	// metric's documentation; the code itself is exported, a newer one too.
+	RecoveryActions = []struct {
+		Name  string
+		Value nvml.DeviceGpuRecoveryAction
+	}{
+		{"none", nvml.GPU_RECOVERY_ACTION_NONE},
+		{"gpu_reset", nvml.GPU_RECOVERY_ACTION_GPU_RESET},
+		{"node_reboot", nvml.GPU_RECOVERY_ACTION_NODE_REBOOT},
+		{"drain_p2p", nvml.GPU_RECOVERY_ACTION_DRAIN_P2P},
+		{"drain_and_reset", nvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET},
+		{"recover_imex_domain", nvml.GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN},
+		{"bus_reset", nvml.GPU_RECOVERY_ACTION_BUS_RESET},
+		{"system_reboot", nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT},
+	}
 )
 
 // readHealth reads the board's health; slow-moving counters (NVLink errors)
 // only when full is set, otherwise they are carried from prev.
-func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
+func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
 	for e := 0; e < 2; e++ {
 		for sc := 0; sc < 2; sc++ {
 			if v, ret := d.GetTotalEccErrors(nvml.MemoryErrorType(e), nvml.EccCounterType(sc)); ok(ret) {
@@ -110,7 +143,7 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 	if corr, unc, pending, failed, ret := d.GetRemappedRows(); ok(ret) {
 		h.RemapCorr, h.RemapUncorr, h.RemapPending, h.RemapFailed = some(corr), some(unc), some(pending), some(failed)
 	}
-	if r, ret := d.GetCurrentClocksEventReasons(); ok(ret) {
+	if r, ret := clockReasons(d, p); ok(ret) {
 		h.ClockReasons = some(r)
 	}
 	if n, ret := d.GetPcieReplayCounter(); ok(ret) {
@@ -122,14 +155,17 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 	}
 	carry := func() {
 		if prev != nil {
-			h.NVLinkErrors, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
+			h.NVLinkErrors, h.NVLinkErrorSeen, h.HasNVLink, h.NVLinkActive, h.NUMANode = prev.NVLinkErrors, prev.NVLinkErrorSeen, prev.HasNVLink, prev.NVLinkActive, prev.NUMANode
 		}
 	}
 	if !full {
 		carry()
 		return
 	}
-	if n, ret := d.GetNumaNodeId(); ok(ret) {
+	if !p.numaNodeID {
+		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill
+		// the process. The sampler reads sysfs first anyway.
+	} else if n, ret := d.GetNumaNodeId(); ok(ret) {
 		h.NUMANode = some(n)
 	} else if prev != nil {
 		h.NUMANode = prev.NUMANode
@@ -147,14 +183,54 @@ func readHealth(d Device, h *Health, prev *Health, full bool, seen map[nvlinkKey
 			continue
 		}
 		h.NVLinkActive++
+		perLink := false
 		for t, et := range NVLinkErrorTypes {
+			if et.Counter < 0 {
+				continue
+			}
 			if v, ret := d.GetNvLinkErrorCounter(link, et.Counter); ok(ret) {
 				seen[nvlinkKey{link, t}] = v
+				perLink = true
 			}
+		}
+		if !perLink {
+			readNVLink5Errors(d, link, seen, ok)
 		}
 	}
 	for k, v := range seen {
 		h.NVLinkErrors[k.typ] += v
+		h.NVLinkErrorSeen[k.typ] = true
 		h.HasNVLink = true
+	}
+}
+
+// clockReasons reads the clock event reasons under the name the driver
+// exports: R535 renamed nvmlDeviceGetCurrentClocksThrottleReasons, which
+// older drivers have alone (same bits).
+func clockReasons(d Device, p probes) (uint64, nvml.Return) {
+	if p.clocksEventReasons {
+		return d.GetCurrentClocksEventReasons()
+	}
+	return d.GetCurrentClocksThrottleReasons()
+}
+
+// readNVLink5Errors reads one link's error counts from NVLink5's field
+// values: Blackwell answers NOT_SUPPORTED to the per-link counters.
+func readNVLink5Errors(d Device, link int, seen map[nvlinkKey]uint64, ok func(nvml.Return) bool) {
+	var fv []nvml.FieldValue
+	var types []int
+	for t, et := range NVLinkErrorTypes {
+		if et.Field != 0 {
+			fv = append(fv, nvml.FieldValue{FieldId: et.Field, ScopeId: uint32(link)})
+			types = append(types, t)
+		}
+	}
+	if !ok(d.GetFieldValues(fv)) {
+		return
+	}
+	for i, v := range fv {
+		if nvml.Return(v.NvmlReturn) == nvml.SUCCESS {
+			seen[nvlinkKey{link, types[i]}] = binary.LittleEndian.Uint64(v.Value[:])
+		}
 	}
 }

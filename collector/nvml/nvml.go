@@ -19,6 +19,9 @@ type NVML interface {
 	SystemGetNVMLVersion() (string, nvml.Return)
 	DeviceGetCount() (int, nvml.Return)
 	DeviceGetHandleByIndex(index int) (Device, nvml.Return)
+	// LookupSymbol says whether the loaded library exports a C function;
+	// see symbols.go for why every function newer than R470 is probed.
+	SymbolLookup
 }
 
 // Device is the part of an NVML device handle the exporter uses. A MIG device
@@ -36,6 +39,7 @@ type Device interface {
 	GetComputeInstanceId() (int, nvml.Return)
 	GetAttributes() (nvml.DeviceAttributes, nvml.Return)
 	GetMemoryInfo() (nvml.Memory, nvml.Return)
+	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) // R510+: probe first
 	GetUtilizationRates() (nvml.Utilization, nvml.Return)
 	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
 	GetPowerUsage() (uint32, nvml.Return)
@@ -43,9 +47,15 @@ type Device interface {
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
 	GetCurrPcieLinkGeneration() (int, nvml.Return)
 	GetCurrPcieLinkWidth() (int, nvml.Return)
+	GetEncoderUtilization() (uint32, uint32, nvml.Return) // utilisation %, sampling period µs
+	GetDecoderUtilization() (uint32, uint32, nvml.Return)
 	HealthDevice
+	ProcessDevice
 	// MIG layout, for fragmentation.
 	GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return)
+	// GetGpuInstanceProfileInfoV2 is nvmlDeviceGetGpuInstanceProfileInfoV
+	// with a v2 struct, which carries the profile's name (R510+: probe first).
+	GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
 	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return)
 }
@@ -100,6 +110,10 @@ func (r *realNVML) SystemGetCudaDriverVersion() (int, nvml.Return) {
 	return r.lib.SystemGetCudaDriverVersion()
 }
 func (r *realNVML) DeviceGetCount() (int, nvml.Return) { return r.lib.DeviceGetCount() }
+
+// LookupSymbol asks the dynamic loader, through go-nvml, whether the
+// driver's library exports name. Valid only between Init and Shutdown.
+func (r *realNVML) LookupSymbol(name string) error { return r.lib.Extensions().LookupSymbol(name) }
 func (r *realNVML) DeviceGetHandleByIndex(i int) (Device, nvml.Return) {
 	d, ret := r.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
@@ -117,6 +131,11 @@ func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
 		return nil, ret
 	}
 	return realDevice{m}, ret
+}
+
+// GetGpuInstanceProfileInfoV2 asks for the v2 profile info, with its name.
+func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
+	return d.Device.GetGpuInstanceProfileInfoV(profile).V2()
 }
 
 // nvmlErr turns an NVML return code into an error, nil on success.

@@ -21,9 +21,15 @@ type SamplerConfig struct {
 	// RediscoverEvery re-reads each GPU's static facts and MIG layout every N
 	// samples (MIG can be reconfigured while the exporter runs).
 	RediscoverEvery int
-	Log             zerolog.Logger
+	// Sysfs is where sysfs is mounted (default /sys), for each GPU's NUMA
+	// node: <Sysfs>/bus/pci/devices/<bus id>/numa_node.
+	Sysfs string
+	Log   zerolog.Logger
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Processes reads every device's process lists and per-process
+	// utilization, for per-container use of shared devices.
+	Processes bool
 }
 
 // Sampler reads every GPU through NVML. Each GPU is read by its own
@@ -32,6 +38,7 @@ type Sampler struct {
 	lib     NVML
 	cfg     SamplerConfig
 	driver  DriverInfo
+	probes  probes
 	workers []*gpuWorker
 }
 
@@ -46,13 +53,16 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Sysfs == "" {
+		cfg.Sysfs = DefaultSysfs
+	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
 			return nil, ErrNoNVML
 		}
 		return nil, fmt.Errorf("NVML init: %w", ret)
 	}
-	s := &Sampler{lib: lib, cfg: cfg}
+	s := &Sampler{lib: lib, cfg: cfg, probes: probe(lib)}
 	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
 	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
 	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
@@ -63,10 +73,30 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("NVML device count: %w", ret)
 	}
+	// Discovery has a deadline: a GPU whose calls hang must not keep the
+	// exporter (and its HTTP listener) from starting. Such a GPU is reported
+	// hung, by index, until its discovery returns.
+	done := make(chan struct{}, n)
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery}
-		w.discover()
+		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
+		w.setIdent(DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
+		w.busy.Store(true)
+		go func() {
+			w.discover()
+			w.busy.Store(false)
+			done <- struct{}{}
+		}()
 		s.workers = append(s.workers, w)
+	}
+	timer := time.NewTimer(cfg.DeviceTimeout)
+	defer timer.Stop()
+	for pending := n; pending > 0; pending-- {
+		select {
+		case <-done:
+		case <-timer.C:
+			cfg.Log.Warn().Dur("timeout", cfg.DeviceTimeout).Int("gpus", pending).Msg("GPU discovery did not finish in time; starting anyway, those GPUs are reported down until they answer")
+			return s, nil
+		}
 	}
 	return s, nil
 }
@@ -141,6 +171,9 @@ const healthEvery = 6
 type gpuWorker struct {
 	index           int
 	lib             NVML
+	probes          probes
+	sysfs           string
+	numa            opt[int] // from sysfs, read at discovery
 	log             zerolog.Logger
 	rediscoverEvery int
 
@@ -157,6 +190,8 @@ type gpuWorker struct {
 	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
+	processes  bool
+	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	result     GPUState
 	identMu    sync.Mutex // guards ident for staleState while a read is stuck
 }
@@ -228,12 +263,15 @@ func (w *gpuWorker) discover() {
 	case ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE:
 		id.MIGEnabled = true
 		migHandles, migIdent = discoverMIG(h, id)
-		layout = discoverMIGLayout(h)
+		layout = discoverMIGLayout(h, w.probes)
 	case ret != nvml.SUCCESS && !unsupported(ret) && prev.MIGEnabled:
 		// The GPU does not answer: keep its MIG instances' identities.
 		id.MIGEnabled = true
 		migIdent, layout = w.migIdent, w.layout
 		migHandles = w.migHandles
+	}
+	if n, ok := sysfsNUMANode(w.sysfs, id.PCIBusID); ok {
+		w.numa = some(n)
 	}
 	w.setIdent(id, migHandles, migIdent, layout)
 }
@@ -301,10 +339,48 @@ func pciBusID(p nvml.PciInfo) string {
 	return fmt.Sprintf("%08x:%02x:%02x.0", p.Domain, p.Bus, p.Device)
 }
 
+// migChanged reports whether the GPU's MIG mode or MIG devices differ from
+// what discovery saw, so that a reconfiguration (nvidia-smi mig, the MIG
+// manager) shows in the very next sample. It costs one call for a GPU
+// without MIG and two per MIG device slot with it.
+func (w *gpuWorker) migChanged() bool {
+	if w.handle == nil {
+		return false
+	}
+	mode, _, ret := w.handle.GetMigMode()
+	if ret != nvml.SUCCESS {
+		return false // unsupported, or failing: the read says which
+	}
+	enabled := mode == nvml.DEVICE_MIG_ENABLE
+	if enabled != w.ident.MIGEnabled {
+		return true
+	}
+	if !enabled {
+		return false
+	}
+	max, ret := w.handle.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return false
+	}
+	seen := 0
+	for i := 0; i < max; i++ {
+		m, ret := w.handle.GetMigDeviceHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		uuid, _ := m.GetUUID() // "" on error, as discoverMIG records it
+		if seen >= len(w.migIdent) || w.migIdent[seen].MIGUUID != validUTF8(uuid) {
+			return true
+		}
+		seen++
+	}
+	return seen != len(w.migIdent)
+}
+
 // read samples the GPU and its MIG instances. It runs in its own goroutine.
 func (w *gpuWorker) read() GPUState {
 	w.samples++
-	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 {
+	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 || w.migChanged() {
 		w.discover()
 	}
 	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}
@@ -316,7 +392,7 @@ func (w *gpuWorker) read() GPUState {
 	if w.nvlinkSeen == nil {
 		w.nvlinkSeen = map[nvlinkKey]uint64{}
 	}
-	up, err := readDevice(w.handle, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
+	up, err := readDevice(w.handle, w.probes, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
 	g.Up = up
 	if !up {
 		w.failures++
@@ -331,25 +407,38 @@ func (w *gpuWorker) read() GPUState {
 		w.lostLogged = false
 	}
 	w.failures = 0
+	if w.numa.OK {
+		g.Health.NUMANode = w.numa
+	}
 	w.prevHealth = &g.Health
+	if w.processes && len(w.migHandles) == 0 {
+		g.Processes = readProcesses(w.handle, true, &w.lastSeen)
+	}
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
-		ms.Up, _ = readDevice(m, &ms, nil, nil, false, nil)
+		ms.Up, _ = readDevice(m, w.probes, &ms, nil, nil, false, nil)
+		if w.processes && ms.Up {
+			var none uint64
+			ms.Processes = readProcesses(m, false, &none)
+		}
 		g.MIG = append(g.MIG, ms)
 	}
 	return g
 }
 
-// readDevice reads one device's fields. Memory is the field every device has:
-// if it cannot be read the device is down. Other fields are skipped when NVML
-// says they are not supported, and on any other error.
-func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
+// readDevice reads one device's fields. Memory is the field every device
+// has: an error reading it marks the device down, unless NVML says the
+// device answered but will not tell (NOT_SUPPORTED on integrated GPUs,
+// NO_PERMISSION on a MIG parent from a container). Other fields are skipped
+// when NVML says they are not supported, and on any other error; GPU_IS_LOST
+// on any of them marks the device down.
+func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
 	whole := health != nil
-	mem, ret := d.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
+	v := &s.Values
+	if ret := readMemory(d, p, v); ret != nvml.SUCCESS && !memoryWithheld(ret) {
+		*v = Values{}
 		return false, fmt.Errorf("memory info: %w", ret)
 	}
-	v := &s.Values
 	lost := false
 	ok := func(ret nvml.Return) bool {
 		if ret == nvml.ERROR_GPU_IS_LOST {
@@ -362,14 +451,15 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 			*v = Values{}
 		}
 	}()
-	v.Set(FieldMemoryUsed, float64(mem.Used))
-	v.Set(FieldMemoryTotal, float64(mem.Total))
 	if u, ret := d.GetUtilizationRates(); ok(ret) {
 		v.Set(FieldUtilization, float64(u.Gpu)/100)
 		v.Set(FieldMemoryUtilization, float64(u.Memory)/100)
 	}
 	if !whole {
-		return !lost, nil // the rest is per board, read on the parent GPU
+		if lost {
+			return false, nvml.ERROR_GPU_IS_LOST
+		}
+		return true, nil // the rest is per board, read on the parent GPU
 	}
 	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
 		v.Set(FieldTemperature, float64(t))
@@ -392,8 +482,8 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 	if wd, ret := d.GetCurrPcieLinkWidth(); ok(ret) {
 		v.Set(FieldPCIeLinkWidth, float64(wd))
 	}
-	if p, ret := d.GetPowerManagementLimit(); ok(ret) {
-		v.Set(FieldPowerLimit, float64(p)/1000)
+	if pl, ret := d.GetPowerManagementLimit(); ok(ret) {
+		v.Set(FieldPowerLimit, float64(pl)/1000)
 	}
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); ok(ret) {
 		v.Set(FieldSlowdownTemperature, float64(t))
@@ -401,11 +491,56 @@ func readDevice(d Device, s *DeviceState, health, prevHealth *Health, fullHealth
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
 		v.Set(FieldShutdownTemperature, float64(t))
 	}
+	if u, _, ret := d.GetEncoderUtilization(); ok(ret) {
+		v.Set(FieldEncoderUtilization, float64(u)/100)
+	}
+	if u, _, ret := d.GetDecoderUtilization(); ok(ret) {
+		v.Set(FieldDecoderUtilization, float64(u)/100)
+	}
+	// Memory (HBM) temperature is a field value: GPUs without a memory
+	// sensor (GDDR boards) answer NOT_SUPPORTED for the field alone.
+	mt := []nvml.FieldValue{{FieldId: nvml.FI_DEV_MEMORY_TEMP}}
+	if ret := d.GetFieldValues(mt); ok(ret) && nvml.Return(mt[0].NvmlReturn) == nvml.SUCCESS {
+		if t, known := fieldValue(mt[0]); known {
+			v.Set(FieldMemoryTemperature, t)
+		}
+	}
 	if health != nil {
-		readHealth(d, health, prevHealth, fullHealth, nvlinkSeen, ok)
+		readHealth(d, p, health, prevHealth, fullHealth, nvlinkSeen, ok)
 	}
 	if lost {
 		return false, nvml.ERROR_GPU_IS_LOST
 	}
 	return true, nil
+}
+
+// readMemory reads memory with v2 where the driver has it (R510+): v1
+// counts the driver's reserved memory as used, so idle GPUs would show
+// hundreds of MiB used, unlike nvidia-smi and DCGM. Reserved is its own field.
+func readMemory(d Device, p probes, v *Values) nvml.Return {
+	if p.memoryInfoV2 {
+		m, ret := d.GetMemoryInfo_v2()
+		switch ret {
+		case nvml.SUCCESS:
+			v.Set(FieldMemoryUsed, float64(m.Used))
+			v.Set(FieldMemoryTotal, float64(m.Total))
+			v.Set(FieldMemoryReserved, float64(m.Reserved))
+			return ret
+		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+			// fall back to v1
+		default:
+			return ret
+		}
+	}
+	m, ret := d.GetMemoryInfo()
+	if ret == nvml.SUCCESS {
+		v.Set(FieldMemoryUsed, float64(m.Used))
+		v.Set(FieldMemoryTotal, float64(m.Total))
+	}
+	return ret
+}
+
+// memoryWithheld: the device answered, it just does not report memory.
+func memoryWithheld(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_NO_PERMISSION
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 )
 
 // DeviceState is one device in one sample: a whole GPU, or a MIG instance of
@@ -22,6 +24,9 @@ type DeviceState struct {
 	MIGUUID         string
 	Up              bool
 	Values          Values
+	// Processes are the device's processes from NVML's process lists;
+	// Known is false unless SamplerConfig.Processes is set.
+	Processes procs.DeviceProcesses
 }
 
 // IsMIG reports whether the device is a MIG instance.
@@ -52,23 +57,39 @@ type GPUState struct {
 // MIGLayout is a MIG GPU's profiles, their possible placements, and where
 // each existing GPU instance sits.
 type MIGLayout struct {
+	// TotalSlices is the GPU's compute slices: the largest profile's
+	// SliceCount (7 on A100 and H100, 4 on A30).
 	TotalSlices int
-	Profiles    []MIGProfileInfo
-	Instances   map[int]MIGPlacement // by GPU instance ID
+	// MemorySlices is the width of NVML's placement space: placements are
+	// in memory slices, 8 on A100 and H100 (7g at {0,8}, 3g at {0,4} and
+	// {4,4}), so a placement's Size is not its compute slices.
+	MemorySlices int
+	Profiles     []MIGProfileInfo
+	Instances    map[int]MIGPlacement // by GPU instance ID
 }
 
 // MIGProfileInfo is one GPU instance profile.
 type MIGProfileInfo struct {
-	Name        string
-	Slices      int
-	MemoryBytes float64
-	Placements  []nvml.GpuInstancePlacement
+	Name string
+	// Slices is NVML's SliceCount: the profile's compute slices.
+	Slices int
+	// MaxInstances is NVML's InstanceCount: how many instances of the
+	// profile one GPU can hold (one for +me profiles).
+	MaxInstances int
+	MemoryBytes  float64
+	Placements   []nvml.GpuInstancePlacement
 }
 
 // MIGPlacement is where a GPU instance sits.
 type MIGPlacement struct {
-	Profile     string
+	Profile string
+	// Start and Size are in NVML's placement space (memory slices).
 	Start, Size int
+	// Slices is the profile's compute slices, for shares of the GPU.
+	Slices int
+	// ProfileID is NVML's profile ID (GpuInstanceProfileInfo.Id), part of
+	// the DRA driver's MIG device names.
+	ProfileID int
 }
 
 // DriverInfo is the node's driver stack.

@@ -73,6 +73,8 @@ type XIDEvent struct {
 	UUID string
 	Code int
 	At   time.Duration
+	// GPUInstance and ComputeInstance are the MIG device's, -1 for the GPU.
+	GPUInstance, ComputeInstance int
 }
 
 // XIDsBetween lists the XID events with from <= At < to, in time order, one
@@ -91,8 +93,13 @@ func (n *Node) XIDsBetween(from, to time.Duration) []XIDEvent {
 		if c == 0 {
 			c = 1
 		}
+		gi, ci := -1, -1
+		if f.MIG != nil {
+			m := n.devices[*f.GPU].migs[*f.MIG]
+			gi, ci = m.gi, m.ci
+		}
 		for i := 0; i < c; i++ {
-			out = append(out, XIDEvent{GPU: *f.GPU, UUID: n.devices[*f.GPU].UUID(), Code: f.XID, At: at})
+			out = append(out, XIDEvent{GPU: *f.GPU, UUID: n.devices[*f.GPU].UUID(), Code: f.XID, At: at, GPUInstance: gi, ComputeInstance: ci})
 		}
 	}
 	return out
@@ -115,7 +122,7 @@ func (n *Node) DevicePluginAllocatable() (int, bool) {
 
 // Close releases NVML calls blocked by a hang fault.
 func (n *Node) Close() {
-	n.closeOnce.Do(func() { close(n.closed) })
+	n.closeOnce.Do(func() { close(n.closed); n.closeHost() })
 }
 
 // enter is called first by every device method that can fail: it counts the
@@ -190,8 +197,19 @@ func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
 }
 
-// GetCurrentClocksEventReasons implements nvmlsampler.Device.
+// GetCurrentClocksEventReasons implements nvmlsampler.Device (R535 and later).
 func (d *Device) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	d.node.require("nvmlDeviceGetCurrentClocksEventReasons")
+	return d.clockReasons()
+}
+
+// GetCurrentClocksThrottleReasons implements nvmlsampler.Device: the same
+// bits under the name every branch exports (deprecated since R535).
+func (d *Device) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	return d.clockReasons()
+}
+
+func (d *Device) clockReasons() (uint64, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
@@ -232,13 +250,33 @@ func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
 	return nvml.FEATURE_ENABLED, nvml.SUCCESS
 }
 
-// GetNvLinkErrorCounter implements nvmlsampler.Device.
+// GetNvLinkErrorCounter implements nvmlsampler.Device. Blackwell's NVLink5
+// answers NOT_SUPPORTED: its counts are field values (GetFieldValues).
 func (d *Device) GetNvLinkErrorCounter(link int, _ nvml.NvLinkErrorCounter) (uint64, nvml.Return) {
 	d.node.count()
 	if link >= d.nvlinks() {
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
+	if d.cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	return 0, nvml.SUCCESS
+}
+
+// nvlink5Field answers an NVLink5 error count field of one link on
+// Blackwell: a few symbol errors per link (the link's index), nothing else.
+func (d *Device) nvlink5Field(id, link uint32) (uint64, bool) {
+	if d.cfg.Architecture != nvml.DEVICE_ARCH_BLACKWELL || int(link) >= d.nvlinks() {
+		return 0, false
+	}
+	switch id {
+	case nvml.FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS:
+		return uint64(link), true
+	case nvml.FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, nvml.FI_DEV_NVLINK_COUNT_RCV_ERRORS,
+		nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS, nvml.FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
+		return 0, true
+	}
+	return 0, false
 }
 
 // GetPowerManagementLimit implements nvmlsampler.Device (milliwatts).
@@ -259,28 +297,47 @@ func (d *Device) GetTemperatureThreshold(t nvml.TemperatureThresholds) (uint32, 
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
 
-// GetFieldValues implements nvmlsampler.Device; only the recovery action.
+// GetFieldValues implements nvmlsampler.Device: the recovery action, the
+// memory (HBM) temperature, and NVLink5's error counts on Blackwell; other
+// fields are NOT_SUPPORTED, each on its own, as the driver answers.
 func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return ret
 	}
 	for i := range fv {
-		if fv[i].FieldId != nvml.FI_DEV_GET_GPU_RECOVERY_ACTION {
-			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+		if v, ok := d.nvlink5Field(fv[i].FieldId, fv[i].ScopeId); ok {
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG)
+			binary.LittleEndian.PutUint64(fv[i].Value[:], v)
 			continue
 		}
-		fv[i].NvmlReturn = uint32(nvml.SUCCESS)
-		fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
-		binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
+		switch fv[i].FieldId {
+		case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
+		case nvml.FI_DEV_MEMORY_TEMP:
+			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
+			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+			binary.LittleEndian.PutUint32(fv[i].Value[:4], d.memoryTemperature())
+		default:
+			fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+		}
 	}
 	return nvml.SUCCESS
 }
 
-// GetNumaNodeId implements nvmlsampler.Device: two sockets, GPUs split evenly.
+// GetNumaNodeId implements nvmlsampler.Device (R550 and later). The
+// simulated node is an x86 server, where GPUs are not NUMA nodes and NVML
+// answers NOT_SUPPORTED; the GPUs' NUMA nodes are in sysfs (WriteSysfs).
 func (d *Device) GetNumaNodeId() (int, nvml.Return) {
+	d.node.require("nvmlDeviceGetNumaNodeId")
 	d.node.count()
-	return d.index * 2 / len(d.node.devices), nvml.SUCCESS
+	return 0, nvml.ERROR_NOT_SUPPORTED
 }
+
+// numaNode: two sockets, GPUs split evenly.
+func (d *Device) numaNode() int { return d.index * 2 / len(d.node.devices) }
 
 func (m *MIGDevice) unsupported() nvml.Return { m.count(); return nvml.ERROR_NOT_SUPPORTED }
 
@@ -307,7 +364,15 @@ func (m *MIGDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 }
 
 // GetCurrentClocksEventReasons implements nvmlsampler.Device.
-func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) { return 0, m.unsupported() }
+func (m *MIGDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetCurrentClocksEventReasons")
+	return 0, m.unsupported()
+}
+
+// GetCurrentClocksThrottleReasons implements nvmlsampler.Device.
+func (m *MIGDevice) GetCurrentClocksThrottleReasons() (uint64, nvml.Return) {
+	return 0, m.unsupported()
+}
 
 // GetPcieReplayCounter implements nvmlsampler.Device.
 func (m *MIGDevice) GetPcieReplayCounter() (int, nvml.Return) { return 0, m.unsupported() }
@@ -332,4 +397,7 @@ func (m *MIGDevice) GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32,
 func (m *MIGDevice) GetFieldValues([]nvml.FieldValue) nvml.Return { return m.unsupported() }
 
 // GetNumaNodeId implements nvmlsampler.Device.
-func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) { return 0, m.unsupported() }
+func (m *MIGDevice) GetNumaNodeId() (int, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetNumaNodeId")
+	return 0, m.unsupported()
+}

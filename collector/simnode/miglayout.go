@@ -2,6 +2,8 @@ package simnode
 
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 )
 
 // The MIG layout calls answer from the model's profiles and the scenario's
@@ -57,4 +59,31 @@ func (m *MIGDevice) GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInf
 // GetGpuInstances implements nvmlsampler.Device.
 func (m *MIGDevice) GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
 	return nil, m.unsupported()
+}
+
+// GetGpuInstanceProfileInfoV2 implements nvmlsampler.Device (R510 and
+// later): the profile info with the name the driver gives it.
+func (d *Device) GetGpuInstanceProfileInfoV2(id int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
+	d.node.require("nvmlDeviceGetGpuInstanceProfileInfoV")
+	info, ret := d.GetGpuInstanceProfileInfo(id)
+	if ret != nvml.SUCCESS {
+		return nvml.GpuInstanceProfileInfo_v2{}, ret
+	}
+	v2 := nvml.GpuInstanceProfileInfo_v2{Id: info.Id, IsP2pSupported: info.IsP2pSupported, SliceCount: info.SliceCount,
+		InstanceCount: info.InstanceCount, MultiprocessorCount: info.MultiprocessorCount, CopyEngineCount: info.CopyEngineCount,
+		DecoderCount: info.DecoderCount, EncoderCount: info.EncoderCount, JpegCount: info.JpegCount, OfaCount: info.OfaCount,
+		MemorySizeMB: info.MemorySizeMB}
+	for i, c := range []byte("MIG " + nvmlsampler.MIGProfileName(id, info, d.cfg.MemoryMB<<20)) {
+		if i < len(v2.Name)-1 {
+			v2.Name[i] = int8(c)
+		}
+	}
+	return v2, nvml.SUCCESS
+}
+
+// GetGpuInstanceProfileInfoV2 implements nvmlsampler.Device: not on MIG
+// device handles.
+func (m *MIGDevice) GetGpuInstanceProfileInfoV2(int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetGpuInstanceProfileInfoV")
+	return nvml.GpuInstanceProfileInfo_v2{}, m.unsupported()
 }

@@ -27,6 +27,8 @@ type Scenario struct {
 	// Pods hold the node's devices, as the kubelet reports them.
 	Pods    []PodSpec   `yaml:"pods"`
 	Sharing SharingSpec `yaml:"sharing"`
+	// HostProcesses run on GPUs outside any pod.
+	HostProcesses []HostProcessSpec `yaml:"hostProcesses"`
 
 	// Source file, for error messages.
 	file string
@@ -47,6 +49,14 @@ type NodeSpec struct {
 	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
 	// its index). Real nodes need not number /dev/nvidiaN in index order.
 	MinorNumbers []int `yaml:"minorNumbers"`
+	// DriverBranch (R470, R510, R535, R550, R570, R580; default the newest)
+	// limits the NVML functions the node exports to that branch's nvml.h.
+	DriverBranch string `yaml:"driverBranch"`
+	// CgroupDriver and Runtime shape the generated host /proc/<pid>/cgroup:
+	// systemd-v2 (default), cgroupfs-v2, systemd-v1, cgroupfs-v1; containerd
+	// (default), cri-o, docker.
+	CgroupDriver string `yaml:"cgroupDriver"`
+	Runtime      string `yaml:"runtime"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -63,6 +73,9 @@ type PodSpec struct {
 type ContainerSpec struct {
 	Name    string       `yaml:"name"`
 	Devices []DeviceSpec `yaml:"devices"`
+	// Processes are what the container runs on its devices; a container
+	// without any holds its devices and runs nothing there.
+	Processes []ProcessSpec `yaml:"processes"`
 }
 
 // DeviceSpec names a simulated device: a GPU by index, a replica of a
@@ -93,6 +106,9 @@ type FaultSpec struct {
 	// XID raises an XID event with this code, Count times (default 1).
 	XID   int `yaml:"xid"`
 	Count int `yaml:"count"`
+	// MIG attributes the XID to a MIG device of the GPU, by its position in
+	// the GPU's mig list: the event carries its GPU and compute instance IDs.
+	MIG *int `yaml:"mig"`
 	// ECC adds to the GPU's ECC error counters.
 	ECC *ECCFault `yaml:"ecc"`
 	// Lost: every NVML call on the GPU answers GPU_IS_LOST.
@@ -179,6 +195,10 @@ type GPUSpec struct {
 type MIGSpec struct {
 	Profile  string    `yaml:"profile"`
 	Workload *Workload `yaml:"workload"`
+	// ComputeInstances splits the GPU instance into this many compute
+	// instances (default 1), each its own MIG device with its own UUID,
+	// as nvidia-smi mig -cci does.
+	ComputeInstances int `yaml:"computeInstances"`
 }
 
 // Workload is what runs on a device over time.
@@ -335,6 +355,8 @@ gpus:
       - {profile: 1g.10gb}
 sharing:
   timeSlicing: {gpus: [6], replicas: 4}
+hostProcesses:
+  - {gpu: 6, comm: ollama, docker: true, memory: {mean: 0.04}, utilization: {mean: 0.02, noise: 0.01}}
 pods:
   - namespace: ml-training
     name: llm-pretrain-0
@@ -356,16 +378,21 @@ pods:
     containers:
       - name: server
         devices: [{gpu: 6, replica: 0}]
+        processes:
+          - {comm: vllm, memory: {mean: 0.30, noise: 0.002}, utilization: {mean: 0.35, amplitude: 0.15, period: 5m, noise: 0.05}}
   - namespace: inference
     name: chat-api-1
     containers:
       - name: server
         devices: [{gpu: 6, replica: 1}]
+        processes:
+          - {comm: tritonserver, memory: {mean: 0.12, noise: 0.002}, utilization: {mean: 0.2, amplitude: 0.1, period: 3m, noise: 0.03}}
+          - {comm: python3, memory: {mean: 0.05}, utilization: {mean: 0.05, noise: 0.02}}
   - namespace: inference
     name: chat-api-2
     containers:
       - name: server
-        devices: [{gpu: 6, replica: 2}]
+        devices: [{gpu: 6, replica: 2}]  # holds a replica, runs nothing: idle on its own
   - namespace: ml-training
     name: finetune-small
     containers:
@@ -416,6 +443,12 @@ func (s *Scenario) applyDefaults() {
 	}
 	if s.Node.Flavour == "" {
 		s.Node.Flavour = "nvidia"
+	}
+	if s.Node.CgroupDriver == "" {
+		s.Node.CgroupDriver = "systemd-v2"
+	}
+	if s.Node.Runtime == "" {
+		s.Node.Runtime = "containerd"
 	}
 	if s.Node.CUDADriverVersion == "" {
 		s.Node.CUDADriverVersion = "12.4"
@@ -535,6 +568,9 @@ func (s *Scenario) validate() error {
 	default:
 		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
 	}
+	if _, ok := driverBranches[s.Node.DriverBranch]; s.Node.DriverBranch != "" && !ok {
+		return s.errorAt([]any{"node", "driverBranch"}, "unknown driver branch %q; known: %s", s.Node.DriverBranch, branchNames())
+	}
 	if len(s.Node.MinorNumbers) > 0 {
 		if len(s.Node.MinorNumbers) != s.Node.Count {
 			return s.errorAt([]any{"node", "minorNumbers"}, "%d minor numbers for %d GPUs", len(s.Node.MinorNumbers), s.Node.Count)
@@ -578,6 +614,9 @@ func (s *Scenario) validate() error {
 				if err := s.validateWorkload(m.Workload, append(p, "mig", j, "workload")); err != nil {
 					return err
 				}
+				if m.ComputeInstances < 0 || m.ComputeInstances > 8 {
+					return s.errorAt(append(p, "mig", j, "computeInstances"), "%d compute instances: a GPU instance holds 1 to 8", m.ComputeInstances)
+				}
 			}
 		}
 	}
@@ -586,16 +625,29 @@ func (s *Scenario) validate() error {
 			return err
 		}
 	}
+	if _, ok := cgroupDrivers[s.Node.CgroupDriver]; !ok {
+		return s.errorAt([]any{"node", "cgroupDriver"}, "unknown cgroup driver %q; known: %s", s.Node.CgroupDriver, strings.Join(sortedKeys(cgroupDrivers), ", "))
+	}
+	if _, ok := runtimes[s.Node.Runtime]; !ok {
+		return s.errorAt([]any{"node", "runtime"}, "unknown container runtime %q; known: %s", s.Node.Runtime, strings.Join(sortedKeys(runtimes), ", "))
+	}
 	if err := s.validateSharing(); err != nil {
 		return err
 	}
-	return s.validatePods()
+	if err := s.validatePods(); err != nil {
+		return err
+	}
+	return s.validateProcesses()
 }
 
 func (s *Scenario) migCount(gpu int) int {
 	for _, g := range s.GPUs {
 		if g.Index == gpu {
-			return len(g.MIG)
+			n := 0 // MIG devices: one per compute instance
+			for _, m := range g.MIG {
+				n += max(1, m.ComputeInstances)
+			}
+			return n
 		}
 	}
 	return 0
@@ -755,6 +807,9 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
+	}
+	if f.MIG != nil && (f.XID == 0 || *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU)) {
+		return s.errorAt(append(p, "mig"), "mig %d: an XID fault may name one of GPU %d's %d MIG devices", *f.MIG, *f.GPU, s.migCount(*f.GPU))
 	}
 	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
 		return s.errorAt(append(p, "count"), "%d: count is 1 to 1000 (leave it out for 1)", f.Count)

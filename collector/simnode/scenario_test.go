@@ -57,6 +57,16 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 		{"mig overflow", "gpus:\n  - index: 0\n    mig:\n      - profile: 4g.40gb\n      - profile: 4g.40gb\n", "bad.yaml:5: field gpus[0].mig[1].profile: 4g.40gb does not fit"},
 		{"mig on A30 ok", "node: {model: A30-PCIE-24GB, count: 1}\ngpus:\n  - index: 0\n    mig:\n      - profile: 1g.6gb\n", ""},
 		{"no MIG model", "node: {model: A100-PCIE-40GB, count: 1}\ngpus:\n  - index: 0\n    mig:\n      - profile: 1g.5gb\n", ""},
+		{"process device", "pods:\n  - namespace: a\n    name: p\n    containers:\n      - name: c\n        devices: [{gpu: 1}]\n        processes: [{device: 1}]\n",
+			"bad.yaml:7: field pods[0].containers[0].processes[0].device: device 1: the container holds 1 devices"},
+		{"process curve", "pods:\n  - namespace: a\n    name: p\n    containers:\n      - name: c\n        devices: [{gpu: 1}]\n        processes: [{memory: {mean: 2}}]\n",
+			"field pods[0].containers[0].processes[0].memory.mean: 2 is outside 0..1"},
+		{"PID twice at once", "pods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 1}], processes: [{pid: 77}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2}], processes: [{pid: 77}]}]}\n",
+			"field pods[1].containers[0].processes[0].pid: PID 77 is in use by pods[0].containers[0].processes[0] at the same time"},
+		{"PID reused in turn", "pods:\n  - {namespace: a, name: p, stop: 1m, containers: [{name: c, devices: [{gpu: 1}], processes: [{pid: 77}]}]}\n  - {namespace: a, name: q, start: 1m, containers: [{name: c, devices: [{gpu: 2}], processes: [{pid: 77}]}]}\n", ""},
+		{"host process on MIG GPU", "gpus:\n  - index: 0\n    mig: [{profile: 3g.40gb}]\nhostProcesses:\n  - {gpu: 0}\n", "field hostProcesses[0].mig: GPU 0 is in MIG mode"},
+		{"cgroup driver", "node: {cgroupDriver: systemd}\n", "field node.cgroupDriver: unknown cgroup driver \"systemd\"; known: cgroupfs-v1, cgroupfs-v2, systemd-v1, systemd-v2"},
+		{"runtime", "node: {runtime: rkt}\n", "field node.runtime: unknown container runtime \"rkt\""},
 		{"cuda", "node:\n  cudaDriverVersion: twelve\n", "bad.yaml:2: field node.cudaDriverVersion: \"twelve\" is not a CUDA version"},
 		{"yaml syntax", "node: [\n", "bad.yaml"},
 	} {
@@ -159,6 +169,50 @@ func TestEnergyOnlyGrows(t *testing.T) {
 			t.Fatalf("energy went from %d to %d", last, e)
 		}
 		last = e
+	}
+}
+
+// The generated host tree follows the scenario: a reused PID gets a new
+// /proc entry with the new container's cgroup, log links follow the pods.
+func TestHostTreeFollowsProcesses(t *testing.T) {
+	sc, err := ParseScenario("t.yaml", []byte(`
+node: {count: 1, runtime: cri-o}
+sharing: {timeSlicing: {gpus: [0], replicas: 2}}
+pods:
+  - {namespace: a, name: p, stop: 1m, containers: [{name: c, devices: [{gpu: 0, replica: 0}], processes: [{pid: 77, memory: {mean: 0.5}}]}]}
+  - {namespace: a, name: q, start: 1m, containers: [{name: c, devices: [{gpu: 0, replica: 1}], processes: [{pid: 77, memory: {mean: 0.25}}]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	n, err := New(sc, WithClock(func() time.Time { return now }), WithHostDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	root, _ := n.HostProc()
+	logs, _ := n.HostLogDir()
+	read := func() (string, []string) {
+		b, _ := os.ReadFile(filepath.Join(root, "77", "cgroup"))
+		ents, _ := os.ReadDir(logs)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return string(b), names
+	}
+	ps, ret := n.Devices()[0].GetComputeRunningProcesses()
+	cg1, logs1 := read()
+	now = now.Add(90 * time.Second)
+	ps2, _ := n.Devices()[0].GetComputeRunningProcesses()
+	cg2, logs2 := read()
+	if ret != 0 || len(ps) != 1 || len(ps2) != 1 || ps[0].Pid != 77 || ps2[0].UsedGpuMemory >= ps[0].UsedGpuMemory {
+		t.Fatalf("process lists %+v then %+v", ps, ps2)
+	}
+	if cg1 == cg2 || !strings.Contains(cg1, "crio-") || len(logs1) != 1 || len(logs2) != 1 || logs1[0] == logs2[0] ||
+		!strings.HasPrefix(logs1[0], "p_a_c-") || !strings.HasPrefix(logs2[0], "q_a_c-") {
+		t.Errorf("host tree did not follow: cgroup %q -> %q, logs %v -> %v", cg1, cg2, logs1, logs2)
 	}
 }
 

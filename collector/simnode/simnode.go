@@ -67,11 +67,16 @@ type Node struct {
 	start    time.Time
 	now      func() time.Time
 	calls    atomic.Int64
-	driver   string
-	cuda     int
+	// missingCalls counts calls of functions the driver branch lacks.
+	missingCalls atomic.Int64
+	driver       string
+	cuda         int
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	procs []*simProcess // the scenario's GPU processes, in pods and outside
+	host  host          // the generated host /proc and container log directory
 }
 
 // Option changes a Node.
@@ -125,6 +130,7 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		}
 		n.devices = append(n.devices, d)
 	}
+	n.resolveProcesses()
 	return n, nil
 }
 
@@ -279,7 +285,7 @@ func ProfileNames(cfg gpus.Config) []string {
 	sort.Ints(ids)
 	var out []string
 	for _, id := range ids {
-		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id]))
+		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id], cfg.MemoryMB<<20))
 	}
 	return out
 }
@@ -299,7 +305,7 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 	}
 	byName := map[string]int{}
 	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[nvmlsampler.MIGProfileName(id, info)] = id
+		byName[nvmlsampler.MIGProfileName(id, info, cfg.MemoryMB<<20)] = id
 	}
 	var used [8]bool
 	var plans []migPlan
@@ -347,6 +353,9 @@ type Device struct {
 	migs    []*MIGDevice
 	energy  float64 // joules
 	lastE   time.Duration
+	// hasProcs: the scenario runs processes on the GPU, whose memory and SM
+	// use then make the device's, rather than its workload curves.
+	hasProcs bool
 }
 
 // UUID returns the device's UUID.
@@ -373,13 +382,16 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 			return fmt.Errorf("create GPU instance %s: %v", p.name, ret)
 		}
 		giInfo, _ := gi.GetInfo()
-		m := &MIGDevice{
-			parent: d, slot: i, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
-			gi: int(giInfo.Id), ci: 0,
-			uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, i),
-			workload: resolveWorkload(specs[i].Workload, d.index),
+		for ci := 0; ci < max(1, specs[i].ComputeInstances); ci++ {
+			slot := len(d.migs)
+			m := &MIGDevice{
+				parent: d, slot: slot, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
+				gi: int(giInfo.Id), ci: ci,
+				uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, slot),
+				workload: resolveWorkload(specs[i].Workload, d.index),
+			}
+			d.migs = append(d.migs, m)
 		}
-		d.migs = append(d.migs, m)
 	}
 	return nil
 }
@@ -387,6 +399,9 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 func (d *Device) key(f string) string { return fmt.Sprintf("%d/%s", d.index, f) }
 
 func (d *Device) utilAt(t time.Duration) float64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procUtil(t)
+	}
 	if len(d.migs) > 0 {
 		// A MIG GPU is as busy as its instances, weighted by slices.
 		var u float64
@@ -399,6 +414,9 @@ func (d *Device) utilAt(t time.Duration) float64 {
 }
 
 func (d *Device) memUsedAt(t time.Duration) uint64 {
+	if d.hasProcs && len(d.migs) == 0 {
+		return d.procMemUsed(t)
+	}
 	total := d.cfg.MemoryMB << 20
 	if len(d.migs) > 0 {
 		var used uint64
@@ -489,9 +507,31 @@ func (d *Device) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return nvml.Memory{}, ret
 	}
+	m := d.memory()
+	// v1 counts the driver's reserved memory as used.
+	return nvml.Memory{Total: m.Total, Used: m.Used + m.Reserved, Free: m.Free}, nvml.SUCCESS
+}
+
+// GetMemoryInfo_v2 implements nvmlsampler.Device (R510 and later).
+func (d *Device) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	d.node.require("nvmlDeviceGetMemoryInfo_v2")
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Memory_v2{}, ret
+	}
+	return d.memory(), nvml.SUCCESS
+}
+
+// memory is the board's memory as v2 reports it. The driver reserves about
+// 0.7% of the framebuffer (nvidia-smi's "Reserved": 579 MiB of 81559 MiB
+// on an H100 80GB), which v1 counts as used.
+func (d *Device) memory() nvml.Memory_v2 {
 	total := d.cfg.MemoryMB << 20
+	reserved := (d.cfg.MemoryMB / 140) << 20
 	used := d.memUsedAt(d.node.elapsed())
-	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
+	if used+reserved > total {
+		used = total - reserved
+	}
+	return nvml.Memory_v2{Total: total, Reserved: reserved, Used: used, Free: total - reserved - used}
 }
 
 // GetUtilizationRates implements nvmlsampler.Device.
@@ -514,6 +554,30 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	}
 	t := d.node.elapsed()
 	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
+}
+
+// memoryTemperature is the HBM temperature: a few degrees under the die's
+// under load, as on H100s.
+func (d *Device) memoryTemperature() uint32 {
+	t := d.node.elapsed()
+	return uint32(math.Round(30 + 36*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("memtemp"), t)))
+}
+
+// GetEncoderUtilization implements nvmlsampler.Device: the simulated
+// workloads do no video work.
+func (d *Device) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, 0, ret
+	}
+	return 0, 167000, nvml.SUCCESS
+}
+
+// GetDecoderUtilization implements nvmlsampler.Device.
+func (d *Device) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return 0, 0, ret
+	}
+	return 0, 167000, nvml.SUCCESS
 }
 
 // GetPowerUsage implements nvmlsampler.Device (milliwatts).
@@ -598,6 +662,13 @@ func (m *MIGDevice) utilAt(t time.Duration) float64 {
 }
 
 func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
+	if ps := m.parent.node.processesOn(m.parent.index, m.slot, t); len(ps) > 0 {
+		used := uint64(64 << 20)
+		for _, p := range ps {
+			used += m.parent.node.processMemory(p, t)
+		}
+		return min(used, m.info.MemorySizeMB<<20)
+	}
 	total := m.info.MemorySizeMB << 20
 	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
 	return uint64(f*float64(total-(64<<20))) + 64<<20
@@ -668,6 +739,14 @@ func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 }
 
+// GetMemoryInfo_v2 implements nvmlsampler.Device: a MIG instance reserves
+// nothing of its own.
+func (m *MIGDevice) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetMemoryInfo_v2")
+	v1, ret := m.GetMemoryInfo()
+	return nvml.Memory_v2{Total: v1.Total, Used: v1.Used, Free: v1.Free}, ret
+}
+
 // GetUtilizationRates implements nvmlsampler.Device: not on MIG instances.
 func (m *MIGDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 	m.count()
@@ -708,4 +787,16 @@ func (m *MIGDevice) GetCurrPcieLinkGeneration() (int, nvml.Return) {
 func (m *MIGDevice) GetCurrPcieLinkWidth() (int, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetEncoderUtilization implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetEncoderUtilization() (uint32, uint32, nvml.Return) {
+	m.count()
+	return 0, 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetDecoderUtilization implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetDecoderUtilization() (uint32, uint32, nvml.Return) {
+	m.count()
+	return 0, 0, nvml.ERROR_NOT_SUPPORTED
 }

@@ -40,7 +40,11 @@ func (s *xidSource) Wait(timeout time.Duration) (xid.Event, error) {
 			s.queue = s.queue[1:]
 			s.mu.Unlock()
 			s.n.count()
-			return xid.Event{GPU: e.GPU, UUID: e.UUID, Type: nvml.EventTypeXidCriticalError, Data: uint64(e.Code), Time: s.n.start.Add(e.At)}, nil
+			ev := xid.Event{GPU: e.GPU, UUID: e.UUID, Type: nvml.EventTypeXidCriticalError, Data: uint64(e.Code), Time: s.n.start.Add(e.At)}
+			if e.GPUInstance >= 0 {
+				ev.Instance = &xid.Instance{GPUInstance: e.GPUInstance, ComputeInstance: e.ComputeInstance}
+			}
+			return ev, nil
 		}
 		s.mu.Unlock()
 		if time.Now().After(deadline) {

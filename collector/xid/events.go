@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,28 @@ type Event struct {
 	Data uint64
 	// Time is when the event was received; zero means "now" to the Reader.
 	Time time.Time
+	// Instance is the MIG instance the event is attributed to (NVML's
+	// GpuInstanceId and ComputeInstanceId), nil for the whole GPU.
+	Instance *Instance
+}
+
+// Instance is a MIG device: a GPU instance and, when NVML names it, a
+// compute instance (-1 when it does not).
+type Instance struct{ GPUInstance, ComputeInstance int }
+
+// noInstance is NVML's "not attributable to an instance" (0xFFFFFFFF).
+const noInstance = ^uint32(0)
+
+// eventInstance reads the instance IDs of an NVML event.
+func eventInstance(gi, ci uint32) *Instance {
+	if gi == noInstance {
+		return nil
+	}
+	in := &Instance{GPUInstance: int(gi), ComputeInstance: -1}
+	if ci != noInstance {
+		in.ComputeInstance = int(ci)
+	}
+	return in
 }
 
 // WatchedEventTypes are the NVML event types the NVML event source registers,
@@ -92,9 +115,29 @@ type Reader struct {
 	failures  atomic.Uint64
 	events    atomic.Uint64
 
-	mu      sync.Mutex
-	ecc     map[int]*eccCount
-	lastErr error
+	mu        sync.Mutex
+	ecc       map[int]*eccCount
+	instances map[instanceKey]*series
+	lastErr   error
+}
+
+type instanceKey struct {
+	gpu      int
+	uuid     string
+	instance Instance
+	code     int
+}
+
+// InstanceCount is the Xid events of one code attributed to one MIG
+// instance, as NVML's event names it. They are also counted on the GPU.
+type InstanceCount struct {
+	GPU      int
+	UUID     string
+	Instance Instance
+	Code     int
+	Entry    Entry
+	Total    uint64
+	Last     time.Time
 }
 
 type eccCount struct{ single, double uint64 }
@@ -141,6 +184,32 @@ func (r *Reader) ECCEvents(gpu int) (single, double uint64) {
 		return c.single, c.double
 	}
 	return 0, 0
+}
+
+// InstanceCounts returns the Xid counts per MIG instance, ordered by GPU,
+// GPU instance, compute instance and code. Totals never decrease.
+func (r *Reader) InstanceCounts() []InstanceCount {
+	r.mu.Lock()
+	out := make([]InstanceCount, 0, len(r.instances))
+	for k, s := range r.instances {
+		out = append(out, InstanceCount{GPU: k.gpu, UUID: k.uuid, Instance: k.instance, Code: k.code, Entry: Lookup(k.code), Total: s.total, Last: s.last})
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		switch {
+		case a.GPU != b.GPU:
+			return a.GPU < b.GPU
+		case a.UUID != b.UUID:
+			return a.UUID < b.UUID
+		case a.Instance.GPUInstance != b.Instance.GPUInstance:
+			return a.Instance.GPUInstance < b.Instance.GPUInstance
+		case a.Instance.ComputeInstance != b.Instance.ComputeInstance:
+			return a.Instance.ComputeInstance < b.Instance.ComputeInstance
+		}
+		return a.Code < b.Code
+	})
+	return out
 }
 
 // Run reads events until ctx ends, then closes the set and returns ctx's
@@ -227,6 +296,25 @@ func (r *Reader) handle(ev Event) {
 	switch {
 	case ev.Type&nvml.EventTypeXidCriticalError != 0:
 		r.counter.Add(ev.GPU, ev.UUID, int(ev.Data), at)
+		if ev.Instance != nil {
+			// A tenant's XID 13/31/43 on MIG points at its instance, and
+			// so at its pod.
+			r.mu.Lock()
+			if r.instances == nil {
+				r.instances = map[instanceKey]*series{}
+			}
+			k := instanceKey{ev.GPU, ev.UUID, *ev.Instance, int(ev.Data)}
+			s := r.instances[k]
+			if s == nil {
+				s = &series{}
+				r.instances[k] = s
+			}
+			s.total++
+			if at.After(s.last) {
+				s.last = at
+			}
+			r.mu.Unlock()
+		}
 	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:
 		r.mu.Lock()
 		c := r.ecc[ev.GPU]
@@ -393,7 +481,8 @@ func (w *nvmlWaiter) Wait(timeout time.Duration) (Event, error) {
 	default:
 		return Event{}, fmt.Errorf("NVML event set wait: %w", ret)
 	}
-	ev := Event{GPU: -1, Type: data.EventType, Data: data.EventData, Time: time.Now()}
+	ev := Event{GPU: -1, Type: data.EventType, Data: data.EventData, Time: time.Now(),
+		Instance: eventInstance(data.GpuInstanceId, data.ComputeInstanceId)}
 	if r, ok := w.lookup(data.Device); ok {
 		ev.GPU, ev.UUID = r.gpu, r.uuid
 	}

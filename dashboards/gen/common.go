@@ -64,11 +64,14 @@ func datasourceVar() *dashboard.DatasourceVariableBuilder {
 		Type("prometheus")
 }
 
-// nodepoolVar lists GKE node pools from kube-state-metrics' node labels.
+// nodepoolVar lists the node pools as the rules name them: the recording
+// rule node:gpu_nodepool:info takes GKE's pool label, else Karpenter's, EKS's
+// or AKS's, and "none" for nodes in no known pool, so every pool and every
+// node with an exporter can be selected.
 func nodepoolVar() *dashboard.QueryVariableBuilder {
-	q := `label_values(kube_node_labels{label_cloud_google_com_gke_nodepool!=""}, label_cloud_google_com_gke_nodepool)`
+	q := `label_values(node:gpu_nodepool:info, nodepool)`
 	return queryVar("nodepool", "Node pool", q).
-		Description("GKE node pool (kube-state-metrics' kube_node_labels; needs --metric-labels-allowlist=nodes=[cloud.google.com/gke-nodepool]). All includes nodes without a known pool.").
+		Description("Node pool of the GPU nodes, as the alert rules name it (recording rule node:gpu_nodepool:info: GKE's, Karpenter's, EKS's or AKS's pool label from kube-state-metrics; \"none\" for nodes without one).").
 		Multi(true).
 		IncludeAll(true).
 		AllValue(".*")

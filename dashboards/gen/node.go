@@ -92,7 +92,7 @@ func node() *dashboard.DashboardBuilder {
 		})).
 		WithPanel(stateTimelinePanel("Throttling", "Clock event reasons that cut clocks: thermal and power slowdowns (sustained ones raise GPUThrottled) and the power cap.", 12, 8,
 			valueText("0", "no", "transparent", "1", "active", "orange"),
-			series(`max by (gpu, reason) (gpu_clock_event_active{`+onGPUs+`, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown|sw_power_cap"})`, "GPU {{gpu}} {{reason}}")))
+			series(`max by (gpu, reason) (gpu_clock_event_active{`+onGPUs+`, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown|sw_power_cap|all"})`, "GPU {{gpu}} {{reason}}")))
 
 	d = d.WithRow(dashboard.NewRowBuilder("Errors and XIDs")).
 		WithPanel(timeseriesPanel("XID errors in the last hour", "XID errors per GPU and code over a sliding hour, with the catalog's recommended action.", "none", 12, 8, []*prometheus.DataqueryBuilder{
@@ -108,7 +108,7 @@ func node() *dashboard.DashboardBuilder {
 			column{"Correctable ECC (24h)", "none", `sum by (gpu, uuid) (increase(gpu_ecc_errors_total{` + onGPUs + `, error="corrected", scope="volatile"}[24h]))`},
 			column{"Row remap pending", "", `max by (gpu, uuid) (gpu_remapped_rows_pending{` + onGPUs + `})`},
 			column{"Row remap failed", "", `max by (gpu, uuid) (gpu_remapped_rows_failed{` + onGPUs + `})`},
-			column{"Recovery action needed", "", `max by (gpu, uuid) (gpu_recovery_action{` + onGPUs + `, action!="none"})`},
+			column{"Recovery action needed", "", `max by (gpu, uuid) (gpu_recovery_action_code{` + onGPUs + `})`},
 			column{"XIDs (1h)", "none", `sum by (gpu, uuid) (gpu_xid:gpu_xid_errors:increase1h{node=~"$node", gpu=~"$gpu"})`},
 			column{"PCIe replays (24h)", "none", `sum by (gpu, uuid) (increase(gpu_pcie_replay_errors_total{` + onGPUs + `}[24h]))`},
 		))

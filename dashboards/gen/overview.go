@@ -139,7 +139,7 @@ max by (namespace, pod, container, node, gpu, mig_profile) (
 		WithPanel(timeseriesPanel("Uncorrectable ECC errors, lost and throttled GPUs", "Uncorrectable ECC errors counted per interval, GPUs not answering, GPUs throttled by heat or power.", "none", 12, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (node) (increase(gpu_ecc_errors_total{`+onNodes+`, error="uncorrected", scope="volatile"}[$__rate_interval]))`, "{{node}} uncorrectable ECC"),
 			series(`count by (node) (gpu_up{`+onNodes+`, gpu_instance=""} == 0)`, "{{node}} GPUs down"),
-			series(`count by (node) (gpu_clock_event_active{`+onNodes+`, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"} == 1)`, "{{node}} GPUs throttled"),
+			series(`count by (node) (gpu_clock_event_active{`+onNodes+`, reason=~"hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown|all"} == 1)`, "{{node}} GPUs throttled"),
 		})).
 		WithPanel(tablePanel("Firing GPU alerts", "gpu-pool-exporter alerts firing now.", 12, 8, []string{"alertname", "severity", "node", "gpu", "namespace", "pod"}, "",
 			column{"Firing", "none", `ALERTS{alertstate="firing", alertname=~"GPU.*"}`},

@@ -159,8 +159,22 @@ sum by (namespace, pod) (
 and on (namespace, pod)
 (max by (namespace, pod) (kube_pod_status_phase{phase="Pending", namespace=~"$namespace"}) == 1)`},
 		))
+
+	d = d.WithRow(dashboard.NewRowBuilder("Shared GPUs")).
+		WithPanel(timeseriesPanel("VRAM by pod on shared GPUs", "Each pod's own framebuffer on time-sliced or MPS GPUs, from per-process accounting (gpu_container_memory_used_bytes on devices with several holders), against the device's total: near the top, every tenant risks running out of memory.", "bytes", 12, 8, []*prometheus.DataqueryBuilder{
+			series(`sum by (namespace, pod, uuid) (gpu_container_memory_used_bytes{`+job+`, `+held+`} and on (node, uuid, gpu_instance) `+sharedDevices+`)`, "{{namespace}}/{{pod}} on {{uuid}}"),
+			series(`max by (uuid) (gpu_memory_total_bytes{`+job+`, node=~"$node"} and on (node, uuid, gpu_instance) `+sharedDevices+`)`, "total of {{uuid}}"),
+			series(`sum by (uuid) (gpu_memory_used_outside_pods_bytes{`+job+`, node=~"$node"} and on (node, uuid, gpu_instance) `+sharedDevices+`)`, "outside pods on {{uuid}}"),
+		})).
+		WithPanel(timeseriesPanel("Activity by pod on shared GPUs", "Each pod's own SM utilisation on time-sliced or MPS GPUs: its processes' share of the device (gpu_container_utilization_ratio{source=\"processes\"}, NVML per-process accounting). A pod at 0 holds a replica and runs nothing.", "percentunit", 12, 8, []*prometheus.DataqueryBuilder{
+			series(`sum by (namespace, pod, uuid) (gpu_container_utilization_ratio{`+job+`, `+held+`, source="processes"})`, "{{namespace}}/{{pod}} on {{uuid}}"),
+		}, stacked))
 	return d
 }
+
+// sharedDevices are the devices with more than one holder (time-slicing or
+// MPS replicas held by several containers).
+const sharedDevices = `(count by (node, uuid, gpu_instance) (gpu_allocation_info{` + job + `, node=~"$node"}) > 1)`
 
 // pendingInNamespaces: Pending pods of the chosen namespaces requesting GPUs.
 const pendingInNamespaces = `

@@ -105,8 +105,8 @@ type slowResult struct {
 
 // measureSlowConns holds cfg.slowConns slowloris connections (a request
 // whose headers never end, a line a second, reopened whenever the server
-// closes it) against the exporter and records its peak RSS, while one client
-// scrapes once a second.
+// closes it) from 127.0.0.1 against the exporter and records its peak RSS,
+// while one client from 127.0.0.2 scrapes once a second.
 func measureSlowConns(cfg config) (slowResult, error) {
 	var r slowResult
 	raiseFileLimit()
@@ -157,7 +157,10 @@ func measureSlowConns(cfg config) (slowResult, error) {
 		}()
 	}
 	// One scrape a second beside them.
-	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// The scraper comes from an address of its own (127.0.0.2), as
+	// Prometheus comes from another host than an attacker.
+	scraperDialer := &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: scraperDialer.DialContext}}
 	var lat []time.Duration
 	time.Sleep(time.Second)
 	for ctx.Err() == nil {

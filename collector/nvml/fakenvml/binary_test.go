@@ -91,7 +91,8 @@ func startExporterEnv(t testing.TB, variant, nodePath string, env []string, extr
 	t.Helper()
 	bin := exporterBinary(t)
 	lib := library(t, variant)
-	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off",
+	// Every metric group: these tests check what NVML gives, not budgets.
+	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off", "--collector.profile=full",
 		"--web.listen-address=127.0.0.1:0", "--collect-interval=1s", "--nvml.device-timeout=500ms"}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH="), env...)
@@ -245,7 +246,7 @@ var everyBranch = []string{
 // function came later.
 var notBefore = map[string]string{
 	// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230) is in the R570 header.
-	"gpu_recovery_action": "r570",
+	"gpu_recovery_action_code": "r570",
 }
 
 // awaitingProbes: variants on which the exporter still calls a function the

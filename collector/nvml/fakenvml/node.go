@@ -74,8 +74,11 @@ type Device struct {
 	Name        string
 	Memory      *Memory
 	Utilization *nvml.Utilization
-	Attributes  *nvml.DeviceAttributes
-	Processes   *Processes
+	// EncoderUtilization and DecoderUtilization answer
+	// nvmlDevice{En,De}coderUtilization: percent and sampling period in µs.
+	EncoderUtilization, DecoderUtilization *[2]uint32
+	Attributes                             *nvml.DeviceAttributes
+	Processes                              *Processes
 	// Returns forces a function's answer on this device, e.g.
 	// {"nvmlDeviceGetMemoryInfo_v2": nvml.ERROR_NO_PERMISSION}; "all" is
 	// not a key here (use GPU.Lost).
@@ -322,6 +325,12 @@ func (d *Device) encode(m kv, p string) {
 	}
 	if u := d.Utilization; u != nil {
 		m.set(p+"utilization", fmt.Sprintf("%d %d", u.Gpu, u.Memory))
+	}
+	if u := d.EncoderUtilization; u != nil {
+		m.set(p+"encoder_utilization", fmt.Sprintf("%d %d", u[0], u[1]))
+	}
+	if u := d.DecoderUtilization; u != nil {
+		m.set(p+"decoder_utilization", fmt.Sprintf("%d %d", u[0], u[1]))
 	}
 	if a := d.Attributes; a != nil {
 		m.set(p+"attributes", fmt.Sprintf("%d %d %d %d %d %d %d %d %d", a.MultiprocessorCount, a.SharedCopyEngineCount,

@@ -118,6 +118,18 @@ func snapshotDevice(d any, out *fakenvml.Device) {
 		}
 	}
 	if x, ok := d.(interface {
+		GetEncoderUtilization() (uint32, uint32, nvml.Return)
+		GetDecoderUtilization() (uint32, uint32, nvml.Return)
+	}); ok {
+		var u, period uint32
+		if ask(out, "nvmlDeviceGetEncoderUtilization", func() (r nvml.Return) { u, period, r = x.GetEncoderUtilization(); return }) {
+			out.EncoderUtilization = &[2]uint32{u, period}
+		}
+		if ask(out, "nvmlDeviceGetDecoderUtilization", func() (r nvml.Return) { u, period, r = x.GetDecoderUtilization(); return }) {
+			out.DecoderUtilization = &[2]uint32{u, period}
+		}
+	}
+	if x, ok := d.(interface {
 		GetAttributes() (nvml.DeviceAttributes, nvml.Return)
 	}); ok {
 		var a nvml.DeviceAttributes
@@ -280,7 +292,7 @@ func snapshotBoard(d any, g *fakenvml.GPU) {
 	if x, ok := d.(interface {
 		GetFieldValues([]nvml.FieldValue) nvml.Return
 	}); ok {
-		for _, id := range []uint32{nvml.FI_DEV_GET_GPU_RECOVERY_ACTION} {
+		for _, id := range []uint32{nvml.FI_DEV_GET_GPU_RECOVERY_ACTION, nvml.FI_DEV_MEMORY_TEMP} {
 			fv := []nvml.FieldValue{{FieldId: id}}
 			if x.GetFieldValues(fv) == nvml.SUCCESS && nvml.Return(fv[0].NvmlReturn) == nvml.SUCCESS {
 				if g.Fields == nil {
@@ -314,6 +326,17 @@ func snapshotMIG(t *testing.T, d *simnode.Device, g *fakenvml.GPU) {
 			continue
 		}
 		p := fakenvml.GPUInstanceProfile{Info: info, Name: fakenvml.ProfileName(idx, info)}
+		// The name the simulated driver gives (nvmlDeviceGetGpuInstanceProfileInfoV).
+		if v2, r := d.GetGpuInstanceProfileInfoV2(idx); r == nvml.SUCCESS {
+			var b []byte
+			for _, c := range v2.Name {
+				if c == 0 {
+					break
+				}
+				b = append(b, byte(c))
+			}
+			p.Name = strings.TrimPrefix(string(b), "MIG ")
+		}
 		p.Placements, _ = d.GetGpuInstancePossiblePlacements(&info)
 		m.Profiles[idx] = p
 		list, r := d.GetGpuInstances(&info)
@@ -398,7 +421,7 @@ func seriesValues(mf *dto.MetricFamily) map[string]float64 {
 var parityCore = []string{
 	"gpu_up", "gpu_info", "gpu_driver_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio",
 	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz", "gpu_memory_clock_hertz",
-	"gpu_power_limit_watts", "gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_clock_event_active", "gpu_recovery_action",
+	"gpu_power_limit_watts", "gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_clock_event_active", "gpu_recovery_action_code",
 	"gpu_nvlink_active_links",
 }
 
@@ -439,7 +462,8 @@ func TestParitySimulatorAndFakeDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now}, s)
+	full, _ := collector.ProfileGroups(collector.ProfileFull) // the binary runs with --collector.profile=full
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: full}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
+)
+
+// statusPath is where the exporter serves the landing page's table as JSON.
+const statusPath = "/status.json"
+
+// runStatus is `gpu-pool-exporter status`: it reads a running exporter's
+// /status.json and prints who is on each GPU, as the landing page shows it.
+// Inside the exporter's pod: kubectl exec ds/gpu-pool-exporter -- gpu-pool-exporter status
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	app := kingpin.New("gpu-pool-exporter status", "Print who is on each GPU of a running exporter: holders, VRAM, activity, idleness and GPU health.")
+	app.HelpFlag.Short('h')
+	app.UsageWriter(stdout)
+	app.ErrorWriter(stderr)
+	var done bool
+	app.Terminate(func(int) { done = true })
+	addr := app.Flag("url", "The exporter's address (http[s]://[user:password@]host:port); user and password for basic auth.").Default("http://localhost:" + DefaultPort).String()
+	timeout := app.Flag("timeout", "How long to wait for the exporter.").Default("5s").Duration()
+	asJSON := app.Flag("json", "Print the status document as JSON instead of a table.").Bool()
+	insecure := app.Flag("tls.insecure-skip-verify", "Do not verify the exporter's TLS certificate (self-signed --web.config.file certificates).").Bool()
+	if _, err := app.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: %v (see --help)\n", err)
+		return exitUsage
+	}
+	if done {
+		return exitOK
+	}
+	u, err := statusURL(*addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: --url=%s: %v\n", *addr, err)
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: %v\n", err)
+		return exitUsage
+	}
+	req.Header.Set("Accept", "application/json")
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: *insecure}}} //nolint:gosec // the user asked for it
+	resp, err := client.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: cannot reach the exporter at %s: %v (is it running? pass --url)\n", redact(u), err)
+		return exitError
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, 16<<20)
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(body, 512))
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: %s answered %s: %s\n", redact(u), resp.Status, strings.TrimSpace(string(msg)))
+		return exitError
+	}
+	n, err := status.Decode(body)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: %s: %v (is --url a gpu-pool-exporter?)\n", redact(u), err)
+		return exitError
+	}
+	if *asJSON {
+		err = n.JSON(stdout)
+	} else {
+		err = n.Text(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gpu-pool-exporter status: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// statusURL accepts host:port, :port or a URL, and points it at /status.json.
+func statusURL(addr string) (string, error) {
+	if strings.HasPrefix(addr, ":") {
+		addr = "localhost" + addr
+	}
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("scheme %q: want http or https", u.Scheme)
+	}
+	if u.Host == "" {
+		return "", fmt.Errorf("no host: want e.g. http://localhost:%s", DefaultPort)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + statusPath
+	return u.String(), nil
+}
+
+// redact hides a password in error messages.
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	return p.Redacted()
+}
+
+// processResolver sets up per-process accounting. With --simulate it reads
+// the simulated host's generated /proc and log directory unless the flags
+// name others. A path the user set that cannot be read is an error; the
+// defaults that cannot be read (no host /proc mounted) turn accounting off
+// with a warning, so a minimal deployment still starts.
+func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs.Resolver, func(), error) {
+	nothing := func() {}
+	if !o.procsEnabled {
+		return nil, nothing, nil
+	}
+	root, logDir := o.procsRoot, o.procsLogDir
+	if node != nil {
+		var err error
+		if !o.procsRootSet {
+			if root, err = node.HostProc(); err != nil {
+				return nil, nothing, err
+			}
+		}
+		if !o.procsLogDirSet {
+			if logDir, err = node.HostLogDir(); err != nil {
+				return nil, nothing, err
+			}
+		}
+	}
+	if err := procs.CheckProcRoot(root); err != nil {
+		if o.procsRootSet {
+			return nil, nothing, fmt.Errorf("--procs.proc-root=%s: %w", root, err)
+		}
+		log.Warn().Err(err).Msg("per-process accounting is off: per-container use of shared GPUs is unknown")
+		return nil, nothing, nil
+	}
+	cfg := procs.Config{ProcRoot: root}
+	closeFn := nothing
+	if o.procsCRISocket != "" {
+		c, err := procs.NewCRI(o.procsCRISocket, 2*time.Second)
+		if err != nil {
+			return nil, nothing, fmt.Errorf("--procs.cri-socket=%s: %w", o.procsCRISocket, err)
+		}
+		cfg.Identities, closeFn = c, func() { c.Close() }
+	} else {
+		ld, err := procs.NewLogDir(logDir)
+		if err != nil {
+			if o.procsLogDirSet {
+				return nil, nothing, fmt.Errorf("--procs.container-log-dir=%s: %w", logDir, err)
+			}
+			log.Warn().Err(err).Msg("containers cannot be named: the processes of pods count as outside pods")
+		} else {
+			cfg.Identities = ld
+		}
+	}
+	log.Info().Str("proc_root", root).Str("container_log_dir", logDir).Str("cri_socket", o.procsCRISocket).Msg("per-process accounting on")
+	return procs.NewResolver(cfg), closeFn, nil
+}

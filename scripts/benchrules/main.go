@@ -1,0 +1,987 @@
+// Command benchrules is `make bench-rules`: it measures what the shipped
+// alert and recording rules cost a real Prometheus at fleet size.
+//
+// It starts a real Prometheus (the `prometheus` binary on PATH, which `make
+// tools` installs: Debian's 2.42) with the given rule files, scraping N
+// synthetic GPU nodes and one synthetic kube-state-metrics, all served by one
+// in-process HTTP server on loopback:
+//
+//   - /node/<i>/metrics: a copy of the simulated node's page (rendered once by
+//     the built exporter with --simulate, or read from -page), with
+//     node-specific GPU/MIG UUIDs and pod names, fresh sample timestamps, and
+//     on every tenth node an old XID (so that the XID rules have series);
+//     Prometheus adds node=<name> and instance=<name>:9947 from file_sd;
+//   - /ksm/metrics: kube-state-metrics for ten node pools: kube_node_labels
+//     (GKE pool and accelerator), kube_node_status_capacity/allocatable, and
+//     for every pod on the node pages plus the Pending pods (5% of the node
+//     count, at least ten, spread over pools and GPU resource names)
+//     kube_pod_info, kube_pod_status_phase, kube_pod_nodeselectors and
+//     kube_pod_container_resource_requests.
+//
+// Once every target is up it lets the rules run -warmup more cycles, then
+// reads /api/v1/rules (evaluationTime per group and rule) once per
+// evaluation cycle for -cycles cycles and /api/v1/status/tsdb, and prints
+// markdown tables: per group (median and max), total per cycle (the median
+// and max over cycles of the sum over groups), per node, head series, and
+// the costliest rules. Evaluation times are wall-clock: on a machine with
+// few cores, groups that run at once and the scrapes inflate each other. So
+// it also reloads Prometheus without the rules (SIGHUP) and measures its
+// CPU (/proc/PID/stat) for as long again: the difference, per cycle, is
+// the rules' CPU, which overlap does not inflate. Every process and listener it started is stopped
+// before it returns, also on error or Ctrl-C; the whole run is bounded by
+// -timeout.
+//
+// Range windows cost in proportion to the samples they hold, and a short run
+// holds only minutes of data: rules with `[1h]` windows over raw series are
+// cheaper here than an hour into a real Prometheus. The shipped rules keep
+// long windows off raw series for that reason.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+type ruleFiles []string
+
+func (r *ruleFiles) String() string { return strings.Join(*r, ",") }
+func (r *ruleFiles) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			*r = append(*r, f)
+		}
+	}
+	return nil
+}
+
+type config struct {
+	nodes, pools, pending int
+	interval              time.Duration
+	warmup, cycles        int
+	timeout               time.Duration
+	prometheus, exporter  string
+	page                  string
+	rules                 ruleFiles
+	keep                  bool
+	top                   int
+	baseline              bool
+	profile               string
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.nodes, "n", 200, "synthetic GPU nodes")
+	flag.IntVar(&cfg.pools, "pools", 0, "node pools the nodes are spread over (0: ten, or one per node below ten nodes)")
+	flag.IntVar(&cfg.pending, "pending", -1, "Pending GPU pods (-1: 5% of the nodes, at least ten)")
+	flag.DurationVar(&cfg.interval, "interval", 15*time.Second, "scrape and evaluation interval")
+	flag.IntVar(&cfg.warmup, "warmup", 2, "evaluation cycles to let pass after every target is up, before measuring")
+	flag.IntVar(&cfg.cycles, "cycles", 5, "evaluation cycles to measure")
+	flag.DurationVar(&cfg.timeout, "timeout", 15*time.Minute, "give up (and stop everything) after this long")
+	flag.StringVar(&cfg.prometheus, "prometheus", "prometheus", "the Prometheus server binary")
+	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
+	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
+	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
+	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
+	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
+	flag.BoolVar(&cfg.baseline, "cpu-baseline", true, "after the measured cycles, reload Prometheus without the rules and measure its CPU for as long again: the difference is the rules' CPU")
+	flag.Parse()
+	if err := cfg.check(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-rules: %v\n", err)
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg, os.Stdout)
+	stop()
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-rules: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func (c *config) check() error {
+	if c.pools == 0 {
+		c.pools = min(10, max(c.nodes, 1))
+	}
+	switch {
+	case c.nodes < 1:
+		return fmt.Errorf("-n %d: want at least one node", c.nodes)
+	case c.pools < 1 || c.pools > c.nodes:
+		return fmt.Errorf("-pools %d: want 1 to -n (%d)", c.pools, c.nodes)
+	case c.interval < time.Second:
+		return fmt.Errorf("-interval %s: want at least 1s", c.interval)
+	case c.cycles < 1:
+		return fmt.Errorf("-cycles %d: want at least 1", c.cycles)
+	case len(c.rules) == 0:
+		return errors.New("no -rules: name the rule files to measure, e.g. -rules alerts/gpu-pool-exporter.rules.yml")
+	case (c.exporter == "") == (c.page == ""):
+		return errors.New("give exactly one of -exporter (a built gpu-pool-exporter) and -page (a saved /metrics page)")
+	}
+	if c.pending < 0 {
+		c.pending = max(10, c.nodes/20)
+	}
+	for i, f := range c.rules {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return fmt.Errorf("rule file: %w", err)
+		}
+		c.rules[i] = abs
+	}
+	p, err := exec.LookPath(c.prometheus)
+	if err != nil {
+		return fmt.Errorf("no Prometheus server (%v): run `make tools` (Debian's prometheus 2.42) or pass -prometheus", err)
+	}
+	c.prometheus = p
+	return nil
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	work, err := os.MkdirTemp("", "bench-rules-")
+	if err != nil {
+		return err
+	}
+	if cfg.keep {
+		fmt.Fprintf(os.Stderr, "bench-rules: work directory %s\n", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+
+	page, err := nodePage(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fleet, err := newFleet(page, cfg.nodes, cfg.pools, cfg.pending, time.Now())
+	if err != nil {
+		return err
+	}
+
+	// One listener serves every node page and kube-state-metrics.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: fleet, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	promAddr, err := freePort()
+	if err != nil {
+		return err
+	}
+	if err := writeConfig(work, ln.Addr().String(), cfg); err != nil {
+		return err
+	}
+	prom, err := startPrometheus(ctx, work, promAddr, cfg)
+	if err != nil {
+		return err
+	}
+	defer prom.stop()
+
+	api := &apiClient{base: "http://" + promAddr, hc: &http.Client{Timeout: 30 * time.Second}}
+	fmt.Fprintf(os.Stderr, "bench-rules: %s, %d nodes in %d pools, %d Pending pods, %d series per node page, interval %s\n",
+		prom.version, cfg.nodes, cfg.pools, cfg.pending, fleet.seriesPerNode, cfg.interval)
+	if err := waitTargets(ctx, api, prom, cfg.nodes+1); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+1, cfg.warmup, cfg.cycles)
+	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
+		return err
+	}
+	cpu0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
+	profDone := make(chan error, 1)
+	if cfg.profile != "" {
+		go func() { profDone <- api.profile(ctx, cfg.profile, time.Duration(cfg.cycles)*cfg.interval) }()
+	} else {
+		profDone <- nil
+	}
+	samples, err := collect(ctx, api, prom, cfg)
+	if perr := <-profDone; perr != nil {
+		fmt.Fprintf(os.Stderr, "bench-rules: CPU profile: %v\n", perr)
+	}
+	if err != nil {
+		return err
+	}
+	cpuRules := cpuRate(procCPU(prom.cmd.Process.Pid)-cpu0, time.Since(t0))
+	head, err := api.headSeries(ctx)
+	if err != nil {
+		return err
+	}
+	cpu := cpuFigures{withRules: cpuRules}
+	if cfg.baseline {
+		// The same Prometheus, scraping the same targets, without rules.
+		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%d cycles)\n", cfg.cycles)
+		noRules := cfg
+		noRules.rules = nil
+		if err := writeConfig(work, ln.Addr().String(), noRules); err != nil {
+			return err
+		}
+		if err := prom.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			return err
+		}
+		if err := sleep(ctx, prom, cfg.interval); err != nil {
+			return err
+		}
+		cpu1, t1 := procCPU(prom.cmd.Process.Pid), time.Now()
+		if err := sleep(ctx, prom, time.Duration(cfg.cycles)*cfg.interval); err != nil {
+			return err
+		}
+		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
+		cpu.measured = true
+	}
+	report(out, cfg, prom.version, head, fleet, samples, cpu)
+	return nil
+}
+
+// cpuFigures: Prometheus' CPU (cores) with the rules and without them.
+type cpuFigures struct {
+	withRules, without float64
+	measured           bool
+}
+
+func cpuRate(d, over time.Duration) float64 { return d.Seconds() / over.Seconds() }
+
+// procCPU is a process's user+system CPU time (/proc/PID/stat; 0 where
+// unreadable, e.g. not Linux).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	// USER_HZ is 100 on every Linux this runs on.
+	return time.Duration(ut+st) * (time.Second / 100)
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// nodePage is one node's /metrics page: -page, or the simulated node's
+// page, fetched from the built exporter once it shows allocations and its
+// DCGM collector is up.
+func nodePage(ctx context.Context, cfg config) ([]byte, error) {
+	if cfg.page != "" {
+		return os.ReadFile(cfg.page)
+	}
+	addr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	var logs bytes.Buffer
+	cmd := exec.Command(cfg.exporter, "--simulate", "--web.listen-address="+addr, "--collect-interval=1s", "--log.level=warn")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cfg.exporter, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil, fmt.Errorf("%s --simulate exited: %v\n%s", cfg.exporter, err, logs.String())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK &&
+			bytes.Contains(b, []byte("\ngpu_allocation_info{")) && bytes.Contains(b, []byte("\n"+`gpu_exporter_collector_up{collector="dcgm"} 1`)) {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM up within 60s\n%s", cfg.exporter, logs.String())
+}
+
+// ---------------------------------------------------------------------------
+// The synthetic fleet.
+
+// A segment of the node page template: literal text, then (kind) a value
+// that depends on the node or the time.
+type segment struct {
+	text []byte
+	kind int    // one of the seg* constants
+	orig string // the original value (uuid, pod name)
+}
+
+const (
+	segEnd  = iota // nothing follows
+	segUUID        // a GPU-/MIG- UUID: its first 8 hex digits become the node index
+	segPod         // a pod name: suffixed with the node's name
+	segNow         // a *_timestamp_seconds sample value: the time of the scrape
+)
+
+type pod struct {
+	namespace, name, container, node, resource, nodepool string
+	count                                                float64
+	pending                                              bool
+}
+
+type fleet struct {
+	tmpl          []segment
+	seriesPerNode int
+	nodes         []string
+	ksm           []byte
+}
+
+var (
+	uuidRE = regexp.MustCompile(`(?:GPU|MIG)-[0-9a-fA-F]{8}`)
+	podRE  = regexp.MustCompile(`\bpod="([^"]*)"`)
+	lineRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$`)
+)
+
+func nodeName(i int) string { return fmt.Sprintf("gpu-node-%05d", i) }
+
+func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, error) {
+	f := &fleet{}
+	var lit bytes.Buffer
+	emit := func(kind int, orig string) {
+		f.tmpl = append(f.tmpl, segment{text: bytes.Clone(lit.Bytes()), kind: kind, orig: orig})
+		lit.Reset()
+	}
+	type holder struct{ namespace, pod, container, resource string }
+	var holders []holder
+	seen := map[holder]bool{}
+	var firstUUID string
+	for _, line := range strings.Split(strings.TrimRight(string(page), "\n"), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			lit.WriteString(line + "\n")
+			continue
+		}
+		m := lineRE.FindStringSubmatch(line)
+		if m == nil {
+			return nil, fmt.Errorf("node page: not a sample line: %q", line)
+		}
+		f.seriesPerNode++
+		if m[1] == "gpu_allocation_info" {
+			h := holder{labelValue(m[2], "namespace"), labelValue(m[2], "pod"), labelValue(m[2], "container"), labelValue(m[2], "resource")}
+			if !seen[h] {
+				seen[h] = true
+				holders = append(holders, h)
+			}
+		}
+		// Cut the line at every UUID and pod label value.
+		body := m[1] + m[2]
+		type cut struct {
+			at, end, kind int
+		}
+		var cuts []cut
+		for _, loc := range uuidRE.FindAllStringIndex(body, -1) {
+			cuts = append(cuts, cut{loc[0] + 4, loc[1], segUUID})
+			if firstUUID == "" {
+				firstUUID = body[loc[0]:]
+			}
+		}
+		for _, loc := range podRE.FindAllStringSubmatchIndex(body, -1) {
+			if loc[3] > loc[2] {
+				cuts = append(cuts, cut{loc[2], loc[3], segPod})
+			}
+		}
+		sort.Slice(cuts, func(i, j int) bool { return cuts[i].at < cuts[j].at })
+		pos := 0
+		for _, c := range cuts {
+			lit.WriteString(body[pos:c.at])
+			emit(c.kind, body[c.at:c.end])
+			pos = c.end
+		}
+		lit.WriteString(body[pos:] + " ")
+		if strings.HasSuffix(m[1], "_timestamp_seconds") && m[1] != "gpu_last_xid_timestamp_seconds" {
+			emit(segNow, "")
+		} else {
+			lit.WriteString(m[3])
+		}
+		lit.WriteString("\n")
+	}
+	if f.seriesPerNode == 0 {
+		return nil, errors.New("node page has no samples")
+	}
+	if len(holders) == 0 {
+		return nil, errors.New("node page has no gpu_allocation_info: the kube-state-metrics pods follow its holders")
+	}
+	// An old XID on every tenth node, in the exporter's shape, so that the
+	// XID rules read series: application XID 13, three times, two hours ago.
+	xidLines := ""
+	if firstUUID != "" {
+		uuid := firstUUID
+		if i := strings.IndexByte(uuid, '"'); i >= 0 {
+			uuid = uuid[:i]
+		}
+		uuid = uuid[:4] + "@IDX@" + uuid[12:] // the node index goes where the page's UUIDs get it
+		old := strconv.FormatInt(start.Add(-2*time.Hour).Unix(), 10)
+		xidLines = fmt.Sprintf("gpu_xid_errors_total{action=\"restart_app\",category=\"application\",gpu=\"0\",uuid=\"%s\",xid=\"13\"} 3\n"+
+			"gpu_last_xid_timestamp_seconds{gpu=\"0\",uuid=\"%s\"} %s\n", uuid, uuid, old)
+	}
+	emit(segEnd, xidLines)
+
+	// kube-state-metrics.
+	var ksm bytes.Buffer
+	pool := func(i int) string { return fmt.Sprintf("pool-%02d", i%pools) }
+	var pods []pod
+	for i := range n {
+		node := nodeName(i)
+		f.nodes = append(f.nodes, node)
+		fmt.Fprintf(&ksm, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\",label_cloud_google_com_gke_accelerator_count=\"8\"} 1\n", node, pool(i))
+		fmt.Fprintf(&ksm, "kube_node_info{node=%q,kernel_version=\"6.1.0\",kubelet_version=\"v1.31.1\",container_runtime_version=\"containerd://1.7.0\",provider_id=\"gce://bench/%s\"} 1\n", node, node)
+		for _, kind := range []string{"kube_node_status_capacity", "kube_node_status_allocatable"} {
+			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"cpu\",unit=\"core\"} 208\n", kind, node)
+			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"memory\",unit=\"byte\"} 1.9e+12\n", kind, node)
+			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"nvidia_com_gpu\",unit=\"integer\"} 8\n", kind, node)
+		}
+		for _, h := range holders {
+			pods = append(pods, pod{namespace: h.namespace, name: h.pod + "-" + node, container: h.container,
+				node: node, resource: ksmResource(h.resource), nodepool: pool(i), count: 1})
+		}
+	}
+	resources := []string{"nvidia_com_gpu", "nvidia_com_gpu_shared", "nvidia_com_mig_1g_10gb"}
+	for i := range pending {
+		pods = append(pods, pod{namespace: "batch", name: fmt.Sprintf("pending-%05d", i), container: "main",
+			resource: resources[i%len(resources)], nodepool: pool(i), count: float64(1 + i%2), pending: true})
+	}
+	// One series set per pod (a pod with several holder rows requests per
+	// container; the page's holders are per device, so sum them).
+	type podKey struct{ ns, name string }
+	done := map[podKey]bool{}
+	requests := map[string]float64{}
+	for _, p := range pods {
+		requests[p.namespace+"\x00"+p.name+"\x00"+p.container+"\x00"+p.resource] += p.count
+	}
+	for _, p := range pods {
+		k := podKey{p.namespace, p.name}
+		if done[k] {
+			continue
+		}
+		done[k] = true
+		uid := fmt.Sprintf("uid-%s-%s", p.namespace, p.name)
+		fmt.Fprintf(&ksm, "kube_pod_info{namespace=%q,pod=%q,uid=%q,node=%q,host_ip=\"\",pod_ip=\"\",created_by_kind=\"Job\",created_by_name=%q,priority_class=\"\",host_network=\"false\"} 1\n",
+			p.namespace, p.name, uid, p.node, p.name)
+		for _, phase := range []string{"Pending", "Running", "Succeeded", "Failed", "Unknown"} {
+			v := 0
+			if (phase == "Pending") == p.pending && (phase == "Running") == !p.pending {
+				v = 1
+			}
+			fmt.Fprintf(&ksm, "kube_pod_status_phase{namespace=%q,pod=%q,uid=%q,phase=%q} %d\n", p.namespace, p.name, uid, phase, v)
+		}
+		fmt.Fprintf(&ksm, "kube_pod_nodeselectors{namespace=%q,pod=%q,uid=%q,nodeselector_cloud_google_com_gke_nodepool=%q} 1\n", p.namespace, p.name, uid, p.nodepool)
+	}
+	for _, p := range pods {
+		key := p.namespace + "\x00" + p.name + "\x00" + p.container + "\x00" + p.resource
+		v, ok := requests[key]
+		if !ok {
+			continue
+		}
+		delete(requests, key)
+		uid := fmt.Sprintf("uid-%s-%s", p.namespace, p.name)
+		fmt.Fprintf(&ksm, "kube_pod_container_resource_requests{namespace=%q,pod=%q,uid=%q,container=%q,node=%q,resource=%q,unit=\"integer\"} %g\n",
+			p.namespace, p.name, uid, p.container, p.node, p.resource, v)
+		fmt.Fprintf(&ksm, "kube_pod_container_resource_requests{namespace=%q,pod=%q,uid=%q,container=%q,node=%q,resource=\"cpu\",unit=\"core\"} 4\n",
+			p.namespace, p.name, uid, p.container, p.node)
+	}
+	f.ksm = ksm.Bytes()
+	return f, nil
+}
+
+// labelValue reads one label's value from a {a="x",b="y"} string.
+func labelValue(labels, name string) string {
+	i := strings.Index(labels, name+`="`)
+	if i < 0 || (i > 0 && labels[i-1] != '{' && labels[i-1] != ',') {
+		return ""
+	}
+	v := labels[i+len(name)+2:]
+	if j := strings.IndexByte(v, '"'); j >= 0 {
+		return v[:j]
+	}
+	return v
+}
+
+// ksmResource is kube-state-metrics' spelling of a resource name
+// (nvidia.com/mig-1g.10gb -> nvidia_com_mig_1g_10gb).
+func ksmResource(r string) string {
+	return strings.Map(func(c rune) rune {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			return c
+		}
+		return '_'
+	}, r)
+}
+
+func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	if r.URL.Path == "/ksm/metrics" {
+		w.Write(f.ksm)
+		return
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/node/")
+	idx, err := strconv.Atoi(strings.TrimSuffix(rest, "/metrics"))
+	if !ok || err != nil || idx < 0 || idx >= len(f.nodes) {
+		http.NotFound(w, r)
+		return
+	}
+	node := f.nodes[idx]
+	now := strconv.FormatFloat(float64(time.Now().UnixNano())/1e9, 'f', 3, 64)
+	var b bytes.Buffer
+	b.Grow(64 << 10)
+	for _, s := range f.tmpl {
+		b.Write(s.text)
+		switch s.kind {
+		case segUUID:
+			fmt.Fprintf(&b, "%08x", idx)
+		case segPod:
+			b.WriteString(s.orig + "-" + node)
+		case segNow:
+			b.WriteString(now)
+		case segEnd:
+			if idx%10 == 0 && s.orig != "" {
+				b.WriteString(strings.ReplaceAll(s.orig, "@IDX@", fmt.Sprintf("%08x", idx)))
+			}
+		}
+	}
+	w.Write(b.Bytes())
+}
+
+// ---------------------------------------------------------------------------
+// Prometheus.
+
+func writeConfig(work, addr string, cfg config) error {
+	type target struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
+	}
+	var targets []target
+	for i := range cfg.nodes {
+		node := nodeName(i)
+		targets = append(targets, target{Targets: []string{addr}, Labels: map[string]string{
+			"node": node, "instance": node + ":9947", "__metrics_path__": fmt.Sprintf("/node/%d/metrics", i),
+		}})
+	}
+	b, err := json.Marshal(targets)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(work, "nodes.json"), b, 0o644); err != nil {
+		return err
+	}
+	rules := strings.Builder{}
+	for _, r := range cfg.rules {
+		fmt.Fprintf(&rules, "  - %q\n", r)
+	}
+	if len(cfg.rules) == 0 {
+		rules.WriteString("  []\n")
+	}
+	timeout := min(cfg.interval, 10*time.Second)
+	conf := fmt.Sprintf(`global:
+  scrape_interval: %s
+  scrape_timeout: %s
+  evaluation_interval: %s
+rule_files:
+%sscrape_configs:
+  - job_name: gpu-pool-exporter
+    file_sd_configs:
+      - files: [%q]
+  - job_name: kube-state-metrics
+    honor_labels: true
+    metrics_path: /ksm/metrics
+    static_configs:
+      - targets: [%q]
+`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), addr)
+	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
+}
+
+type promProc struct {
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	err     error
+	logs    *tailBuffer
+	version string
+}
+
+func startPrometheus(ctx context.Context, work, addr string, cfg config) (*promProc, error) {
+	v, err := exec.CommandContext(ctx, cfg.prometheus, "--version").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s --version: %v\n%s", cfg.prometheus, err, v)
+	}
+	version := strings.TrimSpace(strings.SplitN(string(v), "\n", 2)[0])
+	p := &promProc{exited: make(chan struct{}), logs: &tailBuffer{max: 8 << 10}, version: version}
+	p.cmd = exec.Command(cfg.prometheus,
+		"--config.file="+filepath.Join(work, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(work, "data"),
+		"--storage.tsdb.retention.time=3h",
+		"--web.listen-address="+addr,
+		"--log.level=warn")
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cfg.prometheus, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	return p, nil
+}
+
+func (p *promProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func (p *promProc) dead() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("prometheus exited: %v\n%s", p.err, p.logs.String())
+	default:
+		return nil
+	}
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.b) }
+
+func sleep(ctx context.Context, p *promProc, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("stopped: %w", ctx.Err())
+	case <-p.exited:
+		return p.dead()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+type apiClient struct {
+	base string
+	hc   *http.Client
+}
+
+func (a *apiClient) get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var env struct {
+		Status string          `json:"status"`
+		Error  string          `json:"error"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if env.Status != "success" {
+		return fmt.Errorf("%s: %s", path, env.Error)
+	}
+	return json.Unmarshal(env.Data, v)
+}
+
+func waitTargets(ctx context.Context, api *apiClient, p *promProc, want int) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	last := ""
+	for time.Now().Before(deadline) {
+		if err := sleep(ctx, p, 2*time.Second); err != nil {
+			return err
+		}
+		var t struct {
+			ActiveTargets []struct {
+				Health    string `json:"health"`
+				LastError string `json:"lastError"`
+			} `json:"activeTargets"`
+		}
+		if err := api.get(ctx, "/api/v1/targets?state=active", &t); err != nil {
+			last = err.Error()
+			continue
+		}
+		up := 0
+		for _, x := range t.ActiveTargets {
+			if x.Health == "up" {
+				up++
+			} else if x.LastError != "" {
+				last = x.LastError
+			}
+		}
+		if up == want {
+			return nil
+		}
+		last = fmt.Sprintf("%d of %d targets up (last error: %s)", up, want, last)
+	}
+	return fmt.Errorf("targets not up within 5 minutes: %s", last)
+}
+
+// One reading of /api/v1/rules.
+type groupReading struct {
+	File, Name     string
+	Eval           float64
+	LastEvaluation time.Time
+	Rules          map[string]float64
+}
+
+func (a *apiClient) rules(ctx context.Context) ([]groupReading, error) {
+	var d struct {
+		Groups []struct {
+			Name           string    `json:"name"`
+			File           string    `json:"file"`
+			EvaluationTime float64   `json:"evaluationTime"`
+			LastEvaluation time.Time `json:"lastEvaluation"`
+			Rules          []struct {
+				Name           string  `json:"name"`
+				EvaluationTime float64 `json:"evaluationTime"`
+				Health         string  `json:"health"`
+				LastError      string  `json:"lastError"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := a.get(ctx, "/api/v1/rules", &d); err != nil {
+		return nil, err
+	}
+	var out []groupReading
+	for _, g := range d.Groups {
+		r := groupReading{File: filepath.Base(g.File), Name: g.Name, Eval: g.EvaluationTime, LastEvaluation: g.LastEvaluation, Rules: map[string]float64{}}
+		for _, x := range g.Rules {
+			if x.Health == "err" {
+				return nil, fmt.Errorf("rule %s in group %s fails: %s", x.Name, g.Name, x.LastError)
+			}
+			r.Rules[x.Name] += x.EvaluationTime
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// profile saves Prometheus' CPU profile over d.
+func (a *apiClient) profile(ctx context.Context, file string, d time.Duration) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", a.base, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: d + time.Minute}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
+}
+
+func (a *apiClient) headSeries(ctx context.Context) (int, error) {
+	var d struct {
+		HeadStats struct {
+			NumSeries int `json:"numSeries"`
+		} `json:"headStats"`
+	}
+	err := a.get(ctx, "/api/v1/status/tsdb", &d)
+	return d.HeadStats.NumSeries, err
+}
+
+// collect reads the rules once per cycle, each time a little after the
+// cycle's evaluations, and keeps the cycles whose groups all evaluated anew.
+func collect(ctx context.Context, api *apiClient, p *promProc, cfg config) ([][]groupReading, error) {
+	var cycles [][]groupReading
+	prev := map[string]time.Time{}
+	for tries := 0; len(cycles) < cfg.cycles; tries++ {
+		if tries > 3*cfg.cycles {
+			return nil, fmt.Errorf("only %d of %d cycles measured: rule groups do not finish within the interval (%s)", len(cycles), cfg.cycles, cfg.interval)
+		}
+		if err := sleep(ctx, p, cfg.interval); err != nil {
+			return nil, err
+		}
+		rs, err := api.rules(ctx)
+		if err != nil {
+			return nil, err
+		}
+		fresh := true
+		for _, g := range rs {
+			k := g.File + "\x00" + g.Name
+			if g.LastEvaluation.IsZero() || !g.LastEvaluation.After(prev[k]) {
+				fresh = false
+			}
+			prev[k] = g.LastEvaluation
+		}
+		if fresh {
+			cycles = append(cycles, rs)
+			fmt.Fprintf(os.Stderr, "bench-rules: cycle %d/%d measured\n", len(cycles), cfg.cycles)
+		}
+	}
+	return cycles, nil
+}
+
+// ---------------------------------------------------------------------------
+// Report.
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ms(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) + " ms" }
+
+func report(out io.Writer, cfg config, version string, head int, f *fleet, cycles [][]groupReading, cpu cpuFigures) {
+	type key struct{ file, group string }
+	var order []key
+	groupTimes := map[key][]float64{}
+	ruleTimes := map[string][]float64{}
+	ruleGroup := map[string]string{}
+	fileTotals := map[string][]float64{}
+	var totals []float64
+	for _, c := range cycles {
+		sum := 0.0
+		perFile := map[string]float64{}
+		for _, g := range c {
+			k := key{g.File, g.Name}
+			if _, ok := groupTimes[k]; !ok {
+				order = append(order, k)
+			}
+			groupTimes[k] = append(groupTimes[k], g.Eval)
+			sum += g.Eval
+			perFile[g.File] += g.Eval
+			for r, t := range g.Rules {
+				rk := g.Name + "\x00" + r
+				ruleTimes[rk] = append(ruleTimes[rk], t)
+				ruleGroup[rk] = g.Name
+			}
+		}
+		totals = append(totals, sum)
+		for file, t := range perFile {
+			fileTotals[file] = append(fileTotals[file], t)
+		}
+	}
+	fmt.Fprintf(out, "Rule evaluation: %s, %d nodes (%d series per node page) in %d pools, %d Pending GPU pods, interval %s, %d cycles measured.\n\n",
+		version, cfg.nodes, f.seriesPerNode, cfg.pools, cfg.pending, cfg.interval, len(cycles))
+	tw := tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
+	fmt.Fprintln(tw, "| file\t group\t median\t max\t")
+	fmt.Fprintln(tw, "|---\t---\t---:\t---:\t")
+	for _, k := range order {
+		t := groupTimes[k]
+		fmt.Fprintf(tw, "| %s\t %s\t %s\t %s\t\n", k.file, k.group, ms(median(t)), ms(slices.Max(t)))
+	}
+	tw.Flush()
+	if len(fileTotals) > 1 {
+		fmt.Fprintln(out)
+		tw = tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
+		fmt.Fprintln(tw, "| file\t per cycle (median)\t per node\t")
+		fmt.Fprintln(tw, "|---\t---:\t---:\t")
+		files := make([]string, 0, len(fileTotals))
+		for file := range fileTotals {
+			files = append(files, file)
+		}
+		sort.Strings(files)
+		for _, file := range files {
+			m := median(fileTotals[file])
+			fmt.Fprintf(tw, "| %s\t %s\t %s\t\n", file, ms(m), strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64)+" µs")
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintf(out, "\nCostliest rules (median):\n\n")
+	type rc struct {
+		name, group string
+		t           float64
+	}
+	var rcs []rc
+	for k, t := range ruleTimes {
+		rcs = append(rcs, rc{strings.SplitN(k, "\x00", 2)[1], ruleGroup[k], median(t)})
+	}
+	sort.Slice(rcs, func(i, j int) bool { return rcs[i].t > rcs[j].t })
+	tw = tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
+	fmt.Fprintln(tw, "| rule\t group\t median\t")
+	fmt.Fprintln(tw, "|---\t---\t---:\t")
+	for _, r := range rcs[:min(cfg.top, len(rcs))] {
+		fmt.Fprintf(tw, "| %s\t %s\t %s\t\n", r.name, r.group, ms(r.t))
+	}
+	tw.Flush()
+
+	m := median(totals)
+	cpuCol, cpuNode := "-", "-"
+	if cpu.measured {
+		// Rule CPU per evaluation cycle: the extra cores times the interval.
+		perCycle := (cpu.withRules - cpu.without) * cfg.interval.Seconds()
+		cpuCol = fmt.Sprintf("%s (%.2f of %.2f cores)", ms(perCycle), cpu.withRules-cpu.without, cpu.withRules)
+		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
+	}
+	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle (median, max) | per node | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| %d | %d | %s, %s | %s µs | %s | %s |\n", cfg.nodes, head, ms(m), ms(slices.Max(totals)),
+		strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64), cpuCol, cpuNode)
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"math"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// The collector's golden page of the simulated node stands in for a fresh
+// rendering; it carries no allocations, so add one holder.
+func testPage(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../../collector/testdata/simulated-node.prom")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(b, []byte(`gpu_allocation_info{container="main",gpu="0",gpu_instance="",mig_profile="",namespace="ml",pod="train-0",resource="nvidia.com/gpu",uuid="GPU-6ae6e70d-d6cb-4377-8620-101bd1a199a2"} 1
+`)...)
+}
+
+func parse(t *testing.T, body string) map[string]*dto {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("not exposition text: %v", err)
+	}
+	out := map[string]*dto{}
+	for name, f := range fams {
+		d := &dto{}
+		for _, m := range f.GetMetric() {
+			ls := model.LabelSet{}
+			for _, l := range m.GetLabel() {
+				ls[model.LabelName(l.GetName())] = model.LabelValue(l.GetValue())
+			}
+			d.series = append(d.series, ls)
+		}
+		out[name] = d
+	}
+	return out
+}
+
+type dto struct{ series []model.LabelSet }
+
+func get(t *testing.T, f *fleet, path string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	f.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	if rec.Code != 200 {
+		t.Fatalf("GET %s: %d", path, rec.Code)
+	}
+	return rec.Body.String()
+}
+
+func TestFleetPagesAreDistinctNodes(t *testing.T) {
+	f, err := newFleet(testPage(t), 20, 10, 10, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := get(t, f, "/node/0/metrics"), get(t, f, "/node/7/metrics")
+	pa, pb := parse(t, a), parse(t, b)
+	// Node 0 carries the two XID families besides the page's.
+	if len(pa) != len(pb)+2 || len(pa["gpu_up"].series) != len(pb["gpu_up"].series) {
+		t.Fatalf("nodes serve different families: %d and %d", len(pa), len(pb))
+	}
+	want := 0
+	for _, l := range strings.Split(string(testPage(t)), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			want++
+		}
+	}
+	if f.seriesPerNode != want {
+		t.Errorf("%d series per node, want the page's %d", f.seriesPerNode, want)
+	}
+	uuidsA := map[model.LabelValue]bool{}
+	for _, s := range pa["gpu_info"].series {
+		uuidsA[s["uuid"]] = true
+	}
+	for _, s := range pb["gpu_info"].series {
+		if uuidsA[s["uuid"]] {
+			t.Errorf("uuid %s on two nodes", s["uuid"])
+		}
+	}
+	if pa["gpu_allocation_info"].series[0]["pod"] == pb["gpu_allocation_info"].series[0]["pod"] {
+		t.Error("the same pod name on two nodes")
+	}
+	// Node 0 has the old XID; node 7 not.
+	if pa["gpu_xid_errors_total"] == nil || pb["gpu_xid_errors_total"] != nil {
+		t.Error("want an XID counter on every tenth node only")
+	}
+	if got := pa["gpu_xid_errors_total"].series[0]["uuid"]; !uuidsA[got] {
+		t.Errorf("the XID names uuid %s, not one of the node's GPUs", got)
+	}
+	// Sample timestamps are the time of the scrape.
+	for _, l := range strings.Split(a, "\n") {
+		if v, ok := strings.CutPrefix(l, "gpu_exporter_last_sample_timestamp_seconds "); ok {
+			ts, err := strconv.ParseFloat(v, 64)
+			if err != nil || math.Abs(ts-float64(time.Now().Unix())) > 60 {
+				t.Errorf("gpu_exporter_last_sample_timestamp_seconds %s, want now", v)
+			}
+		}
+	}
+	rec := httptest.NewRecorder()
+	f.ServeHTTP(rec, httptest.NewRequest("GET", "/node/20/metrics", nil))
+	if rec.Code != 404 {
+		t.Errorf("node 20 of 20: %d, want 404", rec.Code)
+	}
+}
+
+func TestFleetKubeStateMetrics(t *testing.T) {
+	f, err := newFleet(testPage(t), 20, 10, 12, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parse(t, get(t, f, "/ksm/metrics"))
+	pools := map[model.LabelValue]int{}
+	for _, s := range p["kube_node_labels"].series {
+		pools[s["label_cloud_google_com_gke_nodepool"]]++
+	}
+	if len(p["kube_node_labels"].series) != 20 || len(pools) != 10 {
+		t.Errorf("%d nodes in %d pools, want 20 in 10", len(p["kube_node_labels"].series), len(pools))
+	}
+	pending, running := 0, 0
+	// Phases are a state set: count the pods per phase from the values.
+	body := get(t, f, "/ksm/metrics")
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, "kube_pod_status_phase{") && strings.HasSuffix(l, " 1") {
+			switch {
+			case strings.Contains(l, `phase="Pending"`):
+				pending++
+			case strings.Contains(l, `phase="Running"`):
+				running++
+			}
+		}
+	}
+	if pending != 12 || running != 20 {
+		t.Errorf("%d Pending and %d Running pods, want 12 and 20 (one holder per node)", pending, running)
+	}
+	gpuRequests := 0
+	for _, s := range p["kube_pod_container_resource_requests"].series {
+		if strings.HasPrefix(string(s["resource"]), "nvidia_com_") {
+			gpuRequests++
+		}
+	}
+	if gpuRequests != 32 {
+		t.Errorf("%d GPU requests, want 32", gpuRequests)
+	}
+}
+
+func TestKSMResource(t *testing.T) {
+	for in, want := range map[string]string{
+		"nvidia.com/gpu":         "nvidia_com_gpu",
+		"nvidia.com/gpu.shared":  "nvidia_com_gpu_shared",
+		"nvidia.com/mig-1g.10gb": "nvidia_com_mig_1g_10gb",
+	} {
+		if got := ksmResource(in); got != want {
+			t.Errorf("ksmResource(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
