@@ -163,4 +163,4 @@ func TestAgainstFakeDriverAndFakeSMI(t *testing.T) {
 // awaitingMemoryV2: the exporter still reads memory with the v1 call (issue
 // 12 §2.7, nvml-core). Set to false when nvmlDeviceGetMemoryInfo_v2 and
 // gpu_memory_reserved_bytes land.
-const awaitingMemoryV2 = true
+const awaitingMemoryV2 = false

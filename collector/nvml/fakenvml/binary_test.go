@@ -247,15 +247,14 @@ var everyBranch = []string{
 var notBefore = map[string]string{
 	// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230) is in the R570 header.
 	"gpu_recovery_action_code": "r570",
+	// nvmlDeviceGetMemoryInfo_v2 is R510: the first of these branches is R535.
+	"gpu_memory_reserved_bytes": "r535",
 }
 
 // awaitingProbes: variants on which the exporter still calls a function the
 // branch lacks (issue 12 §2.1, nvml-core's symbol probes). Remove an entry
 // when the probes land; the test then requires the variant to work.
-var awaitingProbes = map[string]string{
-	"r470": "nvmlDeviceGetCurrentClocksEventReasons is R535+, nvmlDeviceGetNumaNodeId R550+",
-	"r535": "nvmlDeviceGetNumaNodeId is R550+",
-}
+var awaitingProbes = map[string]string{}
 
 func branchIndex(b string) int {
 	for i, x := range fakenvml.Branches {
@@ -326,6 +325,15 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 				if v, ok := sample(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu)}); !ok || v != 1 {
 					t.Errorf("gpu_up{gpu=%d} = %v, %v", gpu, v, ok)
 				}
+			}
+			// v2 (R510+) reports reserved memory apart; on R470 the v1 call
+			// counts it as used, and that is all there is.
+			wantUsed := float64(20 << 30)
+			if br == "r470" {
+				wantUsed += float64(node.GPUs[1].Memory.Reserved)
+			}
+			if v, _ := sample(f, "gpu_memory_used_bytes", map[string]string{"gpu": "1", "gpu_instance": ""}); v != wantUsed {
+				t.Errorf("gpu_memory_used_bytes{gpu=1} = %v, want %v", v, wantUsed)
 			}
 			if v, _ := sample(f, "gpu_utilization_ratio", map[string]string{"gpu": "1", "gpu_instance": ""}); v != 0.75 {
 				t.Errorf("gpu_utilization_ratio{gpu=1} = %v, want 0.75", v)
@@ -420,7 +428,7 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 // that hangs from the start keeps the listener from ever starting (and
 // SIGTERM from stopping the process): issue 12 §2.13, nvml-core's area.
 // Remove when start-up discovery gets a deadline.
-const awaitingStartDeadline = true
+const awaitingStartDeadline = false
 
 // TestRealBinaryStartsBesideAHungGPU: a GPU whose every NVML call hangs from
 // the start must not keep the exporter from serving the others, and must be

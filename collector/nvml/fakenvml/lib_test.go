@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
+	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml/fakenvml"
 )
 
@@ -541,5 +542,22 @@ func TestBlockForAWhile(t *testing.T) {
 	}
 	if took := time.Since(start); took < 300*time.Millisecond {
 		t.Errorf("blocked call returned after %v, want at least 300ms", took)
+	}
+}
+
+// TestFakeServesEverySymbolTheExporterCalls: the fake library implements
+// every function in the exporter's call table (collector/nvml/symbols.go),
+// and each fallback.
+func TestFakeServesEverySymbolTheExporterCalls(t *testing.T) {
+	impl, err := builder.Implemented()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range nvmlsampler.Symbols {
+		for _, name := range []string{s.Name, s.Fallback} {
+			if name != "" && !slices.Contains(impl, name) {
+				t.Errorf("the fake library does not implement %s, which the exporter calls", name)
+			}
+		}
 	}
 }
