@@ -138,9 +138,6 @@ func TestAgainstFakeDriverAndFakeSMI(t *testing.T) {
 	})
 
 	t.Run("reserved memory is not counted as used", func(t *testing.T) {
-		if awaitingMemoryV2 {
-			t.Skip("the exporter reads memory with NVML's v1 call until issue 12 §2.7 lands")
-		}
 		code, out := check(t, node(t))
 		if code != exitOK {
 			t.Errorf("exit %d, want 0", code)
@@ -159,8 +156,3 @@ func TestAgainstFakeDriverAndFakeSMI(t *testing.T) {
 		}
 	})
 }
-
-// awaitingMemoryV2: the exporter still reads memory with the v1 call (issue
-// 12 §2.7, nvml-core). Set to false when nvmlDeviceGetMemoryInfo_v2 and
-// gpu_memory_reserved_bytes land.
-const awaitingMemoryV2 = false

@@ -251,11 +251,6 @@ var notBefore = map[string]string{
 	"gpu_memory_reserved_bytes": "r535",
 }
 
-// awaitingProbes: variants on which the exporter still calls a function the
-// branch lacks (issue 12 §2.1, nvml-core's symbol probes). Remove an entry
-// when the probes land; the test then requires the variant to work.
-var awaitingProbes = map[string]string{}
-
 func branchIndex(b string) int {
 	for i, x := range fakenvml.Branches {
 		if x == b {
@@ -274,9 +269,6 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 	}
 	for _, br := range append([]string{fakenvml.Full}, fakenvml.Branches...) {
 		t.Run(br, func(t *testing.T) {
-			if why, ok := awaitingProbes[br]; ok {
-				t.Skipf("the exporter crashes on %s until it probes symbols (issue 12 §2.1): %s", br, why)
-			}
 			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 3, br)
 			node.GPUs[1].Memory.Used = 20 << 30
 			node.GPUs[1].Utilization = &nvml.Utilization{Gpu: 75, Memory: 30}
@@ -424,21 +416,12 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 	}
 }
 
-// awaitingStartDeadline: discovery at start has no deadline yet, so a GPU
-// that hangs from the start keeps the listener from ever starting (and
-// SIGTERM from stopping the process): issue 12 §2.13, nvml-core's area.
-// Remove when start-up discovery gets a deadline.
-const awaitingStartDeadline = false
-
 // TestRealBinaryStartsBesideAHungGPU: a GPU whose every NVML call hangs from
 // the start must not keep the exporter from serving the others, and must be
 // reported once it answers.
 func TestRealBinaryStartsBesideAHungGPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
-	}
-	if awaitingStartDeadline {
-		t.Skip("start-up discovery has no deadline yet (issue 12 §2.13): the listener never starts beside a hung GPU")
 	}
 	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
 	node.GPUs[1].Blocks = map[string]time.Duration{"all": fakenvml.Forever}
