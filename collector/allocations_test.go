@@ -43,18 +43,7 @@ func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	kube.SetPods(node.KubeletPods())
-	kube.SetAllocatable(node.KubeletAllocatable())
-	if err := kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	kube, client := startKubelet(t, dir, node, clk.Now)
 	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +53,26 @@ func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
 		t.Fatal(err)
 	}
 	return &podNode{e: e, node: node, kube: kube, client: client, clk: clk}
+}
+
+// startKubelet serves node's pods from a fake kubelet in dir and connects a
+// real podmap client to it over the unix socket; now is the client's clock
+// (nil: real time). The client has not refreshed yet.
+func startKubelet(t testing.TB, dir string, node *simnode.Node, now func() time.Time) (*fakekubelet.Server, *podmap.Client) {
+	t.Helper()
+	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
+	kube.SetPods(node.KubeletPods())
+	kube.SetAllocatable(node.KubeletAllocatable())
+	if err := kube.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kube.Stop)
+	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return kube, client
 }
 
 // step moves the scenario clock, updates the fake kubelet, refreshes the

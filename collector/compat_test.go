@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,8 +16,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
 // compatNode is the default simulated node with DCGM, its pods and the
@@ -34,18 +31,7 @@ func compatNode(t *testing.T, groups collector.GroupSet) *collector.Exporter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	kube.SetPods(node.KubeletPods())
-	kube.SetAllocatable(node.KubeletAllocatable())
-	if err := kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	_, client := startKubelet(t, dir, node, nil)
 	if err := client.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

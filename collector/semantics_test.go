@@ -3,7 +3,6 @@ package collector_test
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,8 +12,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
 // migHolders and wholeHolders are pods of the default scenario.
@@ -37,18 +34,7 @@ func newPodNodeWithDCGM(t *testing.T, withDCGM bool) func() *collector.Page {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	kube.SetPods(node.KubeletPods())
-	kube.SetAllocatable(node.KubeletAllocatable())
-	if err := kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
+	_, client := startKubelet(t, dir, node, nil)
 	if err := client.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
