@@ -44,9 +44,10 @@ bench:
 ## cycle, per node and head series. N=1000 needs about 3 GiB of memory and 10 minutes on 2 cores.
 N ?= 200
 RULES ?= alerts/gpu-pool-exporter.rules.yml
+PROMETHEUS ?= prometheus
 BENCH_RULES_ARGS ?=
 bench-rules:
 	@work="$$(mktemp -d)" && trap 'rm -rf "$$work"' EXIT && \
 	go build -o "$$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
 	go build -o "$$work/bench-rules" ./scripts/benchrules && \
-	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) $(BENCH_RULES_ARGS)
+	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) -prometheus $(PROMETHEUS) $(BENCH_RULES_ARGS)

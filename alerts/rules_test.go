@@ -9,7 +9,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
 )
 
@@ -309,5 +311,68 @@ func TestRulesFileParses(t *testing.T) {
 	}
 	if !found {
 		t.Error("alert GPUExporterDown is missing")
+	}
+}
+
+// TestGroupIntervals holds the rules' two speeds (README: "Rule evaluation
+// at fleet size"): groups with an `interval:` of their own run at most once
+// a minute, so that what they record stays well inside Prometheus' 5-minute
+// lookback for the rules and dashboards that read it; a critical alert that
+// fires within 5 minutes runs every cycle (a group without an interval), and
+// so does everything such a group reads that rules record: a page must not
+// wait for a slower group's recording.
+func TestGroupIntervals(t *testing.T) {
+	f, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowRecords := map[string]string{}
+	slow := 0
+	for _, g := range f.Groups {
+		if g.Interval == "" {
+			continue
+		}
+		slow++
+		d, err := model.ParseDuration(g.Interval)
+		if err != nil {
+			t.Fatalf("group %s: interval %q: %v", g.Name, g.Interval, err)
+		}
+		if time.Duration(d) > time.Minute {
+			t.Errorf("group %s: interval %s; at most 1m, so that its series stay inside the 5m lookback", g.Name, g.Interval)
+		}
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				slowRecords[r.Record] = g.Name
+			}
+			if r.Alert == "" || r.Labels["severity"] != "critical" {
+				continue
+			}
+			if r.For == "" {
+				t.Errorf("alert %s (critical, no for) is in group %s, evaluated every %s: move it to a group without an interval", r.Alert, g.Name, g.Interval)
+				continue
+			}
+			fd, err := model.ParseDuration(r.For)
+			if err != nil {
+				t.Fatalf("alert %s: for %q: %v", r.Alert, r.For, err)
+			}
+			if time.Duration(fd) < 5*time.Minute {
+				t.Errorf("alert %s (critical, for %s) is in group %s, evaluated every %s: move it to a group without an interval", r.Alert, r.For, g.Name, g.Interval)
+			}
+		}
+	}
+	if slow == 0 {
+		t.Fatal("no group has an interval of its own: every rule runs every cycle again")
+	}
+	for _, g := range f.Groups {
+		if g.Interval != "" {
+			continue
+		}
+		for _, r := range g.Rules {
+			for rec, sg := range slowRecords {
+				if regexp.MustCompile(`(^|[^a-zA-Z0-9_:])` + regexp.QuoteMeta(rec) + `($|[^a-zA-Z0-9_:])`).MatchString(r.Expr) {
+					t.Errorf("%s in group %s (every cycle) reads %s, recorded once a minute by %s", r.Name(), g.Name, rec, sg)
+				}
+			}
+		}
 	}
 }

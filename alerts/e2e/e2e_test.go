@@ -131,8 +131,14 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	}))
 	t.Cleanup(ksm.Close)
 
-	// 3. Prometheus with the rules, every `for:` shortened.
+	// 3. Prometheus with the rules, every `for:` shortened and every group
+	// evaluated each second (the slow groups' `interval: 1m` would make the
+	// test wait minutes).
 	rules := shortenFor(string(alerts.RulesYAML), forDuration)
+	if !groupIntervalRE.MatchString(rules) {
+		t.Fatal("no rule group has an `interval:` any more: update this test's rewriting")
+	}
+	rules = groupIntervalRE.ReplaceAllString(rules, "${1}1s")
 	if err := os.WriteFile(filepath.Join(tmp, "rules.yml"), []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -291,6 +297,9 @@ func checkDashboards(t *testing.T, prom string) {
 		}
 	}
 }
+
+// groupIntervalRE matches a rule group's `interval:` line.
+var groupIntervalRE = regexp.MustCompile(`(?m)^(    interval:\s*)\S+\s*$`)
 
 // shortenFor rewrites every `for: <duration>` in a rules file.
 func shortenFor(rules, d string) string {

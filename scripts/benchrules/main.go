@@ -19,11 +19,14 @@
 //     kube_pod_container_resource_requests.
 //
 // Once every target is up it lets the rules run -warmup more cycles, then
-// reads /api/v1/rules (evaluationTime per group and rule) once per
-// evaluation cycle for -cycles cycles and /api/v1/status/tsdb, and prints
-// markdown tables: per group (median and max), total per cycle (the median
-// and max over cycles of the sum over groups), per node, head series, and
-// the costliest rules. Evaluation times are wall-clock: on a machine with
+// reads /api/v1/rules (evaluationTime and interval per group, time per rule)
+// three times per cycle until every group has evaluated -cycles times (a
+// group with `interval: 1m` evaluates once every four 15 s cycles), reads
+// /api/v1/status/tsdb, and prints markdown tables: per group (interval,
+// median and max per evaluation, and the median scaled to one cycle of the
+// global interval), the total per cycle (the sum of the scaled medians) and
+// per node, the sum of the unscaled medians (a cycle in which every group
+// evaluates), head series, and the costliest rules. Evaluation times are wall-clock: on a machine with
 // few cores, groups that run at once and the scrapes inflate each other. So
 // it also reloads Prometheus without the rules (SIGHUP) and measures its
 // CPU (/proc/PID/stat) for as long again: the difference, per cycle, is
@@ -94,8 +97,8 @@ func main() {
 	flag.IntVar(&cfg.pending, "pending", -1, "Pending GPU pods (-1: 5% of the nodes, at least ten)")
 	flag.DurationVar(&cfg.interval, "interval", 15*time.Second, "scrape and evaluation interval")
 	flag.IntVar(&cfg.warmup, "warmup", 2, "evaluation cycles to let pass after every target is up, before measuring")
-	flag.IntVar(&cfg.cycles, "cycles", 5, "evaluation cycles to measure")
-	flag.DurationVar(&cfg.timeout, "timeout", 15*time.Minute, "give up (and stop everything) after this long")
+	flag.IntVar(&cfg.cycles, "cycles", 5, "evaluations of each rule group to measure (the slowest group's interval times this is the measured window)")
+	flag.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up (and stop everything) after this long")
 	flag.StringVar(&cfg.prometheus, "prometheus", "prometheus", "the Prometheus server binary")
 	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
@@ -212,14 +215,22 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
 		return err
 	}
+	// Groups with a longer interval: (`interval: 1m`) evaluate once every
+	// few cycles; measure until each group has evaluated -cycles times.
+	first, err := api.rules(ctx)
+	if err != nil {
+		return err
+	}
+	window := time.Duration(cfg.cycles) * longestInterval(first, cfg.interval)
+	fmt.Fprintf(os.Stderr, "bench-rules: measuring for %s (%d evaluations of the slowest group)\n", window, cfg.cycles)
 	cpu0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
 	profDone := make(chan error, 1)
 	if cfg.profile != "" {
-		go func() { profDone <- api.profile(ctx, cfg.profile, time.Duration(cfg.cycles)*cfg.interval) }()
+		go func() { profDone <- api.profile(ctx, cfg.profile, window) }()
 	} else {
 		profDone <- nil
 	}
-	samples, err := collect(ctx, api, prom, cfg)
+	samples, err := collect(ctx, api, prom, cfg, window)
 	if perr := <-profDone; perr != nil {
 		fmt.Fprintf(os.Stderr, "bench-rules: CPU profile: %v\n", perr)
 	}
@@ -234,7 +245,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	cpu := cpuFigures{withRules: cpuRules}
 	if cfg.baseline {
 		// The same Prometheus, scraping the same targets, without rules.
-		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%d cycles)\n", cfg.cycles)
+		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%s)\n", window)
 		noRules := cfg
 		noRules.rules = nil
 		if err := writeConfig(work, ln.Addr().String(), noRules); err != nil {
@@ -247,7 +258,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 			return err
 		}
 		cpu1, t1 := procCPU(prom.cmd.Process.Pid), time.Now()
-		if err := sleep(ctx, prom, time.Duration(cfg.cycles)*cfg.interval); err != nil {
+		if err := sleep(ctx, prom, window); err != nil {
 			return err
 		}
 		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
@@ -785,8 +796,23 @@ func waitTargets(ctx context.Context, api *apiClient, p *promProc, want int) err
 type groupReading struct {
 	File, Name     string
 	Eval           float64
+	Interval       time.Duration
 	LastEvaluation time.Time
 	Rules          map[string]float64
+}
+
+func (g groupReading) key() groupKey { return groupKey{g.File, g.Name} }
+
+type groupKey struct{ file, group string }
+
+// longestInterval is the longest evaluation interval of the groups (at least
+// def, the global one).
+func longestInterval(gs []groupReading, def time.Duration) time.Duration {
+	l := def
+	for _, g := range gs {
+		l = max(l, g.Interval)
+	}
+	return l
 }
 
 func (a *apiClient) rules(ctx context.Context) ([]groupReading, error) {
@@ -795,6 +821,7 @@ func (a *apiClient) rules(ctx context.Context) ([]groupReading, error) {
 			Name           string    `json:"name"`
 			File           string    `json:"file"`
 			EvaluationTime float64   `json:"evaluationTime"`
+			Interval       float64   `json:"interval"`
 			LastEvaluation time.Time `json:"lastEvaluation"`
 			Rules          []struct {
 				Name           string  `json:"name"`
@@ -809,7 +836,8 @@ func (a *apiClient) rules(ctx context.Context) ([]groupReading, error) {
 	}
 	var out []groupReading
 	for _, g := range d.Groups {
-		r := groupReading{File: filepath.Base(g.File), Name: g.Name, Eval: g.EvaluationTime, LastEvaluation: g.LastEvaluation, Rules: map[string]float64{}}
+		r := groupReading{File: filepath.Base(g.File), Name: g.Name, Eval: g.EvaluationTime,
+			Interval: time.Duration(g.Interval * float64(time.Second)), LastEvaluation: g.LastEvaluation, Rules: map[string]float64{}}
 		for _, x := range g.Rules {
 			if x.Health == "err" {
 				return nil, fmt.Errorf("rule %s in group %s fails: %s", x.Name, g.Name, x.LastError)
@@ -852,36 +880,47 @@ func (a *apiClient) headSeries(ctx context.Context) (int, error) {
 	return d.HeadStats.NumSeries, err
 }
 
-// collect reads the rules once per cycle, each time a little after the
-// cycle's evaluations, and keeps the cycles whose groups all evaluated anew.
-func collect(ctx context.Context, api *apiClient, p *promProc, cfg config) ([][]groupReading, error) {
-	var cycles [][]groupReading
-	prev := map[string]time.Time{}
-	for tries := 0; len(cycles) < cfg.cycles; tries++ {
-		if tries > 3*cfg.cycles {
-			return nil, fmt.Errorf("only %d of %d cycles measured: rule groups do not finish within the interval (%s)", len(cycles), cfg.cycles, cfg.interval)
-		}
-		if err := sleep(ctx, p, cfg.interval); err != nil {
+// collect reads the rules every third of a cycle for window and keeps
+// every group's distinct evaluations (a group evaluates once per its own
+// interval), until each group has evaluated cfg.cycles times.
+func collect(ctx context.Context, api *apiClient, p *promProc, cfg config, window time.Duration) (map[groupKey][]groupReading, error) {
+	evals := map[groupKey][]groupReading{}
+	seen := map[groupKey]time.Time{}
+	deadline := time.Now().Add(3 * window)
+	for start := time.Now(); ; {
+		if err := sleep(ctx, p, cfg.interval/3); err != nil {
 			return nil, err
 		}
 		rs, err := api.rules(ctx)
 		if err != nil {
 			return nil, err
 		}
-		fresh := true
+		done := true
 		for _, g := range rs {
-			k := g.File + "\x00" + g.Name
-			if g.LastEvaluation.IsZero() || !g.LastEvaluation.After(prev[k]) {
-				fresh = false
+			k := g.key()
+			if !g.LastEvaluation.IsZero() && g.LastEvaluation.After(seen[k]) {
+				if !seen[k].IsZero() { // the first reading may predate the window
+					evals[k] = append(evals[k], g)
+				}
+				seen[k] = g.LastEvaluation
 			}
-			prev[k] = g.LastEvaluation
+			if len(evals[k]) < cfg.cycles {
+				done = false
+			}
 		}
-		if fresh {
-			cycles = append(cycles, rs)
-			fmt.Fprintf(os.Stderr, "bench-rules: cycle %d/%d measured\n", len(cycles), cfg.cycles)
+		if done && time.Since(start) >= window {
+			return evals, nil
+		}
+		if time.Now().After(deadline) {
+			var slow []string
+			for _, g := range rs {
+				if n := len(evals[g.key()]); n < cfg.cycles {
+					slow = append(slow, fmt.Sprintf("%s (%d)", g.Name, n))
+				}
+			}
+			return nil, fmt.Errorf("rule groups %s evaluated fewer than %d times in %s: they do not finish within their interval", strings.Join(slow, ", "), cfg.cycles, 3*window)
 		}
 	}
-	return cycles, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -898,50 +937,69 @@ func median(v []float64) float64 {
 
 func ms(s float64) string { return strconv.FormatFloat(s*1000, 'f', 1, 64) + " ms" }
 
-func report(out io.Writer, cfg config, version string, head int, f *fleet, cycles [][]groupReading, cpu cpuFigures) {
-	type key struct{ file, group string }
-	var order []key
-	groupTimes := map[key][]float64{}
-	ruleTimes := map[string][]float64{}
-	ruleGroup := map[string]string{}
-	fileTotals := map[string][]float64{}
-	var totals []float64
-	for _, c := range cycles {
-		sum := 0.0
-		perFile := map[string]float64{}
-		for _, g := range c {
-			k := key{g.File, g.Name}
-			if _, ok := groupTimes[k]; !ok {
-				order = append(order, k)
-			}
-			groupTimes[k] = append(groupTimes[k], g.Eval)
-			sum += g.Eval
-			perFile[g.File] += g.Eval
-			for r, t := range g.Rules {
-				rk := g.Name + "\x00" + r
-				ruleTimes[rk] = append(ruleTimes[rk], t)
-				ruleGroup[rk] = g.Name
-			}
-		}
-		totals = append(totals, sum)
-		for file, t := range perFile {
-			fileTotals[file] = append(fileTotals[file], t)
-		}
+// perCycle scales a group's evaluation time to one cycle of the global
+// interval: a group evaluated every minute costs a quarter of its time per
+// 15 s cycle.
+func perCycle(eval float64, groupInterval, cycle time.Duration) float64 {
+	if groupInterval <= 0 {
+		groupInterval = cycle
 	}
-	fmt.Fprintf(out, "Rule evaluation: %s, %d nodes (%d series per node page) in %d pools, %d Pending GPU pods, interval %s, %d cycles measured.\n\n",
-		version, cfg.nodes, f.seriesPerNode, cfg.pools, cfg.pending, cfg.interval, len(cycles))
+	return eval * cycle.Seconds() / groupInterval.Seconds()
+}
+
+func report(out io.Writer, cfg config, version string, head int, f *fleet, evals map[groupKey][]groupReading, cpu cpuFigures) {
+	keys := make([]groupKey, 0, len(evals))
+	for k := range evals {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].file != keys[j].file {
+			return keys[i].file < keys[j].file
+		}
+		return keys[i].group < keys[j].group
+	})
+	type ruleCost struct {
+		name, group    string
+		median, scaled float64
+	}
+	var rules []ruleCost
+	fileTotals := map[string]float64{}
+	var total, allAtOnce float64
+	fmt.Fprintf(out, "Rule evaluation: %s, %d nodes (%d series per node page) in %d pools, %d Pending GPU pods, interval %s, %d evaluations of each group measured.\n\n",
+		version, cfg.nodes, f.seriesPerNode, cfg.pools, cfg.pending, cfg.interval, cfg.cycles)
 	tw := tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
-	fmt.Fprintln(tw, "| file\t group\t median\t max\t")
-	fmt.Fprintln(tw, "|---\t---\t---:\t---:\t")
-	for _, k := range order {
-		t := groupTimes[k]
-		fmt.Fprintf(tw, "| %s\t %s\t %s\t %s\t\n", k.file, k.group, ms(median(t)), ms(slices.Max(t)))
+	fmt.Fprintf(tw, "| file\t group\t interval\t median\t max\t per %s cycle\t\n", cfg.interval)
+	fmt.Fprintln(tw, "|---\t---\t---:\t---:\t---:\t---:\t")
+	for _, k := range keys {
+		es := evals[k]
+		var ts []float64
+		ruleTimes := map[string][]float64{}
+		for _, e := range es {
+			ts = append(ts, e.Eval)
+			for r, x := range e.Rules {
+				ruleTimes[r] = append(ruleTimes[r], x)
+			}
+		}
+		itv := es[0].Interval
+		if itv <= 0 {
+			itv = cfg.interval
+		}
+		m := median(ts)
+		scaled := perCycle(m, itv, cfg.interval)
+		total += scaled
+		allAtOnce += m
+		fileTotals[k.file] += scaled
+		fmt.Fprintf(tw, "| %s\t %s\t %s\t %s\t %s\t %s\t\n", k.file, k.group, itv, ms(m), ms(slices.Max(ts)), ms(scaled))
+		for r, x := range ruleTimes {
+			rm := median(x)
+			rules = append(rules, ruleCost{r, k.group, rm, perCycle(rm, itv, cfg.interval)})
+		}
 	}
 	tw.Flush()
 	if len(fileTotals) > 1 {
 		fmt.Fprintln(out)
 		tw = tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
-		fmt.Fprintln(tw, "| file\t per cycle (median)\t per node\t")
+		fmt.Fprintf(tw, "| file\t per %s cycle\t per node\t\n", cfg.interval)
 		fmt.Fprintln(tw, "|---\t---:\t---:\t")
 		files := make([]string, 0, len(fileTotals))
 		for file := range fileTotals {
@@ -949,31 +1007,27 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, cycle
 		}
 		sort.Strings(files)
 		for _, file := range files {
-			m := median(fileTotals[file])
+			m := fileTotals[file]
 			fmt.Fprintf(tw, "| %s\t %s\t %s\t\n", file, ms(m), strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64)+" µs")
 		}
 		tw.Flush()
 	}
 
-	fmt.Fprintf(out, "\nCostliest rules (median):\n\n")
-	type rc struct {
-		name, group string
-		t           float64
-	}
-	var rcs []rc
-	for k, t := range ruleTimes {
-		rcs = append(rcs, rc{strings.SplitN(k, "\x00", 2)[1], ruleGroup[k], median(t)})
-	}
-	sort.Slice(rcs, func(i, j int) bool { return rcs[i].t > rcs[j].t })
+	fmt.Fprintf(out, "\nCostliest rules (per %s cycle; median per evaluation):\n\n", cfg.interval)
+	sort.Slice(rules, func(i, j int) bool {
+		if rules[i].scaled != rules[j].scaled {
+			return rules[i].scaled > rules[j].scaled
+		}
+		return rules[i].name < rules[j].name
+	})
 	tw = tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.Debug)
-	fmt.Fprintln(tw, "| rule\t group\t median\t")
-	fmt.Fprintln(tw, "|---\t---\t---:\t")
-	for _, r := range rcs[:min(cfg.top, len(rcs))] {
-		fmt.Fprintf(tw, "| %s\t %s\t %s\t\n", r.name, r.group, ms(r.t))
+	fmt.Fprintln(tw, "| rule\t group\t per cycle\t per evaluation\t")
+	fmt.Fprintln(tw, "|---\t---\t---:\t---:\t")
+	for _, r := range rules[:min(cfg.top, len(rules))] {
+		fmt.Fprintf(tw, "| %s\t %s\t %s\t %s\t\n", r.name, r.group, ms(r.scaled), ms(r.median))
 	}
 	tw.Flush()
 
-	m := median(totals)
 	cpuCol, cpuNode := "-", "-"
 	if cpu.measured {
 		// Rule CPU per evaluation cycle: the extra cores times the interval.
@@ -981,7 +1035,8 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, cycle
 		cpuCol = fmt.Sprintf("%s (%.2f of %.2f cores)", ms(perCycle), cpu.withRules-cpu.without, cpu.withRules)
 		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
 	}
-	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle (median, max) | per node | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|\n")
-	fmt.Fprintf(out, "| %d | %d | %s, %s | %s µs | %s | %s |\n", cfg.nodes, head, ms(m), ms(slices.Max(totals)),
-		strconv.FormatFloat(m*1e6/float64(cfg.nodes), 'f', 0, 64), cpuCol, cpuNode)
+	fmt.Fprintf(out, "\nRule evaluation per cycle: the sum over groups of each group's median evaluation time, times %s over its interval; \"every group at once\": the plain sum, a cycle in which every group evaluates.\n", cfg.interval)
+	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s |\n", cfg.nodes, head, ms(total),
+		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode)
 }

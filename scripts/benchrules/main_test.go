@@ -165,3 +165,39 @@ func TestKSMResource(t *testing.T) {
 		}
 	}
 }
+
+// A group with `interval: 1m` costs a quarter of its evaluation time per
+// 15 s cycle; the report's total is the sum of the scaled medians, and
+// "every group at once" the plain sum.
+func TestReportScalesGroupsByInterval(t *testing.T) {
+	ev := func(file, name string, itv time.Duration, secs ...float64) []groupReading {
+		var out []groupReading
+		for i, s := range secs {
+			out = append(out, groupReading{File: file, Name: name, Eval: s, Interval: itv,
+				LastEvaluation: time.Unix(int64(i), 0), Rules: map[string]float64{name + "-rule": s}})
+		}
+		return out
+	}
+	evals := map[groupKey][]groupReading{
+		{"r.yml", "fast"}: ev("r.yml", "fast", 15*time.Second, 0.1, 0.3, 0.2),
+		{"r.yml", "slow"}: ev("r.yml", "slow", time.Minute, 0.9, 0.4, 1.2),
+		// An interval Prometheus did not report counts as the global one.
+		{"r.yml", "default"}: ev("r.yml", "default", 0, 0.05, 0.05, 0.05),
+	}
+	var b strings.Builder
+	cfg := config{nodes: 100, pools: 10, pending: 10, interval: 15 * time.Second, cycles: 3, top: 3}
+	report(&b, cfg, "test", 1234, &fleet{seriesPerNode: 470}, evals, cpuFigures{})
+	out := b.String()
+	// fast 0.2 + slow 0.9/4 + default 0.05 = 0.475 s per cycle; at once 1.15 s.
+	for _, want := range []string{
+		"| slow    | 1m0s     | 900.0 ms | 1200.0 ms | 225.0 ms",
+		"| 100 | 1234 | 475.0 ms | 4750 µs | 1150.0 ms | - | - |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if i, j := strings.Index(out, "| slow-rule"), strings.Index(out, "| fast-rule"); i < 0 || j < 0 || i > j {
+		t.Errorf("costliest rules not ordered by cost per cycle (slow 225 ms before fast 200 ms):\n%s", out)
+	}
+}
