@@ -13,6 +13,14 @@ import (
 // one series per node.
 type foldOp string
 
+// fold says how a family is folded: op over the whole GPUs' rows, and, where
+// only is set, only the rows with that label value (the others stay per
+// GPU).
+type fold struct {
+	op   foldOp
+	only [2]string
+}
+
 const (
 	foldSum  foldOp = "sum"
 	foldMin  foldOp = "min"
@@ -25,29 +33,35 @@ const (
 // a gauge is folded the way the node dashboard reads it: summed where the
 // node's total means something (power against the node's power limit),
 // the minimum for a threshold (the Temperature panel's min()), the mean
-// for clocks and activity ratios.
-var nodeSummaryFolds = map[string]foldOp{
-	"gpu_pcie_transmit_bytes_total":    foldSum,
-	"gpu_pcie_receive_bytes_total":     foldSum,
-	"gpu_pcie_replay_errors_total":     foldSum,
-	"gpu_nvlink_transmit_bytes_total":  foldSum,
-	"gpu_nvlink_receive_bytes_total":   foldSum,
-	"gpu_nvlink_errors_total":          foldSum,
-	"gpu_power_watts":                  foldSum,
-	"gpu_power_limit_watts":            foldSum,
-	"gpu_slowdown_temperature_celsius": foldMin,
-	"gpu_sm_clock_hertz":               foldMean,
-	"gpu_tensor_active_ratio":          foldMean,
-	"gpu_dram_active_ratio":            foldMean,
-	"gpu_memory_utilization_ratio":     foldMean,
+// for clocks and activity ratios. Of the ECC counters only the corrected
+// ones fold: GPUUncorrectableECCErrors reads the uncorrected per GPU.
+var nodeSummaryFolds = map[string]fold{
+	"gpu_pcie_transmit_bytes_total":    {op: foldSum},
+	"gpu_pcie_receive_bytes_total":     {op: foldSum},
+	"gpu_pcie_replay_errors_total":     {op: foldSum},
+	"gpu_nvlink_transmit_bytes_total":  {op: foldSum},
+	"gpu_nvlink_receive_bytes_total":   {op: foldSum},
+	"gpu_nvlink_errors_total":          {op: foldSum},
+	"gpu_ecc_errors_total":             {op: foldSum, only: [2]string{"error", "corrected"}},
+	"gpu_power_watts":                  {op: foldSum},
+	"gpu_power_limit_watts":            {op: foldSum},
+	"gpu_slowdown_temperature_celsius": {op: foldMin},
+	"gpu_sm_clock_hertz":               {op: foldMean},
+	"gpu_tensor_active_ratio":          {op: foldMean},
+	"gpu_dram_active_ratio":            {op: foldMean},
+	"gpu_memory_utilization_ratio":     {op: foldMean},
 }
 
 // NodeSummaryFolds returns, for each family the node_summary group folds,
-// how: "sum", "min" or "mean" over the node's whole GPUs (README, tests).
+// how: "sum", "min" or "mean" over the node's whole GPUs, followed by
+// ` of error="corrected"` where only some series fold (README, tests).
 func NodeSummaryFolds() map[string]string {
 	out := make(map[string]string, len(nodeSummaryFolds))
-	for name, op := range nodeSummaryFolds {
-		out[name] = string(op)
+	for name, f := range nodeSummaryFolds {
+		out[name] = string(f.op)
+		if f.only[0] != "" {
+			out[name] += " of " + f.only[0] + "=\"" + f.only[1] + "\""
+		}
 	}
 	return out
 }
@@ -90,11 +104,12 @@ func newNodeSummary() *nodeSummary {
 func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 	kept := mfs[:0]
 	for _, mf := range mfs {
-		op, ok := nodeSummaryFolds[mf.GetName()]
+		f, ok := nodeSummaryFolds[mf.GetName()]
 		if !ok {
 			kept = append(kept, mf)
 			continue
 		}
+		op := f.op
 		counter := mf.GetType() == dto.MetricType_COUNTER
 		type group struct {
 			labels []*dto.LabelPair
@@ -104,7 +119,12 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 		}
 		groups := map[string]*group{}
 		var order []string
+		var out []*dto.Metric // rows that stay per GPU, then the folded ones
 		for _, m := range mf.Metric {
+			if f.only[0] != "" && labelValue(m.Label, f.only[0]) != f.only[1] {
+				out = append(out, m)
+				continue
+			}
 			key, member, whole := foldKey(m.Label)
 			if !whole {
 				continue
@@ -133,7 +153,6 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 			}
 		}
 		sort.Strings(order)
-		out := make([]*dto.Metric, 0, len(order))
 		for _, k := range order {
 			g := groups[k]
 			m := &dto.Metric{Label: g.labels}
@@ -151,7 +170,11 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 			continue
 		}
 		mf.Metric = out
-		mf.Help = proto.String(mf.GetHelp() + " Folded by node_summary: one series per node (gpu=\"" + NodeSummaryGPU + "\"), the " + string(op) + " over its GPUs.")
+		what := "the " + string(op) + " over its GPUs"
+		if f.only[0] != "" {
+			what += ", for " + f.only[0] + "=\"" + f.only[1] + "\""
+		}
+		mf.Help = proto.String(mf.GetHelp() + " Folded by node_summary: one series per node (gpu=\"" + NodeSummaryGPU + "\"), " + what + ".")
 		kept = append(kept, mf)
 	}
 	return kept
@@ -204,6 +227,15 @@ func foldKey(labels []*dto.LabelPair) (key, member string, whole bool) {
 		member = "gpu " + gpu
 	}
 	return b.String(), member, true
+}
+
+func labelValue(labels []*dto.LabelPair, name string) string {
+	for _, l := range labels {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 func foldedLabels(labels []*dto.LabelPair) []*dto.LabelPair {

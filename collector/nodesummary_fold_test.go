@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -79,6 +80,24 @@ func TestNodeSummaryFoldEdges(t *testing.T) {
 		if g, ok := got[k]; !ok || math.Abs(g-w) > 1e-12 {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, w)
 		}
+	}
+	// Only the corrected ECC errors fold; the uncorrected stay per GPU.
+	ecc := &dto.MetricFamily{Name: proto.String("gpu_ecc_errors_total"), Help: proto.String("h"), Type: counter.Enum()}
+	for _, r := range [][4]string{{"0", "a", "corrected", "3"}, {"1", "b", "corrected", "4"}, {"0", "a", "uncorrected", "1"}, {"1", "b", "uncorrected", "0"}} {
+		m := &dto.Metric{Counter: &dto.Counter{Value: proto.Float64(map[string]float64{"0": 0, "1": 1, "3": 3, "4": 4}[r[3]])}}
+		for _, l := range [][2]string{{"error", r[2]}, {"gpu", r[0]}, {"scope", "volatile"}, {"uuid", r[1]}} {
+			m.Label = append(m.Label, &dto.LabelPair{Name: proto.String(l[0]), Value: proto.String(l[1])})
+		}
+		ecc.Metric = append(ecc.Metric, m)
+	}
+	gotECC := folded(t, n.fold([]*dto.MetricFamily{ecc}))
+	wantECC := map[string]float64{
+		"gpu_ecc_errors_total,error=corrected,gpu=all,scope=volatile,uuid=all": 7,
+		"gpu_ecc_errors_total,error=uncorrected,gpu=0,scope=volatile,uuid=a":   1,
+		"gpu_ecc_errors_total,error=uncorrected,gpu=1,scope=volatile,uuid=b":   0,
+	}
+	if fmt.Sprint(gotECC) != fmt.Sprint(wantECC) {
+		t.Errorf("ECC errors folded to %v, want %v", gotECC, wantECC)
 	}
 	// A GPU first seen later adds its whole count; one that is gone keeps
 	// its last; one whose count fell counts on from zero.

@@ -29,6 +29,7 @@ var wantFolds = map[string]string{
 	"gpu_nvlink_transmit_bytes_total":  "sum",
 	"gpu_nvlink_receive_bytes_total":   "sum",
 	"gpu_nvlink_errors_total":          "sum",
+	"gpu_ecc_errors_total":             `sum of error="corrected"`,
 	"gpu_power_watts":                  "sum",
 	"gpu_power_limit_watts":            "sum",
 	"gpu_slowdown_temperature_celsius": "min",
@@ -139,11 +140,29 @@ func compareFolded(t *testing.T, what string, perGPU, folded map[string]*dto.Met
 			}
 			continue
 		}
+		// Only the corrected ECC errors fold; the uncorrected stay per GPU.
+		partly := func(m *dto.Metric) bool {
+			return strings.HasSuffix(op, `"corrected"`) && labelMap(m)["error"] != "corrected"
+		}
+		var stay, stayed dto.MetricFamily
+		for _, m := range mf.Metric {
+			if partly(m) {
+				stay.Metric = append(stay.Metric, m)
+			}
+		}
+		for _, m := range folded[name].GetMetric() {
+			if partly(m) {
+				stayed.Metric = append(stayed.Metric, m)
+			}
+		}
+		if a, b := familyLines(&stay), familyLines(&stayed); a != b {
+			t.Errorf("%s: %s rows that stay per GPU differ:\n%s\n---\n%s", what, name, a, b)
+		}
 		want := map[string]float64{} // other labels -> aggregate
 		n := map[string]int{}
 		for _, m := range mf.Metric {
 			lv := labelMap(m)
-			if lv["gpu_instance"] != "" {
+			if lv["gpu_instance"] != "" || partly(m) {
 				continue
 			}
 			k := otherLabels(lv)
@@ -151,7 +170,7 @@ func compareFolded(t *testing.T, what string, perGPU, folded map[string]*dto.Met
 			switch {
 			case n[k] == 0:
 				want[k] = v
-			case op == "min":
+			case strings.HasPrefix(op, "min"):
 				want[k] = math.Min(want[k], v)
 			default:
 				want[k] += v
@@ -161,6 +180,9 @@ func compareFolded(t *testing.T, what string, perGPU, folded map[string]*dto.Met
 		got := map[string]float64{}
 		for _, m := range folded[name].GetMetric() {
 			lv := labelMap(m)
+			if partly(m) {
+				continue
+			}
 			if lv["gpu"] != "all" || lv["uuid"] != "all" || lv["gpu_instance"] != "" || lv["mig_profile"] != "" || lv["compute_instance"] != "" {
 				t.Errorf("%s: %s has a series that is not the node's: %v", what, name, lv)
 				continue
@@ -171,7 +193,7 @@ func compareFolded(t *testing.T, what string, perGPU, folded map[string]*dto.Met
 			t.Errorf("%s: %s folded into %d series, want %d (%v)", what, name, len(got), len(want), want)
 		}
 		for k, w := range want {
-			if op == "mean" {
+			if strings.HasPrefix(op, "mean") {
 				w /= float64(n[k])
 			}
 			if g, ok := got[k]; !ok || math.Abs(g-w) > 1e-9*math.Max(1, math.Abs(w)) {
