@@ -128,7 +128,8 @@ type Exporter struct {
 	gz        *gzip.Writer
 	unmatched *podmap.UnmatchedLogger
 	idle      *fragmentation.IdleTracker
-	counters  *monotonic // under renderMu
+	counters  *monotonic   // under renderMu
+	summary   *nodeSummary // under renderMu
 	renderErr atomic.Pointer[renderResult]
 	// procsWarned: the proc-root warning was logged (under renderMu).
 	procsWarned bool
@@ -162,7 +163,8 @@ func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
 		return nil, err
 	}
 	e := &Exporter{cfg: cfg, sampler: sampler, reg: prometheus.NewRegistry(),
-		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle, counters: newMonotonic()}
+		unmatched: podmap.NewUnmatchedLogger(cfg.Log, 0), idle: idle, counters: newMonotonic(),
+		summary: newNodeSummary()}
 	e.unmatched.Now = cfg.Now
 	e.gz, _ = gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err := e.reg.Register(versioncollector.NewCollector("gpu_exporter")); err != nil {
@@ -295,6 +297,11 @@ func (e *Exporter) render(st *State) error {
 	}
 	if reset := e.counters.apply(mfs, st.Rendered); len(reset) > 0 {
 		e.cfg.Log.Info().Strs("metrics", reset).Msg("counters went down at the source (GPU reset, driver reload or reconnect); served values go on from where they were")
+	}
+	if e.cfg.Groups.On(GroupNodeSummary) {
+		// After the monotonic layer: each GPU's counter is already
+		// protected from resets when it is summed.
+		mfs = e.summary.fold(mfs)
 	}
 	var buf bytes.Buffer
 	buf.Grow(sizeHint(e.page.Load()))

@@ -50,8 +50,12 @@ const (
 	GroupThrottleSummary     Group = "throttle_summary"
 	GroupNVLinkErrorsSummary Group = "nvlink_errors_summary"
 	GroupDCGMHealthSummary   Group = "dcgm_health_summary"
-	GroupGo                  Group = "go"
-	GroupProcess             Group = "process"
+	// GroupNodeSummary serves no family of its own: it folds the per-GPU
+	// families no alert reads per GPU into one series per node
+	// (nodeSummaryFolds). The full profile leaves it off.
+	GroupNodeSummary Group = "node_summary"
+	GroupGo          Group = "go"
+	GroupProcess     Group = "process"
 )
 
 // GroupInfo describes a group for flags and the README.
@@ -79,7 +83,7 @@ var Groups = []GroupInfo{
 	{GroupNVLink, "NVLink throughput (DCGM)", true, true},
 	{GroupNVLinkErrors, "NVLink error counters by type (replay, recovery, CRC flit, CRC data; on Blackwell NVLink5's recovery, symbol, effective and receive errors), summed over links", true, false},
 	{GroupECC, "uncorrected ECC errors since the driver loaded, rows and pages waiting for a reset, failed row remaps", true, true},
-	{GroupECCCorrected, "corrected ECC errors since the driver loaded", true, false},
+	{GroupECCCorrected, "corrected ECC errors since the driver loaded", true, true},
 	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts, ECC error events from NVML's event set", false, false},
 	{GroupRecovery, "the recovery action NVML asks for (XID 154)", true, true},
 	{GroupDetails, "facts that rarely change: NUMA node, NVLinks up, PCIe link generation and width, memory clock, shutdown temperature, placeable MIG instances per profile, per-GPU time of the last good read", false, false},
@@ -90,6 +94,7 @@ var Groups = []GroupInfo{
 	{GroupThrottleSummary, "instead of throttle: one series per GPU, reason=\"all\", 1 while any slowdown reason holds", false, true},
 	{GroupNVLinkErrorsSummary, "instead of nvlink_errors: one counter per GPU, type=\"all\", every NVLink error type summed", false, true},
 	{GroupDCGMHealthSummary, "instead of dcgm_health: one series per GPU, system=\"all\", the worst subsystem's result", false, true},
+	{GroupNodeSummary, "one series per node (gpu=\"all\", uuid=\"all\") instead of one per GPU for the families that no alert or recording rule reads per GPU and that attribute nothing to a pod: PCIe and NVLink traffic and errors, corrected ECC errors, power and power limit (sums), slowdown temperature (min), SM clock, tensor, DRAM and memory busy ratios (means over whole GPUs); a folded counter keeps a lost GPU's last value, so it never falls", false, true},
 	{GroupAllocation, "who holds which device, device states, kubelet capacity", true, true},
 	{GroupContainer, "per-container memory and busy ratio of the devices a container holds, on shared GPUs from per-process accounting; memory outside pods per device", true, true},
 	{GroupIdle, "idle allocations, idle seconds, prices", true, true},
@@ -121,7 +126,8 @@ func ProfileGroups(profile string) (GroupSet, error) {
 		case ProfileLean:
 			s[g.Name] = g.Lean
 		case ProfileFull:
-			s[g.Name] = true
+			// Everything, per GPU: node_summary only takes series away.
+			s[g.Name] = g.Name != GroupNodeSummary
 		default:
 			return nil, fmt.Errorf("unknown profile %q: want one of %s", profile, strings.Join(ProfileNames, ", "))
 		}
@@ -297,8 +303,7 @@ const (
 	// Memory info v2's gpu_memory_reserved_bytes (12 series) fits since
 	// the exporter's go_ metrics (14) left the default profile.
 	DefaultBudgetPerGPU = 60
-	// 41 before per-process accounting; its per-holder series on shared
-	// GPUs (memory and activity of each of GPU 6's three holders, and its
-	// memory outside pods) add 7 series, 0.9 per GPU.
-	LeanBudgetPerGPU = 42
+	// 42 until node_summary folded the per-GPU families no alert reads
+	// per GPU into one series per node.
+	LeanBudgetPerGPU = 30
 )

@@ -125,11 +125,11 @@ var helmCases = []helmCase{
 	},
 	{
 		name:    "lean-with-dcgm-exporter-names",
-		sets:    []string{"exporter.collectors.profile=lean", "exporter.collectors.groups.media=true", "exporter.collectors.groups.process=false", "exporter.compatDCGMExporter=true"},
+		sets:    []string{"exporter.collectors.profile=lean", "exporter.collectors.groups.media=true", "exporter.collectors.groups.process=false", "exporter.collectors.groups.node_summary=false", "exporter.compatDCGMExporter=true"},
 		profile: generic,
 		check: func(t *testing.T, m *manifests) {
 			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
-			for _, want := range []string{"--collector.profile=lean", "--collector.media", "--no-collector.process", "--compat.dcgm-exporter"} {
+			for _, want := range []string{"--collector.profile=lean", "--collector.media", "--no-collector.process", "--no-collector.node_summary", "--compat.dcgm-exporter"} {
 				if !slices.Contains(args, want) {
 					t.Errorf("%s: DaemonSet args %v lack %s", m.name, args, want)
 				}

@@ -10,6 +10,12 @@
 //   - every dashboard query (panel targets, variables, annotations) returns
 //     data, except those listed in mayBeEmpty.
 //
+// A second exporter runs the same scenario with --collector.profile=lean, as
+// node leanNodeName in its own pool, scraped by the same Prometheus: every
+// dashboard query, every selector of every rule and every recorded series
+// that has data for the default node must have data for the lean one, and
+// expectedAlerts must fire for it too.
+//
 // It needs the prometheus server binary: on PATH or /usr/bin/prometheus
 // (Debian's `apt-get install -y prometheus`). Without it the test is skipped,
 // unless CI is set: then it fails.
@@ -34,6 +40,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
 )
@@ -52,6 +61,13 @@ const nodeName = "sim-gpu-node-0"
 
 // nodePool is the GKE node pool the fake kube-state-metrics puts the node in.
 const nodePool = "sim-pool"
+
+// leanNodeName and leanPool are the node and pool of the exporter that runs
+// the lean profile.
+const (
+	leanNodeName = "sim-gpu-node-lean"
+	leanPool     = "sim-pool-lean"
+)
 
 // forDuration replaces every `for:` of the rules: a test cannot wait 2h.
 const forDuration = "5s"
@@ -121,13 +137,31 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 		}
 	}
 	startProcess(t, ctx, filepath.Join(tmp, "exporter.log"), gpe, args...)
+	// The same node on the lean profile, without dcgm-exporter's names.
+	leanAddr := freeAddr(t)
+	var leanArgs []string
+	for _, a := range args {
+		switch {
+		case a == "--compat.dcgm-exporter":
+		case strings.HasPrefix(a, "--web.listen-address="):
+			leanArgs = append(leanArgs, "--web.listen-address="+leanAddr)
+		case strings.HasPrefix(a, "--node-name="):
+			leanArgs = append(leanArgs, "--node-name="+leanNodeName)
+		default:
+			leanArgs = append(leanArgs, a)
+		}
+	}
+	startProcess(t, ctx, filepath.Join(tmp, "exporter-lean.log"), gpe, append(leanArgs, "--collector.profile=lean")...)
 	waitHTTP(t, "http://"+exporterAddr+"/metrics", startTimeout, filepath.Join(tmp, "exporter.log"))
+	waitHTTP(t, "http://"+leanAddr+"/metrics", startTimeout, filepath.Join(tmp, "exporter-lean.log"))
 
 	// 2. A fake kube-state-metrics: the node's pool and accelerator.
 	ksm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		fmt.Fprintf(w, "# HELP kube_node_labels Kubernetes labels converted to Prometheus labels.\n# TYPE kube_node_labels gauge\n")
-		fmt.Fprintf(w, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\"} 1\n", nodeName, nodePool)
+		for _, n := range [][2]string{{nodeName, nodePool}, {leanNodeName, leanPool}} {
+			fmt.Fprintf(w, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\"} 1\n", n[0], n[1])
+		}
 	}))
 	t.Cleanup(ksm.Close)
 
@@ -161,11 +195,17 @@ scrape_configs:
           namespace: gpu-pool-exporter
           pod: gpu-pool-exporter-x7k2p
           container: exporter
+      - targets: [%q]
+        labels:
+          node: %q
+          namespace: gpu-pool-exporter
+          pod: gpu-pool-exporter-l3an5
+          container: exporter
   - job_name: kube-state-metrics
     honor_labels: true
     static_configs:
       - targets: [%q]
-`, filepath.Join(tmp, "rules.yml"), exporterAddr, nodeName, strings.TrimPrefix(ksm.URL, "http://"))
+`, filepath.Join(tmp, "rules.yml"), exporterAddr, nodeName, leanAddr, leanNodeName, strings.TrimPrefix(ksm.URL, "http://"))
 	configFile := filepath.Join(tmp, "prometheus.yml")
 	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -181,10 +221,10 @@ scrape_configs:
 
 	// 4. The expected alerts fire, and no other.
 	deadline := time.Now().Add(alertTimeout)
-	var firing []string
+	var firing, leanFiring []string
 	for {
-		firing = firingAlerts(t, prom)
-		if containsAll(firing, expectedAlerts) || time.Now().After(deadline) {
+		firing, leanFiring = firingAlerts(t, prom), firingAlertsOn(t, prom, leanNodeName)
+		if containsAll(firing, expectedAlerts) && containsAll(leanFiring, expectedAlerts) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Second)
@@ -192,6 +232,9 @@ scrape_configs:
 	if !containsAll(firing, expectedAlerts) {
 		t.Errorf("after %s, firing: %v; want %v firing", alertTimeout, firing, expectedAlerts)
 		dumpState(t, prom)
+	}
+	if !containsAll(leanFiring, expectedAlerts) {
+		t.Errorf("after %s, firing on the lean node: %v; want %v firing", alertTimeout, leanFiring, expectedAlerts)
 	}
 	// Give late alerts a chance to show up before the "no other" check.
 	time.Sleep(3 * time.Second)
@@ -202,15 +245,18 @@ scrape_configs:
 		}
 	}
 
-	// 5. Every dashboard query returns data.
+	// 5. Every dashboard query returns data, on the lean node too.
 	checkDashboards(t, prom)
 
-	// 6. So does every query of dcgm-exporter's own dashboard, and every
+	// 6. Every rule reads on the lean node what it reads on the default.
+	checkLeanRules(t, prom)
+
+	// 7. So does every query of dcgm-exporter's own dashboard, and every
 	// family of its default counter list is there with its type.
 	checkDCGMExporterDashboard(t, prom)
 
 	if t.Failed() {
-		for _, f := range []string{filepath.Join(tmp, "exporter.log"), promLog} {
+		for _, f := range []string{filepath.Join(tmp, "exporter.log"), filepath.Join(tmp, "exporter-lean.log"), promLog} {
 			tailFile(t, f, 40)
 		}
 	}
@@ -260,7 +306,8 @@ func checkDashboards(t *testing.T, prom string) {
 		t.Fatal(err)
 	}
 	values := map[string]string{"nodepool": nodePool, "node": nodeName, "namespace": ".*", "gpu": ".*"}
-	var empty []string
+	leanValues := map[string]string{"nodepool": leanPool, "node": leanNodeName, "namespace": ".*", "gpu": ".*"}
+	var empty, leanEmpty []string
 	excused := map[string]bool{}
 	for _, q := range qs {
 		expr, unknown, ok := q.PromQL(values)
@@ -279,6 +326,13 @@ func checkDashboards(t *testing.T, prom string) {
 			t.Errorf("%s: %v\n%s", q, err, expr)
 			continue
 		}
+		if n > 0 {
+			leanExpr, _, _ := q.PromQL(leanValues)
+			leanExpr = orVectorZero.ReplaceAllString(leanExpr, "")
+			if m, err := queryCount(prom, leanExpr); err != nil || m == 0 {
+				leanEmpty = append(leanEmpty, fmt.Sprintf("%s (%s; %v)\n    %s", q, q.Kind, err, strings.Join(strings.Fields(leanExpr), " ")))
+			}
+		}
 		key := q.Dashboard + ": " + q.Panel
 		if n == 0 {
 			if _, ok := mayBeEmpty[key]; !ok {
@@ -291,11 +345,112 @@ func checkDashboards(t *testing.T, prom string) {
 	for _, e := range empty {
 		t.Errorf("dashboard query returns no data: %s", e)
 	}
+	sort.Strings(leanEmpty)
+	for _, e := range leanEmpty {
+		t.Errorf("dashboard query returns data for the default profile's node, none for the lean one: %s", e)
+	}
 	for key := range mayBeEmpty {
 		if !excused[key] {
 			t.Logf("mayBeEmpty lists %q, but all its queries return data now: remove it from the list", key)
 		}
 	}
+}
+
+// checkLeanRules: every selector of every rule, narrowed to one node,
+// selects series on the lean node wherever it does on the default one, and
+// so does every recorded series that carries the node or its pool.
+func checkLeanRules(t *testing.T, prom string) {
+	t.Helper()
+	rf, err := alerts.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parser.NewParser(parser.Options{})
+	selectors := map[string]string{} // selector -> the first rule using it
+	var records []string
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				records = append(records, r.Record)
+			}
+			e, err := p.ParseExpr(r.Expr)
+			if err != nil {
+				t.Errorf("%s: %v", r.Name(), err)
+				continue
+			}
+			parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+				if vs, ok := n.(*parser.VectorSelector); ok {
+					if sel := vs.String(); selectors[sel] == "" {
+						selectors[sel] = r.Name()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	if len(selectors) < 40 || len(records) < 20 {
+		t.Fatalf("only %d selectors and %d records in the rules: parsing lost some", len(selectors), len(records))
+	}
+	count := func(expr string) int {
+		n, err := queryCount(prom, expr)
+		if err != nil {
+			t.Errorf("%s: %v", expr, err)
+		}
+		return n
+	}
+	checked := 0
+	for sel, rule := range selectors {
+		onNode := func(node string) string {
+			vs, _ := p.ParseExpr(sel)
+			m, _ := labels.NewMatcher(labels.MatchEqual, "node", node)
+			vs.(*parser.VectorSelector).LabelMatchers = append(vs.(*parser.VectorSelector).LabelMatchers, m)
+			return vs.String()
+		}
+		if count(onNode(nodeName)) == 0 {
+			continue
+		}
+		checked++
+		if count(onNode(leanNodeName)) == 0 {
+			t.Errorf("rule %s: %s selects series on the default profile's node, none on the lean one", rule, onNode(leanNodeName))
+		}
+	}
+	for _, r := range records {
+		for _, x := range [][3]string{{"node", nodeName, leanNodeName}, {"nodepool", nodePool, leanPool}} {
+			if count(fmt.Sprintf(`%s{%s=%q}`, r, x[0], x[1])) == 0 {
+				continue
+			}
+			checked++
+			if count(fmt.Sprintf(`%s{%s=%q}`, r, x[0], x[2])) == 0 {
+				t.Errorf("recording rule %s has series for %s=%q, none for the lean profile's %q", r, x[0], x[1], x[2])
+			}
+		}
+	}
+	t.Logf("lean profile: %d rule selectors and recorded series checked against the default profile", checked)
+}
+
+// firingAlertsOn lists the names of the alerts firing now for one node
+// (by its node label, or by its pool's for pool-wide alerts).
+func firingAlertsOn(t *testing.T, prom, node string) []string {
+	t.Helper()
+	var r struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/alerts", &r); err != nil {
+		t.Fatalf("/api/v1/alerts: %v", err)
+	}
+	var out []string
+	for _, a := range r.Data.Alerts {
+		if a.State == "firing" && a.Labels["node"] == node && !slices.Contains(out, a.Labels["alertname"]) {
+			out = append(out, a.Labels["alertname"])
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // groupIntervalRE matches a rule group's `interval:` line.

@@ -351,3 +351,52 @@ func sortedNames(m map[string][]string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// TestNoRuleReadsANodeSummaryFamily holds the lean profile's rule: the
+// families node_summary serves once per node are those no alert or
+// recording rule reads (an alert on one of them would see only the node's
+// sum or mean on a lean node). Where only some series of a family fold
+// (error="corrected" of the ECC counters), a rule may read the others if
+// its selector says which.
+func TestNoRuleReadsANodeSummaryFamily(t *testing.T) {
+	rf, err := alerts.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	folds := collector.NodeSummaryFolds()
+	p := parser.NewParser(parser.Options{})
+	n := 0
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			e, err := p.ParseExpr(r.Expr)
+			if err != nil {
+				t.Fatalf("%s: %v", r.Name(), err)
+			}
+			parser.Inspect(e, func(node parser.Node, _ []parser.Node) error {
+				vs, ok := node.(*parser.VectorSelector)
+				if !ok {
+					return nil
+				}
+				n++
+				how, folded := folds[vs.Name]
+				if !folded {
+					return nil
+				}
+				if _, only, partly := strings.Cut(how, " of "); partly {
+					name, value, _ := strings.Cut(only, "=")
+					value = strings.Trim(value, `"`)
+					for _, m := range vs.LabelMatchers {
+						if m.Name == name && m.Type == labels.MatchEqual && m.Value != value {
+							return nil // reads only series that stay per GPU
+						}
+					}
+				}
+				t.Errorf("%s reads %s, which node_summary (on in the lean profile) serves once per node (%s): take the family out of node_summary or read it another way", r.Name(), vs, how)
+				return nil
+			})
+		}
+	}
+	if n < 40 {
+		t.Errorf("only %d selectors in the rules: parsing lost some", n)
+	}
+}

@@ -141,6 +141,21 @@ func TestSeriesBudget(t *testing.T) {
 		if tc.profile == collector.ProfileLean && !strings.Contains(body, `gpu_clock_event_active{gpu="0",reason="all"`) {
 			t.Errorf("lean profile: no gpu_clock_event_active{reason=\"all\"}, which GPUThrottled matches")
 		}
+		// node_summary: lean serves the folded families once per node,
+		// default once per GPU.
+		for name, how := range collector.NodeSummaryFolds() {
+			// `sum of error="corrected"`: only those series fold.
+			_, only, _ := strings.Cut(how, " of ")
+			node := regexp.MustCompile(`(?m)^` + name + `\{[^}]*gpu="all"`).MatchString(body)
+			perGPU := false
+			for _, l := range regexp.MustCompile(`(?m)^`+name+`\{[^}]*gpu="0"[^}]*\}`).FindAllString(body, -1) {
+				perGPU = perGPU || strings.Contains(l, only)
+			}
+			if lean := tc.profile == collector.ProfileLean; node != lean || perGPU == lean {
+				t.Errorf("%s profile: %s has a node series: %v, a series of GPU 0: %v", tc.profile, name, node, perGPU)
+			}
+		}
+		promtoolCheckMetrics(t, tc.profile+" page", body, nil)
 	}
 	// The full profile and the compatibility page have no budget: log them
 	// for the README.
@@ -167,22 +182,7 @@ func TestCompatPagePassesPromtool(t *testing.T) {
 	if n := families(body)["DCGM_FI_DEV_GPU_TEMP"]; n == 0 {
 		t.Fatal("no DCGM_FI_DEV_GPU_TEMP on the compatibility page")
 	}
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("promtool not found: install it with `apt-get install -y prometheus` (make test does)")
-		}
-		t.Skip("promtool not found (make test installs it)")
-	}
-	cmd := exec.Command(path, "check", "metrics")
-	cmd.Stdin = strings.NewReader(body)
-	out, _ := cmd.CombinedOutput()
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if l == "" || compatLintAllowed(l) {
-			continue
-		}
-		t.Errorf("promtool check metrics: %s", l)
-	}
+	promtoolCheckMetrics(t, "compatibility page", body, compatLintAllowed)
 }
 
 // compatLintAllowed tells the lint findings that dcgm-exporter's own names
@@ -197,4 +197,27 @@ func compatLintAllowed(line string) bool {
 	return msg == `counter metrics should have "_total" suffix` ||
 		msg == `metric name should not include type 'counter'` ||
 		msg == `label names should be written in 'snake_case' not 'camelCase'`
+}
+
+// promtoolCheckMetrics fails the test on every finding of `promtool check
+// metrics` on body that allowed does not excuse.
+func promtoolCheckMetrics(t *testing.T, what, body string, allowed func(string) bool) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool not found: install it with `apt-get install -y prometheus` (make test does)")
+		}
+		t.Logf("promtool not found (make test installs it): %s not linted", what)
+		return
+	}
+	cmd := exec.Command(path, "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	out, _ := cmd.CombinedOutput() // exits 1 on findings: the lines say
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if l == "" || (allowed != nil && allowed(l)) {
+			continue
+		}
+		t.Errorf("promtool check metrics on the %s: %s", what, l)
+	}
 }

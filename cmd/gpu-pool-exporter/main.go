@@ -222,7 +222,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	var kubeletTimeoutSet bool
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
-	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 42: what the shipped alerts and dashboards need) or full (everything). --[no-]collector.<group> flags change it; README lists the groups.").
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; README lists the groups.").
 		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
 	o.groupFlags = map[collector.Group]*groupFlag{}
 	for _, g := range collector.Groups {

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
 
 // syncBuffer is a bytes.Buffer safe for the exporter's logger and the test.
@@ -480,5 +482,30 @@ func TestGoBuildSaysWhatItIs(t *testing.T) {
 	}
 	if !strings.Contains(first, "revision: "+rev+")") {
 		t.Errorf("a plain go build of %s says %q: want revision %s", rev[:12], first, rev)
+	}
+}
+
+// TestNodeSummaryFlags: node_summary is switched like every group, lean
+// has it, default leaves it off, and full, which serves every group, leaves
+// it off too: it only folds series away.
+func TestNodeSummaryFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--collector.profile=lean"}, true},
+		{[]string{"--collector.profile=full"}, false},
+		{[]string{"--collector.profile=lean", "--no-collector.node_summary"}, false},
+		{[]string{"--collector.node_summary"}, true},
+		{[]string{"--collector.profile=full", "--collector.node_summary"}, true},
+	} {
+		o, code, err := parseFlags(tc.args, io.Discard, io.Discard)
+		if err != nil || code != exitOK {
+			t.Fatalf("%v: exit %d, %v", tc.args, code, err)
+		}
+		if got := o.groups.On(collector.GroupNodeSummary); got != tc.want {
+			t.Errorf("%v: node_summary on: %v, want %v", tc.args, got, tc.want)
+		}
 	}
 }
