@@ -669,6 +669,14 @@ func startPrometheus(ctx context.Context, work, addr string, cfg config) (*promP
 		return nil, fmt.Errorf("%s --version: %v\n%s", cfg.prometheus, err, v)
 	}
 	version := strings.TrimSpace(strings.SplitN(string(v), "\n", 2)[0])
+	if strings.Contains(version, "version  ") {
+		// Built by `go install` (no version stamped in): name the module.
+		if m, err := exec.CommandContext(ctx, "go", "version", "-m", cfg.prometheus).Output(); err == nil {
+			if f := regexp.MustCompile(`(?m)^\s+mod\s+github.com/prometheus/prometheus\s+(\S+)`).FindSubmatch(m); f != nil {
+				version = "prometheus, module github.com/prometheus/prometheus " + string(f[1])
+			}
+		}
+	}
 	p := &promProc{exited: make(chan struct{}), logs: &tailBuffer{max: 8 << 10}, version: version}
 	p.cmd = exec.Command(cfg.prometheus,
 		"--config.file="+filepath.Join(work, "prometheus.yml"),
