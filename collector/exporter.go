@@ -85,6 +85,9 @@ type State struct {
 	XIDInstances []xid.InstanceCount
 	// ECCEvents are the ECC error events per GPU, by sample GPU position.
 	ECCEvents [][2]uint64
+	// ECCUncorrectedGrew lists the GPUs whose uncorrected ECC count grew
+	// while the exporter ran.
+	ECCUncorrectedGrew []ECCIncrease
 	Derived   *Derived
 	// Usage is per-container use from process accounting; nil when off.
 	Usage      *Usage
@@ -130,6 +133,7 @@ type Exporter struct {
 	idle      *fragmentation.IdleTracker
 	counters  *monotonic   // under renderMu
 	summary   *nodeSummary // under renderMu
+	ecc       eccWatch     // under renderMu
 	renderErr atomic.Pointer[renderResult]
 	// procsWarned: the proc-root warning was logged (under renderMu).
 	procsWarned bool
@@ -229,6 +233,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		Rendered:    now,
 		Allocations: &Allocations{},
 	}
+	st.ECCUncorrectedGrew = e.ecc.observe(s)
 	if e.cfg.DCGM != nil {
 		snap := e.cfg.DCGM.Snapshot()
 		var counter *xid.Counter

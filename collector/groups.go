@@ -274,7 +274,7 @@ func init() {
 		collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
 	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc)
-	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc)
+	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, eccLastIncreaseDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
 	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, eccEventsDesc)
 	inGroup(GroupThrottle, clockEventDesc)

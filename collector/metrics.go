@@ -141,6 +141,9 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[0]), strconv.Itoa(g.GPU), g.UUID, "single_bit")
 		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[1]), strconv.Itoa(g.GPU), g.UUID, "double_bit")
 	}
+	for _, x := range st.ECCUncorrectedGrew {
+		ch <- prometheus.MustNewConstMetric(eccLastIncreaseDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)
+	}
 	for _, x := range st.XIDLast {
 		ch <- prometheus.MustNewConstMetric(lastXIDDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)
 	}

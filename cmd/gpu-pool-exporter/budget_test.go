@@ -99,12 +99,13 @@ func TestSeriesBudget(t *testing.T) {
 	// (no page retirement), it sets no price, every kubelet device ID
 	// matches a device, and no XID happens in it.
 	absentOnSimulatedNode := map[string]string{
-		"gpu_retired_pages_pending":        "pre-Ampere GPUs only",
-		"gpu_price_dollars_per_hour":       "no --idle.price",
-		"gpu_kubelet_unmatched_device_ids": "every device ID matches",
-		"gpu_xid_errors_total":             "no XID in the default scenario",
-		"gpu_xid_first_timestamp_seconds":  "no XID in the default scenario",
-		"gpu_xid_last_timestamp_seconds":   "no XID in the default scenario",
+		"gpu_retired_pages_pending":                           "pre-Ampere GPUs only",
+		"gpu_price_dollars_per_hour":                          "no --idle.price",
+		"gpu_kubelet_unmatched_device_ids":                    "every device ID matches",
+		"gpu_xid_errors_total":                                "no XID in the default scenario",
+		"gpu_xid_first_timestamp_seconds":                     "no XID in the default scenario",
+		"gpu_xid_last_timestamp_seconds":                      "no XID in the default scenario",
+		"gpu_ecc_uncorrected_last_increase_timestamp_seconds": "no ECC error in the default scenario (its group, ecc, is on in both profiles)",
 	}
 	for _, tc := range []struct {
 		profile string
