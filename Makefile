@@ -39,15 +39,19 @@ run:
 bench:
 	./scripts/bench.sh
 
-## bench-rules: the shipped rules in a real Prometheus (make tools: Debian's 2.42) scraping N synthetic
+## bench-rules: the shipped rules in a real Prometheus (3.x, built on first use) scraping N synthetic
 ## GPU nodes and kube-state-metrics for ten pools; prints each group's evaluation time, the total per
-## cycle, per node and head series. N=1000 needs about 3 GiB of memory and 10 minutes on 2 cores.
+## cycle, per node and head series. N=1000 needs about 3 GiB of memory and 12 minutes on 2 cores.
+## PROMETHEUS=path: another server (README: "Rule evaluation at fleet size").
 N ?= 200
 RULES ?= alerts/gpu-pool-exporter.rules.yml
-PROMETHEUS ?= prometheus
+# The server: Prometheus 3.x built by scripts/prometheus3.sh (on first use);
+# PROMETHEUS=prometheus for Debian's 2.42 of `make tools`.
+PROMETHEUS ?=
 BENCH_RULES_ARGS ?=
 bench-rules:
 	@work="$$(mktemp -d)" && trap 'rm -rf "$$work"' EXIT && \
+	prom="$(PROMETHEUS)" && { [ -n "$$prom" ] || prom="$$(./scripts/prometheus3.sh)"; } && \
 	go build -o "$$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
 	go build -o "$$work/bench-rules" ./scripts/benchrules && \
-	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) -prometheus $(PROMETHEUS) $(BENCH_RULES_ARGS)
+	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) -prometheus "$$prom" $(BENCH_RULES_ARGS)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -199,5 +200,24 @@ func TestReportScalesGroupsByInterval(t *testing.T) {
 	}
 	if i, j := strings.Index(out, "| slow-rule"), strings.Index(out, "| fast-rule"); i < 0 || j < 0 || i > j {
 		t.Errorf("costliest rules not ordered by cost per cycle (slow 225 ms before fast 200 ms):\n%s", out)
+	}
+}
+
+// make bench-rules' default server (scripts/prometheus3.sh) is the same
+// Prometheus 3.x as the promtool3 the rule tests run (install-tools.sh).
+func TestPrometheus3VersionMatchesPromtool3(t *testing.T) {
+	re := func(file, pattern string) string {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^` + pattern + `=(\S+)$`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s: no %s= line", file, pattern)
+		}
+		return string(m[1])
+	}
+	if a, b := re("../prometheus3.sh", "VERSION"), re("../install-tools.sh", "PROMTOOL3_VERSION"); a != b {
+		t.Errorf("scripts/prometheus3.sh builds prometheus %s, scripts/install-tools.sh promtool3 %s: keep them one version", a, b)
 	}
 }
