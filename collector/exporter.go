@@ -88,7 +88,7 @@ type State struct {
 	// ECCUncorrectedGrew lists the GPUs whose uncorrected ECC count grew
 	// while the exporter ran.
 	ECCUncorrectedGrew []ECCIncrease
-	Derived   *Derived
+	Derived            *Derived
 	// Usage is per-container use from process accounting; nil when off.
 	Usage      *Usage
 	Collectors []CollectorStatus
