@@ -256,8 +256,6 @@ func metricValue(m *dto.Metric) float64 {
 		return m.Counter.GetValue()
 	case m.Gauge != nil:
 		return m.Gauge.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
 	}
 	return math.NaN()
 }

@@ -223,7 +223,7 @@ scrape_configs:
 	deadline := time.Now().Add(alertTimeout)
 	var firing, leanFiring []string
 	for {
-		firing, leanFiring = firingAlerts(t, prom), firingAlertsOn(t, prom, leanNodeName)
+		firing, leanFiring = firingAlerts(t, prom), firingAlerts(t, prom, leanNodeName)
 		if containsAll(firing, expectedAlerts) && containsAll(leanFiring, expectedAlerts) || time.Now().After(deadline) {
 			break
 		}
@@ -428,31 +428,6 @@ func checkLeanRules(t *testing.T, prom string) {
 	t.Logf("lean profile: %d rule selectors and recorded series checked against the default profile", checked)
 }
 
-// firingAlertsOn lists the names of the alerts firing now for one node
-// (by its node label, or by its pool's for pool-wide alerts).
-func firingAlertsOn(t *testing.T, prom, node string) []string {
-	t.Helper()
-	var r struct {
-		Data struct {
-			Alerts []struct {
-				Labels map[string]string `json:"labels"`
-				State  string            `json:"state"`
-			} `json:"alerts"`
-		} `json:"data"`
-	}
-	if err := getJSON(prom+"/api/v1/alerts", &r); err != nil {
-		t.Fatalf("/api/v1/alerts: %v", err)
-	}
-	var out []string
-	for _, a := range r.Data.Alerts {
-		if a.State == "firing" && a.Labels["node"] == node && !slices.Contains(out, a.Labels["alertname"]) {
-			out = append(out, a.Labels["alertname"])
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // groupIntervalRE matches a rule group's `interval:` line.
 var groupIntervalRE = regexp.MustCompile(`(?m)^(    interval:\s*)\S+\s*$`)
 
@@ -557,12 +532,12 @@ func tailFile(t *testing.T, path string, n int) {
 	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
 }
 
-// firingAlerts lists the names of the alerts firing now.
-func firingAlerts(t *testing.T, prom string) []string {
+// firingAlerts lists the names of the alerts firing now: all of them, or,
+// given a node, those with that node label.
+func firingAlerts(t *testing.T, prom string, node ...string) []string {
 	t.Helper()
 	var r struct {
-		Status string `json:"status"`
-		Data   struct {
+		Data struct {
 			Alerts []struct {
 				Labels map[string]string `json:"labels"`
 				State  string            `json:"state"`
@@ -572,15 +547,12 @@ func firingAlerts(t *testing.T, prom string) []string {
 	if err := getJSON(prom+"/api/v1/alerts", &r); err != nil {
 		t.Fatalf("/api/v1/alerts: %v", err)
 	}
-	seen := map[string]bool{}
-	for _, a := range r.Data.Alerts {
-		if a.State == "firing" {
-			seen[a.Labels["alertname"]] = true
-		}
-	}
 	var out []string
-	for n := range seen {
-		out = append(out, n)
+	for _, a := range r.Data.Alerts {
+		if a.State != "firing" || len(node) > 0 && a.Labels["node"] != node[0] || slices.Contains(out, a.Labels["alertname"]) {
+			continue
+		}
+		out = append(out, a.Labels["alertname"])
 	}
 	sort.Strings(out)
 	return out

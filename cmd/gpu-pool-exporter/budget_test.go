@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -22,21 +20,9 @@ import (
 // returns its page once DCGM and the pod map have filled it.
 func simulatedPage(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int)
-	var errb syncBuffer
-	go func() {
-		done <- run(ctx, append([]string{"--simulate", "--web.listen-address=" + addr, "--collect-interval=1s"}, args...), io.Discard, &errb)
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("no shutdown within 10s")
-		}
-	}()
+	r := startExporter(t, append([]string{"--simulate", "--collect-interval=1s"}, args...)...)
+	defer r.stop(t)
+	addr := r.addr
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		body := waitFor(t, "http://"+addr+"/metrics", 200)
@@ -48,7 +34,7 @@ func simulatedPage(t *testing.T, args ...string) string {
 			return body
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the page never had DCGM and the pod map up; log:\n%s", errb.String())
+			t.Fatalf("the page never had DCGM and the pod map up; log:\n%s", r.logs.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

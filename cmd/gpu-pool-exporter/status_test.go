@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"image/png"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,22 +21,9 @@ import (
 // idle window, and waits until chat-api-2 is idle.
 func simulatedExporter(t *testing.T) string {
 	t.Helper()
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int)
-	var errb syncBuffer
-	go func() {
-		done <- run(ctx, []string{"--simulate", "--web.listen-address=" + addr, "--collect-interval=1s", "--idle.window=10s",
-			"--kubelet.refresh-interval=1s", "--nvml.device-timeout=500ms"}, io.Discard, &errb)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("exporter did not stop")
-		}
-	})
+	r := startExporter(t, "--simulate", "--collect-interval=1s", "--idle.window=10s",
+		"--kubelet.refresh-interval=1s", "--nvml.device-timeout=500ms")
+	addr := r.addr
 	deadline := time.Now().Add(40 * time.Second)
 	for {
 		body := waitFor(t, "http://"+addr+statusPath, 200)
@@ -55,7 +41,7 @@ func simulatedExporter(t *testing.T) string {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("chat-api-2 never went idle; last status:\n%s\nlog:\n%s", body, errb.String())
+			t.Fatalf("chat-api-2 never went idle; last status:\n%s\nlog:\n%s", body, r.logs.String())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
