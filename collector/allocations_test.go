@@ -15,7 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"

@@ -19,7 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -120,7 +120,7 @@ type Page struct {
 // Exporter samples in the background and keeps the rendered page.
 type Exporter struct {
 	cfg     Config
-	sampler *nvml.Sampler
+	sampler *nvmlsampler.Sampler
 	reg     *prometheus.Registry
 	page    atomic.Pointer[Page]
 
@@ -143,7 +143,7 @@ type Exporter struct {
 type renderResult struct{ err error }
 
 // New builds an exporter over a sampler.
-func New(cfg Config, sampler *nvml.Sampler) (*Exporter, error) {
+func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	if cfg.Interval < MinInterval {
 		return nil, fmt.Errorf("collect interval %s is below the minimum of %s", cfg.Interval, MinInterval)
 	}

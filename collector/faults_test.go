@@ -27,7 +27,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"

@@ -3,49 +3,49 @@ package collector
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 // The per-device value record and its fields live with the NVML sampler,
 // which fills most of them; the orchestration merges DCGM's into it.
 type (
-	Field  = nvml.Field
-	Values = nvml.Values
+	Field  = nvmlsampler.Field
+	Values = nvmlsampler.Values
 )
 
 // The per-device fields, named here for the orchestration and the renderer.
 const (
-	FieldMemoryUsed          = nvml.FieldMemoryUsed
-	FieldMemoryTotal         = nvml.FieldMemoryTotal
-	FieldUtilization         = nvml.FieldUtilization
-	FieldMemoryUtilization   = nvml.FieldMemoryUtilization
-	FieldTemperature         = nvml.FieldTemperature
-	FieldPower               = nvml.FieldPower
-	FieldEnergy              = nvml.FieldEnergy
-	FieldSMClock             = nvml.FieldSMClock
-	FieldMemoryClock         = nvml.FieldMemoryClock
-	FieldPCIeLinkGeneration  = nvml.FieldPCIeLinkGeneration
-	FieldPCIeLinkWidth       = nvml.FieldPCIeLinkWidth
-	FieldPowerLimit          = nvml.FieldPowerLimit
-	FieldSlowdownTemperature = nvml.FieldSlowdownTemperature
-	FieldShutdownTemperature = nvml.FieldShutdownTemperature
-	FieldSMActive            = nvml.FieldSMActive
-	FieldSMOccupancy         = nvml.FieldSMOccupancy
-	FieldTensorActive        = nvml.FieldTensorActive
-	FieldDRAMActive          = nvml.FieldDRAMActive
-	FieldGraphicsActive      = nvml.FieldGraphicsActive
-	FieldFP64Active          = nvml.FieldFP64Active
-	FieldFP32Active          = nvml.FieldFP32Active
-	FieldFP16Active          = nvml.FieldFP16Active
-	FieldPCIeTxBytes         = nvml.FieldPCIeTxBytes
-	FieldPCIeRxBytes         = nvml.FieldPCIeRxBytes
-	FieldNVLinkTxBytes       = nvml.FieldNVLinkTxBytes
-	FieldNVLinkRxBytes       = nvml.FieldNVLinkRxBytes
-	FieldMemoryTemperature   = nvml.FieldMemoryTemperature
-	FieldEncoderUtilization  = nvml.FieldEncoderUtilization
-	FieldDecoderUtilization  = nvml.FieldDecoderUtilization
-	FieldMemoryReserved      = nvml.FieldMemoryReserved
-	numFields                = nvml.NumFields
+	FieldMemoryUsed          = nvmlsampler.FieldMemoryUsed
+	FieldMemoryTotal         = nvmlsampler.FieldMemoryTotal
+	FieldUtilization         = nvmlsampler.FieldUtilization
+	FieldMemoryUtilization   = nvmlsampler.FieldMemoryUtilization
+	FieldTemperature         = nvmlsampler.FieldTemperature
+	FieldPower               = nvmlsampler.FieldPower
+	FieldEnergy              = nvmlsampler.FieldEnergy
+	FieldSMClock             = nvmlsampler.FieldSMClock
+	FieldMemoryClock         = nvmlsampler.FieldMemoryClock
+	FieldPCIeLinkGeneration  = nvmlsampler.FieldPCIeLinkGeneration
+	FieldPCIeLinkWidth       = nvmlsampler.FieldPCIeLinkWidth
+	FieldPowerLimit          = nvmlsampler.FieldPowerLimit
+	FieldSlowdownTemperature = nvmlsampler.FieldSlowdownTemperature
+	FieldShutdownTemperature = nvmlsampler.FieldShutdownTemperature
+	FieldSMActive            = nvmlsampler.FieldSMActive
+	FieldSMOccupancy         = nvmlsampler.FieldSMOccupancy
+	FieldTensorActive        = nvmlsampler.FieldTensorActive
+	FieldDRAMActive          = nvmlsampler.FieldDRAMActive
+	FieldGraphicsActive      = nvmlsampler.FieldGraphicsActive
+	FieldFP64Active          = nvmlsampler.FieldFP64Active
+	FieldFP32Active          = nvmlsampler.FieldFP32Active
+	FieldFP16Active          = nvmlsampler.FieldFP16Active
+	FieldPCIeTxBytes         = nvmlsampler.FieldPCIeTxBytes
+	FieldPCIeRxBytes         = nvmlsampler.FieldPCIeRxBytes
+	FieldNVLinkTxBytes       = nvmlsampler.FieldNVLinkTxBytes
+	FieldNVLinkRxBytes       = nvmlsampler.FieldNVLinkRxBytes
+	FieldMemoryTemperature   = nvmlsampler.FieldMemoryTemperature
+	FieldEncoderUtilization  = nvmlsampler.FieldEncoderUtilization
+	FieldDecoderUtilization  = nvmlsampler.FieldDecoderUtilization
+	FieldMemoryReserved      = nvmlsampler.FieldMemoryReserved
+	numFields                = nvmlsampler.NumFields
 )
 
 // Source says which sampler a field comes from; it decides merges when two

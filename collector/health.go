@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 var (
@@ -102,7 +102,7 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(remapFailedDesc, prometheus.GaugeValue, b2f(h.RemapFailed.V), gpu, uuid)
 	}
 	if h.ClockReasons.OK {
-		for _, r := range nvml.ClockEventReasons {
+		for _, r := range nvmlsampler.ClockEventReasons {
 			d := clockEventOtherDesc
 			if r.Bit&slowdownReasons != 0 {
 				d = clockEventDesc
@@ -122,7 +122,7 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 			if !h.NVLinkErrorSeen[t] {
 				continue
 			}
-			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvml.NVLinkErrorTypes[t].Name)
+			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvmlsampler.NVLinkErrorTypes[t].Name)
 			sum += v
 		}
 		ch <- prometheus.MustNewConstMetric(nvlinkErrSummaryDesc, prometheus.CounterValue, float64(sum), gpu, uuid, "all")

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 

@@ -3,18 +3,18 @@ package collector
 import (
 	"strconv"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 // What the NVML sampler saw, as the orchestration joins and renders it.
 type (
-	DeviceState    = nvml.DeviceState
-	GPUState       = nvml.GPUState
-	MIGLayout      = nvml.MIGLayout
-	MIGProfileInfo = nvml.MIGProfileInfo
-	MIGPlacement   = nvml.MIGPlacement
-	DriverInfo     = nvml.DriverInfo
-	NodeSample     = nvml.NodeSample
+	DeviceState    = nvmlsampler.DeviceState
+	GPUState       = nvmlsampler.GPUState
+	MIGLayout      = nvmlsampler.MIGLayout
+	MIGProfileInfo = nvmlsampler.MIGProfileInfo
+	MIGPlacement   = nvmlsampler.MIGPlacement
+	DriverInfo     = nvmlsampler.DriverInfo
+	NodeSample     = nvmlsampler.NodeSample
 )
 
 // labelValues are a device series' identity labels (deviceLabels).

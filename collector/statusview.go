@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
@@ -157,7 +157,7 @@ func gpuHealth(st *State, g *GPUState) status.Health {
 		return h
 	}
 	if r := g.Health.ClockReasons; r.OK {
-		for _, cr := range nvml.ClockEventReasons {
+		for _, cr := range nvmlsampler.ClockEventReasons {
 			if r.V&cr.Bit&slowdownReasons != 0 { // throttling: heat or power
 				h.Throttle = append(h.Throttle, cr.Name)
 			}

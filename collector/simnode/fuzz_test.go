@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 // fuzzClock is a clock the fuzz target moves; hung NVML calls read it from

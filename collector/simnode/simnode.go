@@ -18,7 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 var models = map[string]gpus.Config{

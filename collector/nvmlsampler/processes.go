@@ -1,4 +1,4 @@
-package nvml
+package nvmlsampler
 
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"

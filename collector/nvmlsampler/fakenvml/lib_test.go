@@ -12,8 +12,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
 )
 
 // One builder per test process: the C library is compiled once, and every
@@ -546,7 +546,7 @@ func TestBlockForAWhile(t *testing.T) {
 }
 
 // TestFakeServesEverySymbolTheExporterCalls: the fake library implements
-// every function in the exporter's call table (collector/nvml/symbols.go),
+// every function in the exporter's call table (collector/nvmlsampler/symbols.go),
 // and each fallback.
 func TestFakeServesEverySymbolTheExporterCalls(t *testing.T) {
 	impl, err := builder.Implemented()

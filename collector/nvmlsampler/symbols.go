@@ -1,4 +1,4 @@
-package nvml
+package nvmlsampler
 
 // Every NVML C function the exporter calls, in one place: the fake
 // libnvidia-ml in fakenvml/ must serve each of them, and each function newer

@@ -9,4 +9,4 @@
 // packages import this one as nvmlsampler. The real library is reached
 // through the narrow NVML and Device interfaces, which the simulated node
 // (collector/simnode) also implements.
-package nvml
+package nvmlsampler

@@ -5,11 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
 )
 
-// The exporter's table of NVML calls (collector/nvml/symbols.go) against the
+// The exporter's table of NVML calls (collector/nvmlsampler/symbols.go) against the
 // branch lists generated from each branch's nvml.h (branches/*.txt): every
 // function is exported from the branch it names on, and not before. So the
 // probes gate exactly what older drivers lack, and the fake library serves

@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	nvmlsampler "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvml/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 

@@ -266,7 +266,7 @@ func (n *Node) Encode() ([]byte, error) {
 	}
 	sort.Strings(keys)
 	var b strings.Builder
-	b.WriteString("# fakenvml node file, written by collector/nvml/fakenvml\n")
+	b.WriteString("# fakenvml node file, written by collector/nvmlsampler/fakenvml\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s=%s\n", k, m[k])
 	}

@@ -1,4 +1,4 @@
-package nvml
+package nvmlsampler
 
 // Field is one per-device value slot. NVML fills its own fields here; the
 // orchestration (package collector) merges DCGM's profiling fields into the
