@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -34,7 +36,7 @@ type DeviceKey struct {
 }
 
 // migKey is the key of a MIG device.
-func migKey(gpu int, m *DeviceState) DeviceKey {
+func migKey(gpu int, m *sample.DeviceState) DeviceKey {
 	return DeviceKey{gpu, m.GPUInstance, m.ComputeInstance}
 }
 
@@ -78,7 +80,7 @@ type HolderOn struct {
 }
 
 // inventory is the sample's devices as podmap wants them.
-func inventory(s *NodeSample) *podmap.Inventory {
+func inventory(s *sample.NodeSample) *podmap.Inventory {
 	inv := &podmap.Inventory{GPUs: make([]podmap.InventoryGPU, 0, len(s.GPUs))}
 	for _, g := range s.GPUs {
 		ig := podmap.InventoryGPU{Index: g.GPU, UUID: g.UUID, Minor: g.Minor}
@@ -97,7 +99,7 @@ func inventory(s *NodeSample) *podmap.Inventory {
 }
 
 // resolveAllocations matches the kubelet's holdings to the sample's devices.
-func resolveAllocations(snap *podmap.Snapshot, s *NodeSample, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
+func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
 	a := &Allocations{ByDevice: map[DeviceKey][]Holder{}, Unmatched: map[string]int{}, Shared: map[DeviceKey]bool{}, Replicas: map[HolderOn][]int{}}
 	if snap == nil {
 		return a
@@ -236,7 +238,7 @@ var (
 // failed (GPURowRemapFailed: replace it), or that waits for a reset (rows to
 // remap, pages to retire, an NVML recovery action) is unhealthy: never free
 // capacity, even though NVML answers and pods may still run on it.
-func healthy(g *GPUState) bool {
+func healthy(g *sample.GPUState) bool {
 	h := &g.Health
 	switch {
 	case !g.Up,
@@ -251,7 +253,7 @@ func healthy(g *GPUState) bool {
 
 // eachUnit calls f for each schedulable unit of the sample (whole GPUs, MIG
 // instances) with its health (see healthy).
-func eachUnit(s *NodeSample, f func(d *DeviceState, key DeviceKey, healthy bool)) {
+func eachUnit(s *sample.NodeSample, f func(d *sample.DeviceState, key DeviceKey, healthy bool)) {
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		ok := healthy(g)
@@ -284,7 +286,7 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 	a := st.Allocations
 	s := st.Sample
 	var free, allocated, unhealthy, healthy, allocatableHealthy int
-	eachUnit(s, func(d *DeviceState, key DeviceKey, ok bool) {
+	eachUnit(s, func(d *sample.DeviceState, key DeviceKey, ok bool) {
 		holders := a.ByDevice[key]
 		switch {
 		case !ok:
@@ -329,13 +331,13 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 		}
 		h := holders[0]
 		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
-		if v, ok := d.Values.Get(FieldMemoryUsed); ok {
+		if v, ok := d.Values.Get(sample.FieldMemoryUsed); ok {
 			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
 		}
 		if v, src, ok := containerActivity(nil, d, nil); ok {
 			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
 		}
-		if v, ok := d.Values.Get(FieldSMActive); ok {
+		if v, ok := d.Values.Get(sample.FieldSMActive); ok {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
 		}
 	})
@@ -362,12 +364,12 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 // freeIDs counts, per resource, the allocatable device IDs that no
 // container holds and that name a healthy unit; nil when the kubelet gave no
 // allocatable list.
-func (a *Allocations) freeIDs(s *NodeSample) map[string]int {
+func (a *Allocations) freeIDs(s *sample.NodeSample) map[string]int {
 	if a.allocatableRefs == nil {
 		return nil
 	}
 	healthy := map[DeviceKey]bool{}
-	eachUnit(s, func(_ *DeviceState, key DeviceKey, ok bool) { healthy[key] = ok })
+	eachUnit(s, func(_ *sample.DeviceState, key DeviceKey, ok bool) { healthy[key] = ok })
 	out := make(map[string]int, len(a.allocatableRefs))
 	for res, refs := range a.allocatableRefs {
 		n := 0

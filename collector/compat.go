@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
@@ -52,15 +54,15 @@ type compatFamily struct {
 
 // compatDevice is what one compatibility series is rendered from.
 type compatDevice struct {
-	d     *DeviceState // the device: whole GPU or MIG instance
-	g     *GPUState    // its board
-	rates compatRates  // byte rates of the device, from the last two samples
+	d     *sample.DeviceState // the device: whole GPU or MIG instance
+	g     *sample.GPUState    // its board
+	rates compatRates         // byte rates of the device, from the last two samples
 	last  *xid.DeviceLast
 }
 
 const mib = 1 << 20
 
-func field(f Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
+func field(f sample.Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
 	return func(c *compatDevice) (float64, bool) {
 		src := c.d
 		if scope == scopeBoard {
@@ -73,7 +75,7 @@ func field(f Field, scale float64, scope compatScope) func(c *compatDevice) (flo
 
 // whole is field for DCGM's integer fields (MiB, MHz, mJ): DCGM truncates
 // bytes to MiB, and the float products of our base units are made exact.
-func whole(f Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
+func whole(f sample.Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
 	get := field(f, scale, scope)
 	return func(c *compatDevice) (float64, bool) {
 		v, ok := get(c)
@@ -86,32 +88,32 @@ func whole(f Field, scale float64, scope compatScope) func(c *compatDevice) (flo
 // DCGM_FI_DEV_VGPU_LICENSE_STATUS (vGPU guests only) and
 // DCGM_FI_DRIVER_VERSION, which dcgm-exporter serves as a label.
 var compatFamilies = []*compatFamily{
-	{name: "DCGM_FI_DEV_SM_CLOCK", help: "SM clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(FieldSMClock, 1e-6, scopeBoard)},
-	{name: "DCGM_FI_DEV_MEM_CLOCK", help: "Memory clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(FieldMemoryClock, 1e-6, scopeBoard)},
-	{name: "DCGM_FI_DEV_MEMORY_TEMP", help: "Memory temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldMemoryTemperature, 1, scopeBoard)},
-	{name: "DCGM_FI_DEV_GPU_TEMP", help: "GPU temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldTemperature, 1, scopeBoard)},
-	{name: "DCGM_FI_DEV_POWER_USAGE", help: "Power draw (in W).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldPower, 1, scopeBoard)},
-	{name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", help: "Total energy consumption since boot (in mJ).", valueType: prometheus.CounterValue, scope: scopeBoard, value: whole(FieldEnergy, 1000, scopeBoard)},
+	{name: "DCGM_FI_DEV_SM_CLOCK", help: "SM clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(sample.FieldSMClock, 1e-6, scopeBoard)},
+	{name: "DCGM_FI_DEV_MEM_CLOCK", help: "Memory clock frequency (in MHz).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: whole(sample.FieldMemoryClock, 1e-6, scopeBoard)},
+	{name: "DCGM_FI_DEV_MEMORY_TEMP", help: "Memory temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(sample.FieldMemoryTemperature, 1, scopeBoard)},
+	{name: "DCGM_FI_DEV_GPU_TEMP", help: "GPU temperature (in C).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(sample.FieldTemperature, 1, scopeBoard)},
+	{name: "DCGM_FI_DEV_POWER_USAGE", help: "Power draw (in W).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(sample.FieldPower, 1, scopeBoard)},
+	{name: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", help: "Total energy consumption since boot (in mJ).", valueType: prometheus.CounterValue, scope: scopeBoard, value: whole(sample.FieldEnergy, 1000, scopeBoard)},
 	{name: "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", help: "Total number of PCIe retries.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		h := c.g.Health.PCIeReplay
 		return float64(h.V), h.OK
 	}},
-	{name: "DCGM_FI_DEV_GPU_UTIL", help: "GPU utilization (in %).", valueType: prometheus.GaugeValue, value: field(FieldUtilization, 100, scopeDevice)},
-	{name: "DCGM_FI_DEV_MEM_COPY_UTIL", help: "Memory utilization (in %).", valueType: prometheus.GaugeValue, value: field(FieldMemoryUtilization, 100, scopeDevice)},
-	{name: "DCGM_FI_DEV_ENC_UTIL", help: "Encoder utilization (in %).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldEncoderUtilization, 100, scopeBoard)},
-	{name: "DCGM_FI_DEV_DEC_UTIL", help: "Decoder utilization (in %).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(FieldDecoderUtilization, 100, scopeBoard)},
+	{name: "DCGM_FI_DEV_GPU_UTIL", help: "GPU utilization (in %).", valueType: prometheus.GaugeValue, value: field(sample.FieldUtilization, 100, scopeDevice)},
+	{name: "DCGM_FI_DEV_MEM_COPY_UTIL", help: "Memory utilization (in %).", valueType: prometheus.GaugeValue, value: field(sample.FieldMemoryUtilization, 100, scopeDevice)},
+	{name: "DCGM_FI_DEV_ENC_UTIL", help: "Encoder utilization (in %).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(sample.FieldEncoderUtilization, 100, scopeBoard)},
+	{name: "DCGM_FI_DEV_DEC_UTIL", help: "Decoder utilization (in %).", valueType: prometheus.GaugeValue, scope: scopeBoard, value: field(sample.FieldDecoderUtilization, 100, scopeBoard)},
 	// DCGM_FI_DEV_XID_ERRORS is rendered by collectXID: it has two more labels.
 	{name: "DCGM_FI_DEV_FB_FREE", help: "Framebuffer memory free (in MiB).", valueType: prometheus.GaugeValue, value: func(c *compatDevice) (float64, bool) {
-		total, ok1 := c.d.Values.Get(FieldMemoryTotal)
-		used, ok2 := c.d.Values.Get(FieldMemoryUsed)
-		reserved, _ := c.d.Values.Get(FieldMemoryReserved)
+		total, ok1 := c.d.Values.Get(sample.FieldMemoryTotal)
+		used, ok2 := c.d.Values.Get(sample.FieldMemoryUsed)
+		reserved, _ := c.d.Values.Get(sample.FieldMemoryReserved)
 		if !ok1 || !ok2 {
 			return 0, false
 		}
 		return math.Floor(max(0, total-used-reserved) / mib), true
 	}},
-	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: whole(FieldMemoryUsed, 1.0/mib, scopeDevice)},
-	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: whole(FieldMemoryReserved, 1.0/mib, scopeDevice)},
+	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice)},
+	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)},
 	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		// DCGM reports a rate here despite the counter type (in MB/s by
 		// users' measurements): NVLink bytes sent and received per second.
@@ -133,9 +135,9 @@ var compatFamilies = []*compatFamily{
 		h := c.g.Health.RemapFailed
 		return b2f(h.V), h.OK
 	}},
-	{name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", help: "Ratio of time the graphics engine is active.", valueType: prometheus.GaugeValue, value: field(FieldGraphicsActive, 1, scopeDevice)},
-	{name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", help: "Ratio of cycles the tensor (HMMA) pipe is active.", valueType: prometheus.GaugeValue, value: field(FieldTensorActive, 1, scopeDevice)},
-	{name: "DCGM_FI_PROF_DRAM_ACTIVE", help: "Ratio of cycles the device memory interface is active sending or receiving data.", valueType: prometheus.GaugeValue, value: field(FieldDRAMActive, 1, scopeDevice)},
+	{name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", help: "Ratio of time the graphics engine is active.", valueType: prometheus.GaugeValue, value: field(sample.FieldGraphicsActive, 1, scopeDevice)},
+	{name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", help: "Ratio of cycles the tensor (HMMA) pipe is active.", valueType: prometheus.GaugeValue, value: field(sample.FieldTensorActive, 1, scopeDevice)},
+	{name: "DCGM_FI_PROF_DRAM_ACTIVE", help: "Ratio of cycles the device memory interface is active sending or receiving data.", valueType: prometheus.GaugeValue, value: field(sample.FieldDRAMActive, 1, scopeDevice)},
 	{name: "DCGM_FI_PROF_PCIE_TX_BYTES", help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", valueType: prometheus.GaugeValue, value: func(c *compatDevice) (float64, bool) {
 		return c.rates.pcieTx, c.rates.pcieOK
 	}},
@@ -200,16 +202,16 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 func (r *compatRenderer) update(st *State) {
 	st.compatRates = map[compatKey]compatRates{}
 	next := map[compatKey]compatCounters{}
-	visit := func(d *DeviceState) {
+	visit := func(d *sample.DeviceState) {
 		k := compatKey{d.UUID, d.GPUInstance}
 		var c compatCounters
 		c.at = st.Sample.Time
 		var ok1, ok2 bool
-		c.pcieTx, ok1 = d.Values.Get(FieldPCIeTxBytes)
-		c.pcieRx, ok2 = d.Values.Get(FieldPCIeRxBytes)
+		c.pcieTx, ok1 = d.Values.Get(sample.FieldPCIeTxBytes)
+		c.pcieRx, ok2 = d.Values.Get(sample.FieldPCIeRxBytes)
 		c.pcieOK = ok1 && ok2
-		c.nvlinkTx, ok1 = d.Values.Get(FieldNVLinkTxBytes)
-		c.nvlinkRx, ok2 = d.Values.Get(FieldNVLinkRxBytes)
+		c.nvlinkTx, ok1 = d.Values.Get(sample.FieldNVLinkTxBytes)
+		c.nvlinkRx, ok2 = d.Values.Get(sample.FieldNVLinkRxBytes)
 		c.nvlinkOK = ok1 && ok2
 		if !c.pcieOK && !c.nvlinkOK {
 			return
@@ -256,7 +258,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 		if !g.Up {
 			continue // dcgm-exporter serves nothing for a GPU DCGM cannot read
 		}
-		devs := []*DeviceState{&g.DeviceState}
+		devs := []*sample.DeviceState{&g.DeviceState}
 		if g.MIGEnabled && len(g.MIG) > 0 {
 			devs = devs[:0]
 			for j := range g.MIG {
@@ -295,7 +297,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	}
 }
 
-func (r *compatRenderer) labels(g *GPUState, d *DeviceState, driver string) []string {
+func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, driver string) []string {
 	gi, prof := "", ""
 	if d.IsMIG() {
 		gi, prof = strconv.Itoa(d.GPUInstance), d.MIGProfile

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
@@ -18,26 +20,26 @@ type DCGMSource interface {
 // dcgmFields maps DCGM's fields to ours. Each of our fields has one
 // documented source (fieldSpecs): DCGM fields are never read from NVML, so
 // the merge never has two values to choose from.
-var dcgmFields = map[dcgm.Field]Field{
-	dcgm.SMActive:       FieldSMActive,
-	dcgm.SMOccupancy:    FieldSMOccupancy,
-	dcgm.TensorActive:   FieldTensorActive,
-	dcgm.DRAMActive:     FieldDRAMActive,
-	dcgm.GraphicsActive: FieldGraphicsActive,
-	dcgm.FP64Active:     FieldFP64Active,
-	dcgm.FP32Active:     FieldFP32Active,
-	dcgm.FP16Active:     FieldFP16Active,
-	dcgm.PCIeTxBytes:    FieldPCIeTxBytes,
-	dcgm.PCIeRxBytes:    FieldPCIeRxBytes,
-	dcgm.NVLinkTxBytes:  FieldNVLinkTxBytes,
-	dcgm.NVLinkRxBytes:  FieldNVLinkRxBytes,
+var dcgmFields = map[dcgm.Field]sample.Field{
+	dcgm.SMActive:       sample.FieldSMActive,
+	dcgm.SMOccupancy:    sample.FieldSMOccupancy,
+	dcgm.TensorActive:   sample.FieldTensorActive,
+	dcgm.DRAMActive:     sample.FieldDRAMActive,
+	dcgm.GraphicsActive: sample.FieldGraphicsActive,
+	dcgm.FP64Active:     sample.FieldFP64Active,
+	dcgm.FP32Active:     sample.FieldFP32Active,
+	dcgm.FP16Active:     sample.FieldFP16Active,
+	dcgm.PCIeTxBytes:    sample.FieldPCIeTxBytes,
+	dcgm.PCIeRxBytes:    sample.FieldPCIeRxBytes,
+	dcgm.NVLinkTxBytes:  sample.FieldNVLinkTxBytes,
+	dcgm.NVLinkRxBytes:  sample.FieldNVLinkRxBytes,
 }
 
 // mergeDCGM adds DCGM's fields and health to the sample's devices and feeds
 // DCGM's last XID to the XID counter (which drops what NVML already counted).
 // A device NVML reports down gets nothing: DCGM values of a lost GPU would
 // be stale.
-func mergeDCGM(snap *dcgm.Snapshot, s *NodeSample, counter *xid.Counter) {
+func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample, counter *xid.Counter) {
 	if snap == nil || !snap.Up {
 		return
 	}
@@ -62,7 +64,7 @@ func mergeDCGM(snap *dcgm.Snapshot, s *NodeSample, counter *xid.Counter) {
 	}
 }
 
-func setDCGM(d *DeviceState, dv dcgm.DeviceValues) {
+func setDCGM(d *sample.DeviceState, dv dcgm.DeviceValues) {
 	for df, f := range dcgmFields {
 		if v, ok := dv.Value(df); ok {
 			d.Values.Set(f, v)
@@ -80,7 +82,7 @@ var (
 	dcgmStatusValues = map[string]float64{dcgm.HealthPass: 0, dcgm.HealthWarn: 1, dcgm.HealthFail: 2}
 )
 
-func collectDCGMHealth(g *GPUState, ch chan<- prometheus.Metric) {
+func collectDCGMHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 	if g.DCGMHealth == nil {
 		return
 	}

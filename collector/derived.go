@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
@@ -29,18 +31,18 @@ type Derived struct {
 
 // idleActivity is what idleness is judged on: DCGM's SM activity where
 // present (it sees kernels that barely use the GPU), else NVML's busy ratio.
-func idleActivity(d *DeviceState) (float64, bool) {
-	if v, ok := d.Values.Get(FieldSMActive); ok {
+func idleActivity(d *sample.DeviceState) (float64, bool) {
+	if v, ok := d.Values.Get(sample.FieldSMActive); ok {
 		return v, true
 	}
-	return d.Values.Get(FieldUtilization)
+	return d.Values.Get(sample.FieldUtilization)
 }
 
 // computeDerived runs the idle tracker and the fragmentation model.
-func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *NodeSample, a *Allocations, u *Usage, now time.Time) *Derived {
+func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *sample.NodeSample, a *Allocations, u *Usage, now time.Time) *Derived {
 	d := &Derived{Prices: map[DeviceKey]float64{}}
 	var obs []fragmentation.Observation
-	eachUnit(s, func(dev *DeviceState, key DeviceKey, healthy bool) {
+	eachUnit(s, func(dev *sample.DeviceState, key DeviceKey, healthy bool) {
 		for _, h := range a.ByDevice[key] {
 			act, known := holderIdleActivity(u, dev, key, h)
 			if !dev.Up {
@@ -74,7 +76,7 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *N
 	return d
 }
 
-func gpuOf(s *NodeSample, gpu int) *GPUState {
+func gpuOf(s *sample.NodeSample, gpu int) *sample.GPUState {
 	for i := range s.GPUs {
 		if s.GPUs[i].GPU == gpu {
 			return &s.GPUs[i]
@@ -84,7 +86,7 @@ func gpuOf(s *NodeSample, gpu int) *GPUState {
 }
 
 // fragInput turns the sample and its allocations into the model's input.
-func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
+func fragInput(s *sample.NodeSample, a *Allocations) []fragmentation.GPU {
 	out := make([]fragmentation.GPU, 0, len(s.GPUs))
 	shared := a.sharedFree()
 	for i := range s.GPUs {
@@ -92,7 +94,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 		fg := fragmentation.GPU{Index: g.GPU, UUID: g.UUID, Healthy: healthy(g), NVLinkDomain: -1, NUMANode: -1,
 			SharedFree: shared[gpuKey(g.GPU)]}
 		fg.MemoryTotal = usableMemory(&g.Values)
-		fg.MemoryUsed, _ = g.Values.Get(FieldMemoryUsed)
+		fg.MemoryUsed, _ = g.Values.Get(sample.FieldMemoryUsed)
 		if g.Health.NVLinkActive > 0 {
 			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
 			// one domain. NVLink-bridged PCIe pairs would need topology
@@ -120,7 +122,7 @@ func fragInput(s *NodeSample, a *Allocations) []fragmentation.GPU {
 				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
 					Allocated: len(a.ByDevice[migKey(g.GPU, &m)]) > 0}
 				mi.MemoryTotal = usableMemory(&m.Values)
-				mi.MemoryUsed, _ = m.Values.Get(FieldMemoryUsed)
+				mi.MemoryUsed, _ = m.Values.Get(sample.FieldMemoryUsed)
 				ms.Instances = append(ms.Instances, mi)
 			}
 			fg.MIG = ms
@@ -185,7 +187,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	if known {
 		ch <- prometheus.MustNewConstMetric(idleDevicesDesc, prometheus.GaugeValue, float64(d.IdleDevices))
 	}
-	eachUnit(s, func(dev *DeviceState, key DeviceKey, _ bool) {
+	eachUnit(s, func(dev *sample.DeviceState, key DeviceKey, _ bool) {
 		if p, ok := d.Prices[key]; ok {
 			lv := labelValues(dev)
 			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, p, lv[0], lv[1], lv[2], lv[3], lv[4], dev.Model)
@@ -218,7 +220,7 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 }
 
 // unitLabels are the device labels of a GPU or MIG instance of the sample.
-func unitLabels(s *NodeSample, k DeviceKey) []string {
+func unitLabels(s *sample.NodeSample, k DeviceKey) []string {
 	g := gpuOf(s, k.GPU)
 	if g == nil {
 		return nil
@@ -236,8 +238,8 @@ func unitLabels(s *NodeSample, k DeviceKey) []string {
 
 // usableMemory is the memory pods can allocate: the total less what the
 // driver reserves for itself (known from NVML memory v2).
-func usableMemory(v *Values) float64 {
-	total, _ := v.Get(FieldMemoryTotal)
-	reserved, _ := v.Get(FieldMemoryReserved)
+func usableMemory(v *sample.Values) float64 {
+	total, _ := v.Get(sample.FieldMemoryTotal)
+	reserved, _ := v.Get(sample.FieldMemoryReserved)
 	return total - reserved
 }

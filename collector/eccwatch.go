@@ -3,6 +3,8 @@ package collector
 import (
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -37,7 +39,7 @@ type ECCIncrease struct {
 // observe takes one sample's counts and returns every GPU that has grown
 // since the exporter started, in sample order. A GPU without a reading
 // (lost, ECC off, not supported) keeps what it had.
-func (w *eccWatch) observe(s *NodeSample) []ECCIncrease {
+func (w *eccWatch) observe(s *sample.NodeSample) []ECCIncrease {
 	if w.gpus == nil {
 		w.gpus = map[string]*eccWatchGPU{}
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	versioncollector "github.com/prometheus/client_golang/prometheus/collectors/version"
@@ -77,7 +79,7 @@ type CollectorStatus struct {
 
 // State is everything one render shows.
 type State struct {
-	Sample      *NodeSample
+	Sample      *sample.NodeSample
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
@@ -281,7 +283,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	e.renderErr.Store(&renderResult{err})
 }
 
-func anyUp(s *NodeSample) bool {
+func anyUp(s *sample.NodeSample) bool {
 	if len(s.GPUs) == 0 {
 		return true // a node without GPUs is a valid, if dull, node
 	}

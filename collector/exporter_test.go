@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -213,7 +215,7 @@ gpus:
 		if !strings.HasPrefix(m.MIGUUID, "MIG-") || m.UUID != st.GPUs[1].UUID {
 			t.Errorf("MIG instance identity wrong: %+v", m)
 		}
-		total, _ := m.Values.Get(collector.FieldMemoryTotal)
+		total, _ := m.Values.Get(sample.FieldMemoryTotal)
 		if total <= 0 || total >= 40<<30 {
 			t.Errorf("MIG %s memory total %v", m.MIGProfile, total)
 		}

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -229,41 +231,41 @@ func descName(d *prometheus.Desc) string {
 }
 
 // fieldGroups puts each per-device field in its group.
-var fieldGroups = [numFields]Group{
-	FieldMemoryUsed:          GroupCore,
-	FieldMemoryTotal:         GroupCore,
-	FieldUtilization:         GroupCore,
-	FieldMemoryUtilization:   GroupMemory,
-	FieldTemperature:         GroupTemperature,
-	FieldPower:               GroupPower,
-	FieldEnergy:              GroupEnergy,
-	FieldSMClock:             GroupClocks,
-	FieldMemoryClock:         GroupDetails,
-	FieldPCIeLinkGeneration:  GroupDetails,
-	FieldPCIeLinkWidth:       GroupDetails,
-	FieldPowerLimit:          GroupPower,
-	FieldSlowdownTemperature: GroupTemperature,
-	FieldShutdownTemperature: GroupDetails,
-	FieldSMActive:            GroupDCGMProfiling,
-	FieldSMOccupancy:         GroupDCGMDetail,
-	FieldTensorActive:        GroupDCGMProfiling,
-	FieldDRAMActive:          GroupDCGMProfiling,
-	FieldGraphicsActive:      GroupDCGMDetail,
-	FieldFP64Active:          GroupDCGMDetail,
-	FieldFP32Active:          GroupDCGMDetail,
-	FieldFP16Active:          GroupDCGMDetail,
-	FieldPCIeTxBytes:         GroupPCIe,
-	FieldPCIeRxBytes:         GroupPCIe,
-	FieldNVLinkTxBytes:       GroupNVLink,
-	FieldNVLinkRxBytes:       GroupNVLink,
-	FieldMemoryTemperature:   GroupMemoryDetail,
-	FieldEncoderUtilization:  GroupMedia,
-	FieldDecoderUtilization:  GroupMedia,
-	FieldMemoryReserved:      GroupMemoryDetail,
+var fieldGroups = [sample.NumFields]Group{
+	sample.FieldMemoryUsed:          GroupCore,
+	sample.FieldMemoryTotal:         GroupCore,
+	sample.FieldUtilization:         GroupCore,
+	sample.FieldMemoryUtilization:   GroupMemory,
+	sample.FieldTemperature:         GroupTemperature,
+	sample.FieldPower:               GroupPower,
+	sample.FieldEnergy:              GroupEnergy,
+	sample.FieldSMClock:             GroupClocks,
+	sample.FieldMemoryClock:         GroupDetails,
+	sample.FieldPCIeLinkGeneration:  GroupDetails,
+	sample.FieldPCIeLinkWidth:       GroupDetails,
+	sample.FieldPowerLimit:          GroupPower,
+	sample.FieldSlowdownTemperature: GroupTemperature,
+	sample.FieldShutdownTemperature: GroupDetails,
+	sample.FieldSMActive:            GroupDCGMProfiling,
+	sample.FieldSMOccupancy:         GroupDCGMDetail,
+	sample.FieldTensorActive:        GroupDCGMProfiling,
+	sample.FieldDRAMActive:          GroupDCGMProfiling,
+	sample.FieldGraphicsActive:      GroupDCGMDetail,
+	sample.FieldFP64Active:          GroupDCGMDetail,
+	sample.FieldFP32Active:          GroupDCGMDetail,
+	sample.FieldFP16Active:          GroupDCGMDetail,
+	sample.FieldPCIeTxBytes:         GroupPCIe,
+	sample.FieldPCIeRxBytes:         GroupPCIe,
+	sample.FieldNVLinkTxBytes:       GroupNVLink,
+	sample.FieldNVLinkRxBytes:       GroupNVLink,
+	sample.FieldMemoryTemperature:   GroupMemoryDetail,
+	sample.FieldEncoderUtilization:  GroupMedia,
+	sample.FieldDecoderUtilization:  GroupMedia,
+	sample.FieldMemoryReserved:      GroupMemoryDetail,
 }
 
 func init() {
-	for f := Field(0); f < numFields; f++ {
+	for f := sample.Field(0); f < sample.NumFields; f++ {
 		if g := fieldGroups[f]; g != GroupCore {
 			inGroup(g, fieldDescs[f])
 		} else {

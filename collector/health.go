@@ -3,9 +3,9 @@ package collector
 import (
 	"strconv"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 var (
@@ -67,7 +67,7 @@ var (
 		"NUMA node the GPU is attached to.", []string{"gpu", "uuid"}, nil)
 )
 
-func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
+func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 	if !g.Up {
 		return
 	}
@@ -102,7 +102,7 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(remapFailedDesc, prometheus.GaugeValue, b2f(h.RemapFailed.V), gpu, uuid)
 	}
 	if h.ClockReasons.OK {
-		for _, r := range nvmlsampler.ClockEventReasons {
+		for _, r := range sample.ClockEventReasons {
 			d := clockEventOtherDesc
 			if r.Bit&slowdownReasons != 0 {
 				d = clockEventDesc
@@ -122,7 +122,7 @@ func collectHealth(g *GPUState, ch chan<- prometheus.Metric) {
 			if !h.NVLinkErrorSeen[t] {
 				continue
 			}
-			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, nvmlsampler.NVLinkErrorTypes[t].Name)
+			ch <- prometheus.MustNewConstMetric(nvlinkErrDesc, prometheus.CounterValue, float64(v), gpu, uuid, sample.NVLinkErrorNames[t])
 			sum += v
 		}
 		ch <- prometheus.MustNewConstMetric(nvlinkErrSummaryDesc, prometheus.CounterValue, float64(sum), gpu, uuid, "all")

@@ -3,6 +3,8 @@ package collector
 import (
 	"strconv"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -155,10 +157,10 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(sampleAgeDesc, prometheus.GaugeValue, st.Rendered.Sub(oldest).Seconds())
 }
 
-func collectDevice(d *DeviceState, ch chan<- prometheus.Metric) {
+func collectDevice(d *sample.DeviceState, ch chan<- prometheus.Metric) {
 	lv := labelValues(d)
 	ch <- prometheus.MustNewConstMetric(gpuUpDesc, prometheus.GaugeValue, b2f(d.Up), lv...)
-	for f := Field(0); f < numFields; f++ {
+	for f := sample.Field(0); f < sample.NumFields; f++ {
 		if v, ok := d.Values.Get(f); ok {
 			ch <- prometheus.MustNewConstMetric(fieldDescs[f], fieldSpecs[f].valueType, v, lv...)
 		}

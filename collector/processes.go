@@ -5,6 +5,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
@@ -45,10 +47,10 @@ type ContainerUse struct {
 
 // attributeProcesses resolves every PID NVML listed and groups each unit's
 // processes by container. A holder that runs nothing gets a zero use.
-func attributeProcesses(ctx context.Context, r *procs.Resolver, s *NodeSample, a *Allocations) *Usage {
+func attributeProcesses(ctx context.Context, r *procs.Resolver, s *sample.NodeSample, a *Allocations) *Usage {
 	start := time.Now()
 	var pids []uint32
-	eachUnit(s, func(d *DeviceState, _ DeviceKey, _ bool) {
+	eachUnit(s, func(d *sample.DeviceState, _ DeviceKey, _ bool) {
 		if d.Up && d.Processes.Known {
 			for _, p := range d.Processes.Processes {
 				pids = append(pids, p.PID)
@@ -65,7 +67,7 @@ func attributeProcesses(ctx context.Context, r *procs.Resolver, s *NodeSample, a
 	if err := r.Err(); err != nil {
 		u.IdentityErr = err.Error()
 	}
-	eachUnit(s, func(d *DeviceState, key DeviceKey, _ bool) {
+	eachUnit(s, func(d *sample.DeviceState, key DeviceKey, _ bool) {
 		holders := a.ByDevice[key]
 		du := &DeviceUsage{Known: d.Up && d.Processes.Known, Shared: a.Shared[key] || len(holders) > 1}
 		u.ByDevice[key] = du
@@ -117,7 +119,7 @@ var (
 // unit its own processes' SM utilization where NVML gives it, else the
 // device's activity (an idle device means every holder is idle; a busy one
 // keeps them all from counting as idle, which is the safe side).
-func holderIdleActivity(u *Usage, d *DeviceState, key DeviceKey, h Holder) (float64, bool) {
+func holderIdleActivity(u *Usage, d *sample.DeviceState, key DeviceKey, h Holder) (float64, bool) {
 	if du := u.device(key); du != nil && du.Shared {
 		if cu := du.container(h); cu != nil && cu.Use.SMKnown {
 			return cu.Use.SM, true
@@ -129,14 +131,14 @@ func holderIdleActivity(u *Usage, d *DeviceState, key DeviceKey, h Holder) (floa
 // containerActivity is gpu_container_utilization_ratio and its source: on
 // a shared unit the container's own processes (absent where NVML has no
 // per-process utilization), on a unit held alone the device's figure.
-func containerActivity(du *DeviceUsage, d *DeviceState, cu *ContainerUse) (float64, string, bool) {
+func containerActivity(du *DeviceUsage, d *sample.DeviceState, cu *ContainerUse) (float64, string, bool) {
 	if du != nil && du.Shared {
 		if cu != nil && cu.Use.SMKnown {
 			return cu.Use.SM, sourceProcesses, true
 		}
 		return 0, "", false
 	}
-	if v, ok := d.Values.Get(FieldUtilization); ok {
+	if v, ok := d.Values.Get(sample.FieldUtilization); ok {
 		return v, sourceDevice, true
 	}
 	return 0, "", false // MIG instances: see gpu_container_sm_active_ratio
@@ -145,11 +147,11 @@ func containerActivity(du *DeviceUsage, d *DeviceState, cu *ContainerUse) (float
 // statusActivity is the landing page's activity of a unit or of a holder
 // with no figure of its own: NVML's busy ratio, or on a MIG instance
 // DCGM's SM activity, with its source.
-func statusActivity(du *DeviceUsage, d *DeviceState, cu *ContainerUse) (float64, string, bool) {
+func statusActivity(du *DeviceUsage, d *sample.DeviceState, cu *ContainerUse) (float64, string, bool) {
 	if v, src, ok := containerActivity(du, d, cu); ok || (du != nil && du.Shared) {
 		return v, src, ok
 	}
-	if v, ok := d.Values.Get(FieldSMActive); ok {
+	if v, ok := d.Values.Get(sample.FieldSMActive); ok {
 		return v, sourceDCGM, true
 	}
 	return 0, "", false

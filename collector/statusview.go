@@ -5,8 +5,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
@@ -43,7 +44,7 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 		if g.Minor >= 0 {
 			sg.Device = "nvidia" + strconv.Itoa(g.Minor)
 		}
-		units := []*DeviceState{&g.DeviceState}
+		units := []*sample.DeviceState{&g.DeviceState}
 		if len(g.MIG) > 0 {
 			units = units[:0]
 			for j := range g.MIG {
@@ -59,14 +60,14 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 	return n
 }
 
-func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle map[fragmentation.HolderKey]fragmentation.IdleStatus) status.Unit {
+func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, idle map[fragmentation.HolderKey]fragmentation.IdleStatus) status.Unit {
 	u := status.Unit{GPUInstance: d.GPUInstance, MIGProfile: d.MIGProfile, Holders: []status.Holder{}}
 	if !d.IsMIG() {
 		u.GPUInstance = -1
 	}
 	if d.Up {
-		u.MemoryUsedBytes = value(d, FieldMemoryUsed)
-		u.MemoryTotalBytes = value(d, FieldMemoryTotal)
+		u.MemoryUsedBytes = value(d, sample.FieldMemoryUsed)
+		u.MemoryTotalBytes = value(d, sample.FieldMemoryTotal)
 		if v, _, ok := statusActivity(nil, d, nil); ok {
 			u.Activity = &v
 		}
@@ -95,7 +96,7 @@ func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle ma
 				sh.Activity, sh.ActivitySource = &v, src
 			}
 		case len(holders) == 1 && holding:
-			sh.MemoryUsedBytes = value(d, FieldMemoryUsed)
+			sh.MemoryUsedBytes = value(d, sample.FieldMemoryUsed)
 			if v, src, ok := statusActivity(nil, d, nil); ok {
 				sh.Activity, sh.ActivitySource = &v, src
 			}
@@ -128,7 +129,7 @@ func buildUnit(st *State, a *Allocations, d *DeviceState, key DeviceKey, idle ma
 	return u
 }
 
-func value(d *DeviceState, f Field) *float64 {
+func value(d *sample.DeviceState, f sample.Field) *float64 {
 	if v, ok := d.Values.Get(f); ok {
 		return &v
 	}
@@ -137,7 +138,7 @@ func value(d *DeviceState, f Field) *float64 {
 
 // gpuHealth is the GPU's health at a glance: XIDs since start, throttling,
 // uncorrected ECC errors.
-func gpuHealth(st *State, g *GPUState) status.Health {
+func gpuHealth(st *State, g *sample.GPUState) status.Health {
 	var h status.Health
 	for _, x := range st.XIDs {
 		if x.GPU == g.GPU && x.UUID == g.UUID {
@@ -157,7 +158,7 @@ func gpuHealth(st *State, g *GPUState) status.Health {
 		return h
 	}
 	if r := g.Health.ClockReasons; r.OK {
-		for _, cr := range nvmlsampler.ClockEventReasons {
+		for _, cr := range sample.ClockEventReasons {
 			if r.V&cr.Bit&slowdownReasons != 0 { // throttling: heat or power
 				h.Throttle = append(h.Throttle, cr.Name)
 			}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
@@ -61,8 +63,8 @@ func nvmlProfileName(h Device, p probes, id int) string {
 
 // discoverMIGLayout reads a MIG GPU's profiles, placements and instances.
 // Profile names are NVML's own where the driver gives them.
-func discoverMIGLayout(h Device, p probes) *MIGLayout {
-	l := &MIGLayout{Instances: map[int]MIGPlacement{}}
+func discoverMIGLayout(h Device, p probes) *sample.MIGLayout {
+	l := &sample.MIGLayout{Instances: map[int]sample.MIGPlacement{}}
 	var deviceMemory uint64
 	if m, ret := h.GetMemoryInfo(); ret == nvml.SUCCESS {
 		deviceMemory = m.Total
@@ -76,10 +78,12 @@ func discoverMIGLayout(h Device, p probes) *MIGLayout {
 		if name == "" {
 			name = MIGProfileName(id, info, deviceMemory)
 		}
-		p := MIGProfileInfo{Name: name, Slices: int(info.SliceCount), MaxInstances: int(info.InstanceCount),
+		p := sample.MIGProfileInfo{Name: name, Slices: int(info.SliceCount), MaxInstances: int(info.InstanceCount),
 			MemoryBytes: float64(info.MemorySizeMB) * (1 << 20)}
 		if pl, ret := h.GetGpuInstancePossiblePlacements(&info); ret == nvml.SUCCESS {
-			p.Placements = pl
+			for _, x := range pl {
+				p.Placements = append(p.Placements, sample.Placement{Start: int(x.Start), Size: int(x.Size)})
+			}
 			for _, x := range pl {
 				l.MemorySlices = max(l.MemorySlices, int(x.Start+x.Size))
 			}
@@ -97,7 +101,7 @@ func discoverMIGLayout(h Device, p probes) *MIGLayout {
 			if ret != nvml.SUCCESS {
 				continue
 			}
-			l.Instances[int(gii.Id)] = MIGPlacement{Profile: name, Start: int(gii.Placement.Start), Size: int(gii.Placement.Size),
+			l.Instances[int(gii.Id)] = sample.MIGPlacement{Profile: name, Start: int(gii.Placement.Start), Size: int(gii.Placement.Size),
 				Slices: int(info.SliceCount), ProfileID: int(info.Id)}
 		}
 	}

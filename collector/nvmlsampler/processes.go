@@ -3,7 +3,7 @@ package nvmlsampler
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 )
 
 // ProcessDevice is what per-process accounting needs of a device. It is
@@ -28,8 +28,8 @@ const valueNotAvailable = ^uint64(0)
 // each process's SM utilization since *lastSeen (microseconds), which it
 // advances. A process with no sample ran no kernels: its share is 0. What
 // the driver or a MIG instance cannot answer is left unknown.
-func readProcesses(d ProcessDevice, whole bool, lastSeen *uint64) procs.DeviceProcesses {
-	var out procs.DeviceProcesses
+func readProcesses(d ProcessDevice, whole bool, lastSeen *uint64) sample.DeviceProcesses {
+	var out sample.DeviceProcesses
 	compute, ret := d.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS {
 		return out
@@ -52,7 +52,7 @@ func readProcesses(d ProcessDevice, whole bool, lastSeen *uint64) procs.DevicePr
 				continue
 			}
 			byPID[p.Pid] = len(out.Processes)
-			out.Processes = append(out.Processes, procs.GPUProcess{PID: p.Pid, MemoryBytes: mem, MemoryKnown: known})
+			out.Processes = append(out.Processes, sample.GPUProcess{PID: p.Pid, MemoryBytes: mem, MemoryKnown: known})
 		}
 	}
 	add(compute)

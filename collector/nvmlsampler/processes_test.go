@@ -3,10 +3,10 @@ package nvmlsampler
 import (
 	"testing"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 )
 
 // procDevice is go-nvml's moq device with the process calls set.
@@ -34,7 +34,7 @@ func TestReadProcesses(t *testing.T) {
 		nvml.SUCCESS)
 	last := uint64(50)
 	got := readProcesses(d, true, &last)
-	want := procs.DeviceProcesses{Known: true, SMKnown: true, Processes: []procs.GPUProcess{
+	want := sample.DeviceProcesses{Known: true, SMKnown: true, Processes: []sample.GPUProcess{
 		{PID: 10, MemoryBytes: 1 << 30, MemoryKnown: true, SM: 0.4}, // the latest sample
 		{PID: 11, MemoryKnown: false},                               // NVML_VALUE_NOT_AVAILABLE; no sample: 0
 		{PID: 12, MemoryBytes: 2 << 30, MemoryKnown: true, SM: 0.07},

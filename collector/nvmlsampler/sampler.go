@@ -3,10 +3,13 @@ package nvmlsampler
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/rs/zerolog"
@@ -37,7 +40,7 @@ type SamplerConfig struct {
 type Sampler struct {
 	lib     NVML
 	cfg     SamplerConfig
-	driver  DriverInfo
+	driver  sample.DriverInfo
 	probes  probes
 	workers []*gpuWorker
 }
@@ -79,7 +82,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	done := make(chan struct{}, n)
 	for i := 0; i < n; i++ {
 		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
-		w.setIdent(DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
+		w.setIdent(sample.DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
 		w.busy.Store(true)
 		go func() {
 			w.discover()
@@ -102,7 +105,7 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 }
 
 // Driver returns the driver stack read at start.
-func (s *Sampler) Driver() DriverInfo { return s.driver }
+func (s *Sampler) Driver() sample.DriverInfo { return s.driver }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
 // library down under a call in flight is asking for a crash at exit.
@@ -116,9 +119,9 @@ func (s *Sampler) Close() {
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each.
-func (s *Sampler) Sample(ctx context.Context) *NodeSample {
+func (s *Sampler) Sample(ctx context.Context) *sample.NodeSample {
 	start := time.Now()
-	out := &NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]GPUState, len(s.workers))}
+	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]sample.GPUState, len(s.workers))}
 	done := make(chan struct{}, len(s.workers))
 	pending := 0
 	filled := make([]bool, len(s.workers))
@@ -173,7 +176,7 @@ type gpuWorker struct {
 	lib             NVML
 	probes          probes
 	sysfs           string
-	numa            opt[int] // from sysfs, read at discovery
+	numa            sample.Opt[int] // from sysfs, read at discovery
 	log             zerolog.Logger
 	rediscoverEvery int
 
@@ -181,38 +184,38 @@ type gpuWorker struct {
 	// Fields below are touched only by the goroutine holding busy, and read
 	// by Sample after that goroutine has released busy.
 	handle     Device
-	ident      DeviceState
+	ident      sample.DeviceState
 	migHandles []Device
-	migIdent   []DeviceState
+	migIdent   []sample.DeviceState
 	samples    int
-	layout     *MIGLayout
-	prevHealth *Health
+	layout     *sample.MIGLayout
+	prevHealth *sample.Health
 	nvlinkSeen map[nvlinkKey]uint64 // last value of every NVLink error counter seen
 	failures   int
 	lostLogged bool
 	processes  bool
 	lastSeen   uint64 // newest per-process utilization sample read, in µs
-	result     GPUState
+	result     sample.GPUState
 	identMu    sync.Mutex // guards ident for staleState while a read is stuck
 }
 
 // staleState is the GPU's identity with Up=false and no values.
-func (w *gpuWorker) staleState() GPUState {
+func (w *gpuWorker) staleState() sample.GPUState {
 	w.identMu.Lock()
 	defer w.identMu.Unlock()
-	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}
+	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout}
 	g.Up = false
-	g.Values = Values{}
+	g.Values = sample.Values{}
 	for _, m := range w.migIdent {
 		m.Up = false
-		m.Values = Values{}
+		m.Values = sample.Values{}
 		g.MIG = append(g.MIG, m)
 	}
 	return g
 }
 
 // hungState is staleState for a GPU whose NVML calls have not returned.
-func (w *gpuWorker) hungState() GPUState {
+func (w *gpuWorker) hungState() sample.GPUState {
 	g := w.staleState()
 	g.Hung = true
 	return g
@@ -227,13 +230,13 @@ func (w *gpuWorker) discover() {
 	if ret != nvml.SUCCESS {
 		w.handle = nil
 		if prev.UUID == "" {
-			w.setIdent(DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
+			w.setIdent(sample.DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
 		}
 		w.log.Warn().Str("error", ret.Error()).Msg("cannot get NVML handle for GPU")
 		return
 	}
 	w.handle = h
-	id := DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}
+	id := sample.DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}
 	keep := func(v *string, got string, ret nvml.Return, old string) {
 		if ret == nvml.SUCCESS && got != "" {
 			*v = validUTF8(got)
@@ -256,8 +259,8 @@ func (w *gpuWorker) discover() {
 		id.Minor = prev.Minor
 	}
 	var migHandles []Device
-	var migIdent []DeviceState
-	var layout *MIGLayout
+	var migIdent []sample.DeviceState
+	var layout *sample.MIGLayout
 	mode, _, ret := h.GetMigMode()
 	switch {
 	case ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE:
@@ -271,24 +274,24 @@ func (w *gpuWorker) discover() {
 		migHandles = w.migHandles
 	}
 	if n, ok := sysfsNUMANode(w.sysfs, id.PCIBusID); ok {
-		w.numa = some(n)
+		w.numa = sample.Some(n)
 	}
 	w.setIdent(id, migHandles, migIdent, layout)
 }
 
-func (w *gpuWorker) setIdent(id DeviceState, mh []Device, mi []DeviceState, layout *MIGLayout) {
+func (w *gpuWorker) setIdent(id sample.DeviceState, mh []Device, mi []sample.DeviceState, layout *sample.MIGLayout) {
 	w.identMu.Lock()
 	w.ident, w.migHandles, w.migIdent, w.layout = id, mh, mi, layout
 	w.identMu.Unlock()
 }
 
-func discoverMIG(h Device, parent DeviceState) ([]Device, []DeviceState) {
+func discoverMIG(h Device, parent sample.DeviceState) ([]Device, []sample.DeviceState) {
 	max, ret := h.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, nil
 	}
 	var handles []Device
-	var idents []DeviceState
+	var idents []sample.DeviceState
 	for i := 0; i < max; i++ {
 		m, ret := h.GetMigDeviceHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -378,12 +381,12 @@ func (w *gpuWorker) migChanged() bool {
 }
 
 // read samples the GPU and its MIG instances. It runs in its own goroutine.
-func (w *gpuWorker) read() GPUState {
+func (w *gpuWorker) read() sample.GPUState {
 	w.samples++
 	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 || w.migChanged() {
 		w.discover()
 	}
-	g := GPUState{DeviceState: w.ident, MIGLayout: w.layout}
+	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout}
 	if w.handle == nil {
 		w.failures++
 		return w.staleState()
@@ -432,11 +435,11 @@ func (w *gpuWorker) read() GPUState {
 // NO_PERMISSION on a MIG parent from a container). Other fields are skipped
 // when NVML says they are not supported, and on any other error; GPU_IS_LOST
 // on any of them marks the device down.
-func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
+func readDevice(d Device, p probes, s *sample.DeviceState, health, prevHealth *sample.Health, fullHealth bool, nvlinkSeen map[nvlinkKey]uint64) (bool, error) {
 	whole := health != nil
 	v := &s.Values
 	if ret := readMemory(d, p, v); ret != nvml.SUCCESS && !memoryWithheld(ret) {
-		*v = Values{}
+		*v = sample.Values{}
 		return false, fmt.Errorf("memory info: %w", ret)
 	}
 	lost := false
@@ -448,12 +451,12 @@ func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, 
 	}
 	defer func() {
 		if lost {
-			*v = Values{}
+			*v = sample.Values{}
 		}
 	}()
 	if u, ret := d.GetUtilizationRates(); ok(ret) {
-		v.Set(FieldUtilization, float64(u.Gpu)/100)
-		v.Set(FieldMemoryUtilization, float64(u.Memory)/100)
+		v.Set(sample.FieldUtilization, float64(u.Gpu)/100)
+		v.Set(sample.FieldMemoryUtilization, float64(u.Memory)/100)
 	}
 	if !whole {
 		if lost {
@@ -462,47 +465,47 @@ func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, 
 		return true, nil // the rest is per board, read on the parent GPU
 	}
 	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
-		v.Set(FieldTemperature, float64(t))
+		v.Set(sample.FieldTemperature, float64(t))
 	}
 	if p, ret := d.GetPowerUsage(); ok(ret) {
-		v.Set(FieldPower, float64(p)/1000)
+		v.Set(sample.FieldPower, float64(p)/1000)
 	}
 	if e, ret := d.GetTotalEnergyConsumption(); ok(ret) {
-		v.Set(FieldEnergy, float64(e)/1000)
+		v.Set(sample.FieldEnergy, float64(e)/1000)
 	}
 	if c, ret := d.GetClockInfo(nvml.CLOCK_SM); ok(ret) {
-		v.Set(FieldSMClock, float64(c)*1e6)
+		v.Set(sample.FieldSMClock, float64(c)*1e6)
 	}
 	if c, ret := d.GetClockInfo(nvml.CLOCK_MEM); ok(ret) {
-		v.Set(FieldMemoryClock, float64(c)*1e6)
+		v.Set(sample.FieldMemoryClock, float64(c)*1e6)
 	}
 	if g, ret := d.GetCurrPcieLinkGeneration(); ok(ret) {
-		v.Set(FieldPCIeLinkGeneration, float64(g))
+		v.Set(sample.FieldPCIeLinkGeneration, float64(g))
 	}
 	if wd, ret := d.GetCurrPcieLinkWidth(); ok(ret) {
-		v.Set(FieldPCIeLinkWidth, float64(wd))
+		v.Set(sample.FieldPCIeLinkWidth, float64(wd))
 	}
 	if pl, ret := d.GetPowerManagementLimit(); ok(ret) {
-		v.Set(FieldPowerLimit, float64(pl)/1000)
+		v.Set(sample.FieldPowerLimit, float64(pl)/1000)
 	}
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); ok(ret) {
-		v.Set(FieldSlowdownTemperature, float64(t))
+		v.Set(sample.FieldSlowdownTemperature, float64(t))
 	}
 	if t, ret := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SHUTDOWN); ok(ret) {
-		v.Set(FieldShutdownTemperature, float64(t))
+		v.Set(sample.FieldShutdownTemperature, float64(t))
 	}
 	if u, _, ret := d.GetEncoderUtilization(); ok(ret) {
-		v.Set(FieldEncoderUtilization, float64(u)/100)
+		v.Set(sample.FieldEncoderUtilization, float64(u)/100)
 	}
 	if u, _, ret := d.GetDecoderUtilization(); ok(ret) {
-		v.Set(FieldDecoderUtilization, float64(u)/100)
+		v.Set(sample.FieldDecoderUtilization, float64(u)/100)
 	}
 	// Memory (HBM) temperature is a field value: GPUs without a memory
 	// sensor (GDDR boards) answer NOT_SUPPORTED for the field alone.
 	mt := []nvml.FieldValue{{FieldId: nvml.FI_DEV_MEMORY_TEMP}}
 	if ret := d.GetFieldValues(mt); ok(ret) && nvml.Return(mt[0].NvmlReturn) == nvml.SUCCESS {
 		if t, known := fieldValue(mt[0]); known {
-			v.Set(FieldMemoryTemperature, t)
+			v.Set(sample.FieldMemoryTemperature, t)
 		}
 	}
 	if health != nil {
@@ -517,14 +520,14 @@ func readDevice(d Device, p probes, s *DeviceState, health, prevHealth *Health, 
 // readMemory reads memory with v2 where the driver has it (R510+): v1
 // counts the driver's reserved memory as used, so idle GPUs would show
 // hundreds of MiB used, unlike nvidia-smi and DCGM. Reserved is its own field.
-func readMemory(d Device, p probes, v *Values) nvml.Return {
+func readMemory(d Device, p probes, v *sample.Values) nvml.Return {
 	if p.memoryInfoV2 {
 		m, ret := d.GetMemoryInfo_v2()
 		switch ret {
 		case nvml.SUCCESS:
-			v.Set(FieldMemoryUsed, float64(m.Used))
-			v.Set(FieldMemoryTotal, float64(m.Total))
-			v.Set(FieldMemoryReserved, float64(m.Reserved))
+			v.Set(sample.FieldMemoryUsed, float64(m.Used))
+			v.Set(sample.FieldMemoryTotal, float64(m.Total))
+			v.Set(sample.FieldMemoryReserved, float64(m.Reserved))
 			return ret
 		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
 			// fall back to v1
@@ -534,8 +537,8 @@ func readMemory(d Device, p probes, v *Values) nvml.Return {
 	}
 	m, ret := d.GetMemoryInfo()
 	if ret == nvml.SUCCESS {
-		v.Set(FieldMemoryUsed, float64(m.Used))
-		v.Set(FieldMemoryTotal, float64(m.Total))
+		v.Set(sample.FieldMemoryUsed, float64(m.Used))
+		v.Set(sample.FieldMemoryTotal, float64(m.Total))
 	}
 	return ret
 }
@@ -543,4 +546,12 @@ func readMemory(d Device, p probes, v *Values) nvml.Return {
 // memoryWithheld: the device answered, it just does not report memory.
 func memoryWithheld(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_NO_PERMISSION
+}
+
+// cudaVersionString turns NVML's integer CUDA driver version (12040) into "12.4".
+func cudaVersionString(v int) string {
+	if v <= 0 {
+		return ""
+	}
+	return strconv.Itoa(v/1000) + "." + strconv.Itoa((v%1000)/10)
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/rs/zerolog"
 
@@ -29,14 +31,14 @@ func fixedNow() func() time.Time {
 	return func() time.Time { return t0 }
 }
 
-func sample(t *testing.T, lib nvmlsampler.NVML, n int) *nvmlsampler.NodeSample {
+func sampleNode(t *testing.T, lib nvmlsampler.NVML, n int) *sample.NodeSample {
 	t.Helper()
 	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	var out *nvmlsampler.NodeSample
+	var out *sample.NodeSample
 	for i := 0; i < n; i++ {
 		out = s.Sample(context.Background())
 	}
@@ -72,7 +74,7 @@ func TestOldDriverBranchesCallOnlyWhatTheyExport(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := sample(t, node, 2)
+			s := sampleNode(t, node, 2)
 			if n := node.MissingCalls(); n != 0 {
 				t.Fatalf("%d calls of functions %s does not export", n, tc.branch)
 			}
@@ -83,10 +85,10 @@ func TestOldDriverBranchesCallOnlyWhatTheyExport(t *testing.T) {
 				if !g.Health.ClockReasons.OK {
 					t.Errorf("GPU %d: no clock event reasons (the fallback to ClocksThrottleReasons is missing)", g.GPU)
 				}
-				if _, ok := g.Values.Get(nvmlsampler.FieldMemoryUsed); !ok {
+				if _, ok := g.Values.Get(sample.FieldMemoryUsed); !ok {
 					t.Errorf("GPU %d: no memory used", g.GPU)
 				}
-				if _, ok := g.Values.Get(nvmlsampler.FieldMemoryReserved); ok != tc.reserved {
+				if _, ok := g.Values.Get(sample.FieldMemoryReserved); ok != tc.reserved {
 					t.Errorf("GPU %d: reserved memory exported %v, want %v", g.GPU, ok, tc.reserved)
 				}
 			}
@@ -104,7 +106,7 @@ func TestMemoryUsedExcludesReserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := sample(t, node, 1)
+	s := sampleNode(t, node, 1)
 	for i, g := range s.GPUs {
 		d, _ := node.DeviceGetHandleByIndex(i)
 		want, _ := d.GetMemoryInfo_v2()
@@ -112,8 +114,8 @@ func TestMemoryUsedExcludesReserved(t *testing.T) {
 		if want.Reserved == 0 || v1.Used != want.Used+want.Reserved {
 			t.Fatalf("simulated GPU %d does not reserve memory as drivers do: %+v vs v1 %+v", i, want, v1)
 		}
-		used, _ := g.Values.Get(nvmlsampler.FieldMemoryUsed)
-		reserved, ok := g.Values.Get(nvmlsampler.FieldMemoryReserved)
+		used, _ := g.Values.Get(sample.FieldMemoryUsed)
+		reserved, ok := g.Values.Get(sample.FieldMemoryReserved)
 		if used != float64(want.Used) {
 			t.Errorf("GPU %d: used %v, want %v (v1 would say %v)", i, used, want.Used, v1.Used)
 		}
@@ -161,15 +163,15 @@ func TestMemoryWithheldIsNotAFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := sample(t, withheldNVML{node, map[int]nvml.Return{0: nvml.ERROR_NOT_SUPPORTED, 1: nvml.ERROR_NO_PERMISSION}}, 1)
+	s := sampleNode(t, withheldNVML{node, map[int]nvml.Return{0: nvml.ERROR_NOT_SUPPORTED, 1: nvml.ERROR_NO_PERMISSION}}, 1)
 	for _, g := range s.GPUs {
 		if !g.Up {
 			t.Errorf("GPU %d down although it answered", g.GPU)
 		}
-		if _, ok := g.Values.Get(nvmlsampler.FieldMemoryUsed); ok {
+		if _, ok := g.Values.Get(sample.FieldMemoryUsed); ok {
 			t.Errorf("GPU %d: memory exported although NVML withheld it", g.GPU)
 		}
-		if _, ok := g.Values.Get(nvmlsampler.FieldTemperature); !ok {
+		if _, ok := g.Values.Get(sample.FieldTemperature); !ok {
 			t.Errorf("GPU %d: temperature missing", g.GPU)
 		}
 	}
@@ -177,11 +179,11 @@ func TestMemoryWithheldIsNotAFailure(t *testing.T) {
 		t.Fatalf("%d MIG instances, want 2", len(s.GPUs[1].MIG))
 	}
 	for _, m := range s.GPUs[1].MIG {
-		if _, ok := m.Values.Get(nvmlsampler.FieldMemoryUsed); !m.Up || !ok {
+		if _, ok := m.Values.Get(sample.FieldMemoryUsed); !m.Up || !ok {
 			t.Errorf("MIG instance %d: up %v, memory %v; want both", m.GPUInstance, m.Up, ok)
 		}
 	}
-	s = sample(t, withheldNVML{node3, map[int]nvml.Return{2: nvml.ERROR_UNKNOWN}}, 1)
+	s = sampleNode(t, withheldNVML{node3, map[int]nvml.Return{2: nvml.ERROR_UNKNOWN}}, 1)
 	if s.GPUs[2].Up || !s.GPUs[0].Up {
 		t.Errorf("ERROR_UNKNOWN on memory: GPU 2 up %v (want down), GPU 0 up %v", s.GPUs[2].Up, s.GPUs[0].Up)
 	}
@@ -191,7 +193,7 @@ func TestMemoryWithheldIsNotAFailure(t *testing.T) {
 // (ClocksEventReasonAll) has a name, taken from go-nvml's constants.
 func TestEveryClockEventReasonNamed(t *testing.T) {
 	named := map[uint64]string{}
-	for _, r := range nvmlsampler.ClockEventReasons {
+	for _, r := range sample.ClockEventReasons {
 		if r.Bit == 0 || r.Bit&(r.Bit-1) != 0 {
 			t.Errorf("%s: %#x is not one bit", r.Name, r.Bit)
 		}
@@ -210,7 +212,7 @@ func TestEveryClockEventReasonNamed(t *testing.T) {
 // Issue 12 defect 6: every recovery action go-nvml defines has a name.
 func TestEveryRecoveryActionNamed(t *testing.T) {
 	named := map[nvml.DeviceGpuRecoveryAction]bool{}
-	for _, a := range nvmlsampler.RecoveryActions {
+	for _, a := range sample.RecoveryActions {
 		named[a.Value] = true
 	}
 	for a := nvml.GPU_RECOVERY_ACTION_NONE; a <= nvml.GPU_RECOVERY_ACTION_SYSTEM_REBOOT; a++ {

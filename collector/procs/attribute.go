@@ -1,28 +1,6 @@
 package procs
 
-// GPUProcess is one process on one device (a GPU or a MIG instance), as
-// NVML reports it.
-type GPUProcess struct {
-	PID uint32
-	// MemoryBytes is the framebuffer memory the process uses; MemoryKnown
-	// is false where NVML cannot say (NVML_VALUE_NOT_AVAILABLE).
-	MemoryBytes uint64
-	MemoryKnown bool
-	// SM is the process's share of the device's SM time over the last
-	// sample period, 0-1.
-	SM float64
-}
-
-// DeviceProcesses is what NVML said about one device's processes.
-type DeviceProcesses struct {
-	// Known: the process lists could be read.
-	Known     bool
-	Processes []GPUProcess
-	// SMKnown: per-process SM utilization could be read (not on MIG
-	// instances, nor on drivers without it); a listed process without a
-	// sample was idle.
-	SMKnown bool
-}
+import "github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 
 // Use is what a set of processes uses on a device.
 type Use struct {
@@ -34,7 +12,7 @@ type Use struct {
 	SMKnown     bool
 }
 
-func (u *Use) add(p GPUProcess) {
+func (u *Use) add(p sample.GPUProcess) {
 	u.Processes++
 	if !p.MemoryKnown {
 		u.MemoryKnown = false
@@ -55,12 +33,12 @@ type DeviceUse struct {
 
 // NewUse is the use of a container that runs nothing on a device whose
 // processes could be read: zero, and as known as the device's figures.
-func NewUse(d *DeviceProcesses) Use {
+func NewUse(d *sample.DeviceProcesses) Use {
 	return Use{MemoryKnown: true, SMKnown: d.SMKnown}
 }
 
 // Attribute groups a device's processes by owner.
-func Attribute(d *DeviceProcesses, owners map[uint32]Owner) DeviceUse {
+func Attribute(d *sample.DeviceProcesses, owners map[uint32]Owner) DeviceUse {
 	u := DeviceUse{OutsidePods: NewUse(d)}
 	for _, p := range d.Processes {
 		o := owners[p.PID]

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -245,7 +247,7 @@ func TestAttribute(t *testing.T) {
 		20: {Found: true, Identity: b},
 		30: {Found: true}, // host process
 	}
-	d := &procs.DeviceProcesses{Known: true, SMKnown: true, Processes: []procs.GPUProcess{
+	d := &sample.DeviceProcesses{Known: true, SMKnown: true, Processes: []sample.GPUProcess{
 		{PID: 10, MemoryBytes: 1 << 30, MemoryKnown: true, SM: 0.25},
 		{PID: 11, MemoryBytes: 2 << 30, MemoryKnown: true, SM: 0.5},
 		{PID: 20, MemoryBytes: 4 << 30, MemoryKnown: true, SM: 0.1},

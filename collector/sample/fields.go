@@ -1,11 +1,11 @@
-package nvmlsampler
+package sample
 
-// Field is one per-device value slot. NVML fills its own fields here; the
-// orchestration (package collector) merges DCGM's profiling fields into the
-// same record and names every field in its metric table.
+// Field is one per-device value slot. NVML fills most of them; DCGM's
+// profiling fields are merged into the same record before rendering, and
+// collector.fieldSpecs names every field's metric and source.
 type Field int
 
-// The per-device fields. Sources are named in collector.fieldSpecs and in the README.
+// The per-device fields.
 const (
 	FieldMemoryUsed Field = iota
 	FieldMemoryTotal

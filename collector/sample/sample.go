@@ -1,13 +1,21 @@
-package nvmlsampler
+package sample
 
-import (
-	"strconv"
-	"time"
+import "time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
+// NodeSample is what one sampling pass saw of the node.
+type NodeSample struct {
+	Time     time.Time
+	Duration time.Duration
+	Driver   DriverInfo
+	GPUs     []GPUState
+}
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-)
+// DriverInfo is the node's driver stack.
+type DriverInfo struct {
+	DriverVersion     string
+	CUDADriverVersion string
+	NVMLVersion       string
+}
 
 // DeviceState is one device in one sample: a whole GPU, or a MIG instance of
 // one (GPUInstance >= 0).
@@ -25,32 +33,24 @@ type DeviceState struct {
 	Up              bool
 	Values          Values
 	// Processes are the device's processes from NVML's process lists;
-	// Known is false unless SamplerConfig.Processes is set.
-	Processes procs.DeviceProcesses
+	// Known is false unless process accounting is on.
+	Processes DeviceProcesses
 }
 
 // IsMIG reports whether the device is a MIG instance.
 func (d *DeviceState) IsMIG() bool { return d.GPUInstance >= 0 }
 
-func (d *DeviceState) labelValues() []string {
-	gi := ""
-	if d.IsMIG() {
-		gi = strconv.Itoa(d.GPUInstance)
-	}
-	return []string{strconv.Itoa(d.GPU), d.UUID, gi, d.MIGProfile}
-}
-
 // GPUState is a physical GPU with its MIG instances, if any.
 type GPUState struct {
 	DeviceState
 	Health Health
-	// DCGMHealth is filled by the orchestration from DCGM's health watches
-	// (system -> pass|warn|fail); the NVML sampler leaves it nil.
+	// DCGMHealth is DCGM's health watch result per system (pass, warn or
+	// fail), merged in before rendering; nil where DCGM does not run.
 	DCGMHealth map[string]string
 	MIG        []DeviceState
 	MIGLayout  *MIGLayout // nil unless MIG is enabled
-	// Hung: NVML calls on the GPU did not return within the device timeout
-	// (unlike a lost GPU, which answers with an error).
+	// Hung: driver calls on the GPU did not return within the device
+	// timeout (unlike a lost GPU, which answers with an error).
 	Hung bool
 }
 
@@ -77,7 +77,12 @@ type MIGProfileInfo struct {
 	// profile one GPU can hold (one for +me profiles).
 	MaxInstances int
 	MemoryBytes  float64
-	Placements   []nvml.GpuInstancePlacement
+	Placements   []Placement
+}
+
+// Placement is a span of NVML's placement space (memory slices).
+type Placement struct {
+	Start, Size int
 }
 
 // MIGPlacement is where a GPU instance sits.
@@ -92,25 +97,26 @@ type MIGPlacement struct {
 	ProfileID int
 }
 
-// DriverInfo is the node's driver stack.
-type DriverInfo struct {
-	DriverVersion     string
-	CUDADriverVersion string
-	NVMLVersion       string
+// GPUProcess is one process on one device (a GPU or a MIG instance), as
+// NVML reports it.
+type GPUProcess struct {
+	PID uint32
+	// MemoryBytes is the framebuffer memory the process uses; MemoryKnown
+	// is false where NVML cannot say (NVML_VALUE_NOT_AVAILABLE).
+	MemoryBytes uint64
+	MemoryKnown bool
+	// SM is the process's share of the device's SM time over the last
+	// sample period, 0-1.
+	SM float64
 }
 
-// NodeSample is what one run of the NVML sampler saw.
-type NodeSample struct {
-	Time     time.Time
-	Duration time.Duration
-	Driver   DriverInfo
-	GPUs     []GPUState
-}
-
-// cudaVersionString turns NVML's integer CUDA driver version (12040) into "12.4".
-func cudaVersionString(v int) string {
-	if v <= 0 {
-		return ""
-	}
-	return strconv.Itoa(v/1000) + "." + strconv.Itoa((v%1000)/10)
+// DeviceProcesses is what NVML said about one device's processes.
+type DeviceProcesses struct {
+	// Known: the process lists could be read.
+	Known     bool
+	Processes []GPUProcess
+	// SMKnown: per-process SM utilization could be read (not on MIG
+	// instances, nor on drivers without it); a listed process without a
+	// sample was idle.
+	SMKnown bool
 }
