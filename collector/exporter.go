@@ -185,6 +185,12 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	if cfg.Compat != nil {
 		e.compat = newCompatRenderer(*cfg.Compat)
 	}
+	if sink, ok := cfg.DCGM.(XIDSink); ok && cfg.XID != nil {
+		counter := cfg.XID.Counter()
+		sink.SetXIDSink(func(gpu int, uuid string, code int, at time.Time) {
+			counter.AddFrom(xid.SourceDCGM, gpu, uuid, code, at)
+		})
+	}
 	e.reg.MustRegister(stateCollector{e})
 	return e, nil
 }
@@ -238,11 +244,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	st.ECCUncorrectedGrew = e.ecc.observe(s)
 	if e.cfg.DCGM != nil {
 		snap := e.cfg.DCGM.Snapshot()
-		var counter *xid.Counter
-		if e.cfg.XID != nil {
-			counter = e.cfg.XID.Counter()
-		}
-		mergeDCGM(snap, s, counter)
+		mergeDCGM(snap, s)
 		if cs, ok := dcgmStatus(snap, now); ok {
 			st.Collectors = append(st.Collectors, cs)
 		}

@@ -123,6 +123,8 @@ type Sampler struct {
 	snap   atomic.Pointer[Snapshot]
 
 	running atomic.Bool
+	// onXID is told of each XID DCGM records for a whole GPU (SetXIDSink).
+	onXID func(gpu int, uuid string, code int, at time.Time)
 
 	// Owned by the Run goroutine.
 	client       Client
@@ -157,6 +159,14 @@ func NewSampler(cfg Config, open func(Config) (Client, error)) *Sampler {
 	s.fieldIDs = append(s.fieldIDs, FieldIDXIDErrors)
 	s.snap.Store(&Snapshot{Mode: cfg.Mode, Reason: "not started"})
 	return s
+}
+
+// SetXIDSink, called before Run, hands each XID DCGM records for a whole GPU
+// to sink, once, from the Run goroutine: DCGM keeps only the last XID, so
+// the XID log (collector/xid) counts them as they come and drops what
+// NVML's events already counted. DCGM's GPU IDs are NVML's indexes.
+func (s *Sampler) SetXIDSink(sink func(gpu int, uuid string, code int, at time.Time)) {
+	s.onXID = sink
 }
 
 // MaxAge is how old a value (or the whole snapshot) may get before it is
@@ -468,6 +478,9 @@ func (s *Sampler) merge(now time.Time, raw []RawValue) {
 		}
 		if rv.FieldID == FieldIDXIDErrors {
 			if rv.Entity.Kind == EntityGPU && v > 0 {
+				if (int(v) != st.xid || !ts.Equal(st.xidAt)) && s.onXID != nil {
+					s.onXID(st.info.GPU, st.info.UUID, int(v), ts)
+				}
 				st.xid, st.xidAt = int(v), ts
 			}
 			continue

@@ -4,9 +4,8 @@
 // recovery action) and the MIG layout, one goroutine per GPU so that a hung
 // or lost GPU never delays the others.
 //
-// Inside this package, nvml.X names NVIDIA's go-nvml binding
-// (github.com/NVIDIA/go-nvml/pkg/nvml) and unqualified names are ours; other
-// packages import this one as nvmlsampler. The real library is reached
+// It fills the node's data model (collector/sample); nvml.X names NVIDIA's
+// go-nvml binding (github.com/NVIDIA/go-nvml/pkg/nvml). The real library is reached
 // through the narrow NVML and Device interfaces, which the simulated node
 // (collector/simnode) also implements.
 package nvmlsampler

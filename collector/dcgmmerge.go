@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
 // DCGMSource gives the latest DCGM values without calling DCGM.
@@ -35,11 +34,17 @@ var dcgmFields = map[dcgm.Field]sample.Field{
 	dcgm.NVLinkRxBytes:  sample.FieldNVLinkRxBytes,
 }
 
-// mergeDCGM adds DCGM's fields and health to the sample's devices and feeds
-// DCGM's last XID to the XID counter (which drops what NVML already counted).
-// A device NVML reports down gets nothing: DCGM values of a lost GPU would
-// be stale.
-func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample, counter *xid.Counter) {
+// XIDSink is a DCGM source that hands the XIDs it records to the XID log
+// (dcgm.Sampler does); New connects the two, so XIDs flow from source to
+// source and the sample pass only reads.
+type XIDSink interface {
+	SetXIDSink(func(gpu int, uuid string, code int, at time.Time))
+}
+
+// mergeDCGM adds DCGM's fields and health to the sample's devices, one way:
+// nothing flows back into a source. A device NVML reports down gets
+// nothing: DCGM values of a lost GPU would be stale.
+func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 	if snap == nil || !snap.Up {
 		return
 	}
@@ -51,9 +56,6 @@ func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample, counter *xid.Counter) 
 		if dv, ok := snap.Find(g.UUID, -1); ok {
 			setDCGM(&g.DeviceState, dv)
 			g.DCGMHealth = dv.Health
-			if counter != nil && dv.LastXID != 0 && !dv.LastXIDTime.IsZero() {
-				counter.AddFrom(xid.SourceDCGM, g.GPU, g.UUID, dv.LastXID, dv.LastXIDTime)
-			}
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
