@@ -113,9 +113,13 @@ func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, 
 	return o, exitOK, nil
 }
 
-// usageText heads --help.
+// usageText heads --help, exit codes included for whoever scripts around
+// the exporter.
 const usageText = "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. " +
-	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter."
+	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter. " +
+	"Exit codes: 0 after a clean shutdown, --help or --version; " +
+	"1 when the machine fails it (no NVML, a port in use, a setup step or a server that fails); " +
+	"2 when what you wrote is wrong (a flag, the scenario, the price file, the web config)."
 
 func newApp(stdout, stderr io.Writer) *kingpin.Application {
 	app := kingpin.New("gpu-pool-exporter", usageText)

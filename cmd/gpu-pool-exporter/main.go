@@ -1,5 +1,13 @@
 // Command gpu-pool-exporter exports GPU, pod-allocation and fragmentation
 // metrics of one Kubernetes GPU node to Prometheus.
+//
+// Exit codes:
+//
+//	0  clean shutdown (SIGTERM, interrupt), --help or --version
+//	1  the machine failed it: no NVML, a port in use, a setup step that
+//	   could not be done (temporary files, a client), a server that failed
+//	2  what the user wrote is wrong: a flag, the scenario, the price file,
+//	   the web config
 package main
 
 import (
@@ -23,18 +31,17 @@ import (
 // nvidia_gpu_exporter: 9835, nvidia_gpu_prometheus_exporter: 9445).
 const DefaultPort = "9947"
 
-// Exit codes: one rule for every input error, as README's "Failure
-// behaviour" says. exitUsage: what the user wrote is wrong (a flag, the
-// scenario, the price file, the web config); exitError: the machine is
-// (no NVML, the port taken, the server failing).
+// Exit codes (see the package comment and --help): exitUsage only for what
+// the user wrote, so that a wrapper or an operator can tell a typo, to fix,
+// from a node that cannot run the exporter now, to retry or investigate.
 const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
 )
 
-// inputError marks an error in what the user wrote (exit 2), where the
-// same call can also fail for the machine's reasons (exit 1).
+// inputError marks an error in what the user wrote (exit 2) among start-up
+// errors, which are otherwise the machine's (exit 1).
 type inputError struct{ error }
 
 func (e inputError) Unwrap() error { return e.error }
@@ -107,7 +114,7 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	}
 	resolver, closeResolver, err := processResolver(o, node, log)
 	if err != nil {
-		return 0, inputError{err}
+		return 0, err
 	}
 	defer closeResolver()
 	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil, Sysfs: sysfs})
@@ -128,7 +135,7 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	}
 	exp, err := collector.New(cfg, sampler)
 	if err != nil {
-		return 0, inputError{err}
+		return 0, err
 	}
 	d := sampler.Driver()
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).

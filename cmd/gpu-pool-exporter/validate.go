@@ -13,6 +13,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
 // Upper bounds of duration flags: past them a typo (1000000h) would leave
@@ -23,6 +25,9 @@ const (
 	maxKubeletRefresh  = 2 * time.Minute
 )
 
+// criTimeout is the deadline of every call to the container runtime.
+const criTimeout = 2 * time.Second
+
 // maxWebConfigBytes bounds --web.config.file, which is read again while
 // serving: inline certificates and keys fit easily.
 const maxWebConfigBytes = 256 << 10
@@ -30,9 +35,12 @@ const maxWebConfigBytes = 256 << 10
 // validate checks the parsed flags and fills in what depends on other flags
 // (defaults bounded by an interval, modes implied by another flag, the
 // metric groups). Each error names the flag, what was wrong and what it
-// accepts.
+// accepts. Every check of a flag's value is made here, so that a failure
+// once the exporter starts building is the machine's (exit 1), never the
+// user's (exit 2); only files read at start (scenario, price list) are
+// checked later.
 func (o *options) validate() error {
-	for _, check := range []func() error{o.checkSampling, o.checkWeb, o.checkIdle, o.resolveGroups, o.checkDCGM, o.checkKubelet} {
+	for _, check := range []func() error{o.checkSampling, o.checkWeb, o.checkIdle, o.resolveGroups, o.checkDCGM, o.checkKubelet, o.checkProcs} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -185,6 +193,31 @@ func (o *options) checkKubelet() error {
 	if o.kubeletTimeout <= 0 || o.kubeletTimeout > o.kubeletRefresh {
 		return fmt.Errorf("--kubelet.timeout=%s must be above 0 and at most --kubelet.refresh-interval (%s)", o.kubeletTimeout, o.kubeletRefresh)
 	}
+	if !o.kubeletEnabled {
+		return nil
+	}
+	// The client checks more than the above (socket path length, characters
+	// in resource names); building one does no I/O.
+	c, err := podmap.NewClient(podmap.Config{Socket: o.kubeletSocket, RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
+		ExtraResourceNames: o.kubeletResources})
+	if err != nil {
+		return fmt.Errorf("%v: check --kubelet.pod-resources-socket and --kubelet.resource-names", err)
+	}
+	_ = c.Close()
+	return nil
+}
+
+// checkProcs checks how the runtime socket is spelt by building its client,
+// which does not connect before its first call.
+func (o *options) checkProcs() error {
+	if !o.procsEnabled || o.procsCRISocket == "" {
+		return nil
+	}
+	c, err := procs.NewCRI(o.procsCRISocket, criTimeout)
+	if err != nil {
+		return fmt.Errorf("--procs.cri-socket=%s: %v", o.procsCRISocket, err)
+	}
+	_ = c.Close()
 	return nil
 }
 

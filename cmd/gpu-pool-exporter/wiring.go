@@ -117,7 +117,8 @@ func noNVMLError(path string) error {
 // the simulated host's generated /proc and log directory unless the flags
 // name others. A path the user set that cannot be read is an error; the
 // defaults that cannot be read (no host /proc mounted) turn accounting off
-// with a warning, so a minimal deployment still starts.
+// with a warning, so a minimal deployment still starts. The simulated host
+// tree that cannot be written is a setup failure, not the user's.
 func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs.Resolver, func(), error) {
 	nothing := func() {}
 	if !o.procsEnabled {
@@ -139,7 +140,7 @@ func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs
 	}
 	if err := procs.CheckProcRoot(root); err != nil {
 		if o.procsRootSet {
-			return nil, nothing, fmt.Errorf("--procs.proc-root=%s: %w", root, err)
+			return nil, nothing, inputError{fmt.Errorf("--procs.proc-root=%s: %w", root, err)}
 		}
 		log.Warn().Err(err).Msg("per-process accounting is off: per-container use of shared GPUs is unknown")
 		return nil, nothing, nil
@@ -147,8 +148,8 @@ func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs
 	cfg := procs.Config{ProcRoot: root}
 	closeFn := nothing
 	if o.procsCRISocket != "" {
-		c, err := procs.NewCRI(o.procsCRISocket, 2*time.Second)
-		if err != nil {
+		c, err := procs.NewCRI(o.procsCRISocket, criTimeout)
+		if err != nil { // the path passed validate: the failure is in setting up
 			return nil, nothing, fmt.Errorf("--procs.cri-socket=%s: %w", o.procsCRISocket, err)
 		}
 		cfg.Identities, closeFn = c, func() { c.Close() }
@@ -156,7 +157,7 @@ func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs
 		ld, err := procs.NewLogDir(logDir)
 		if err != nil {
 			if o.procsLogDirSet {
-				return nil, nothing, fmt.Errorf("--procs.container-log-dir=%s: %w", logDir, err)
+				return nil, nothing, inputError{fmt.Errorf("--procs.container-log-dir=%s: %w", logDir, err)}
 			}
 			log.Warn().Err(err).Msg("containers cannot be named: the processes of pods count as outside pods")
 		} else {
@@ -248,8 +249,8 @@ func startPodMap(ctx context.Context, wg *sync.WaitGroup, o *options, node *simn
 	}
 	client, err := podmap.NewClient(podmap.Config{Socket: socket, RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
 		ExtraResourceNames: o.kubeletResources, Logger: log.With().Str("component", "podmap").Logger()})
-	if err != nil {
-		return nil, inputError{err}
+	if err != nil { // its settings passed validate: the failure is in setting up
+		return nil, err
 	}
 	wg.Add(1)
 	go func() {
