@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -109,6 +110,9 @@ func TestBadFlagsExit2(t *testing.T) {
 		{[]string{"--simulate.seed=99999999999999999999"}, "--simulate.seed=99999999999999999999"},
 		{[]string{"--web.config.file=" + hugeWebConfig}, "larger than the limit of 262144 bytes (256 KiB)"},
 		{[]string{"--simulate", "--idle.price-file=" + hugePriceFile}, "the limit is 262144 bytes (256 KiB)"},
+		{[]string{"--kubelet.resource-names=a*b"}, "'*' is only allowed at the end"},
+		{[]string{"--kubelet.pod-resources-socket=/" + strings.Repeat("x", 200)}, "check --kubelet.pod-resources-socket"},
+		{[]string{"--procs.cri-socket=/run/%zz.sock"}, "--procs.cri-socket=/run/%zz.sock"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(context.Background(), tc.args, &out, &errb)
@@ -259,6 +263,51 @@ func TestInputErrorsExit2(t *testing.T) {
 		}
 		if !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("%s: stderr %q does not say %q", tc.name, errb.String(), tc.want)
+		}
+	}
+}
+
+// TestSetupFailureExits1 runs the built binary where the simulated node's
+// host tree cannot be written (TMPDIR is missing): the machine's failure,
+// not the user's, so the process exits 1 and not with the usage code 2.
+func TestSetupFailureExits1(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--simulate", "--web.listen-address="+freeAddr(t))
+	cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(t.TempDir(), "missing"))
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		t.Fatalf("want the exporter to fail at start; got %v; stderr:\n%s", err, errb.String())
+	}
+	if exit.ExitCode() != exitError {
+		t.Errorf("exit %d, want %d (a setup failure, not a usage error); stderr:\n%s", exit.ExitCode(), exitError, errb.String())
+	}
+	if !strings.Contains(errb.String(), "simulated host tree") {
+		t.Errorf("stderr does not say what failed:\n%s", errb.String())
+	}
+}
+
+// TestHelpSaysExitCodes: whoever scripts around the exporter finds the
+// codes in --help.
+func TestHelpSaysExitCodes(t *testing.T) {
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"--help"}, &out, io.Discard); code != exitOK {
+		t.Fatalf("--help: exit %d", code)
+	}
+	help := strings.Join(strings.Fields(out.String()), " ")
+	for _, want := range []string{"Exit codes: 0 after a clean shutdown", "1 when the machine fails it", "2 when what you wrote is wrong"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help does not say %q", want)
 		}
 	}
 }

@@ -8,13 +8,9 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/alecthomas/kingpin/v2"
-	"github.com/rs/zerolog"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
@@ -114,58 +110,4 @@ func redact(u string) string {
 		return u
 	}
 	return p.Redacted()
-}
-
-// processResolver sets up per-process accounting. With --simulate it reads
-// the simulated host's generated /proc and log directory unless the flags
-// name others. A path the user set that cannot be read is an error; the
-// defaults that cannot be read (no host /proc mounted) turn accounting off
-// with a warning, so a minimal deployment still starts.
-func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs.Resolver, func(), error) {
-	nothing := func() {}
-	if !o.procsEnabled {
-		return nil, nothing, nil
-	}
-	root, logDir := o.procsRoot, o.procsLogDir
-	if node != nil {
-		var err error
-		if !o.procsRootSet {
-			if root, err = node.HostProc(); err != nil {
-				return nil, nothing, err
-			}
-		}
-		if !o.procsLogDirSet {
-			if logDir, err = node.HostLogDir(); err != nil {
-				return nil, nothing, err
-			}
-		}
-	}
-	if err := procs.CheckProcRoot(root); err != nil {
-		if o.procsRootSet {
-			return nil, nothing, fmt.Errorf("--procs.proc-root=%s: %w", root, err)
-		}
-		log.Warn().Err(err).Msg("per-process accounting is off: per-container use of shared GPUs is unknown")
-		return nil, nothing, nil
-	}
-	cfg := procs.Config{ProcRoot: root}
-	closeFn := nothing
-	if o.procsCRISocket != "" {
-		c, err := procs.NewCRI(o.procsCRISocket, 2*time.Second)
-		if err != nil {
-			return nil, nothing, fmt.Errorf("--procs.cri-socket=%s: %w", o.procsCRISocket, err)
-		}
-		cfg.Identities, closeFn = c, func() { c.Close() }
-	} else {
-		ld, err := procs.NewLogDir(logDir)
-		if err != nil {
-			if o.procsLogDirSet {
-				return nil, nothing, fmt.Errorf("--procs.container-log-dir=%s: %w", logDir, err)
-			}
-			log.Warn().Err(err).Msg("containers cannot be named: the processes of pods count as outside pods")
-		} else {
-			cfg.Identities = ld
-		}
-	}
-	log.Info().Str("proc_root", root).Str("container_log_dir", logDir).Str("cri_socket", o.procsCRISocket).Msg("per-process accounting on")
-	return procs.NewResolver(cfg), closeFn, nil
 }

@@ -1,4 +1,4 @@
-// Package nvml samples every GPU of the node through NVIDIA's NVML library:
+// Package nvmlsampler samples every GPU of the node through NVIDIA's NVML library:
 // identity, memory, utilisation, clocks, power, temperature, PCIe, board
 // health (ECC, retired pages, row remapping, clock event reasons, NVLink,
 // recovery action) and the MIG layout, one goroutine per GPU so that a hung

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+)
+
+// options are the parsed flags. The *Set fields say whether the user gave a
+// flag, where its default depends on another flag or on --simulate.
+type options struct {
+	web              *web.FlagConfig
+	interval         time.Duration
+	deviceTimeout    time.Duration
+	deviceTimeoutSet bool
+	nvmlLibrary      string
+	sysfs            string
+	simulate         bool
+	simulateSeed     int64
+	simulateFile     string
+	simulateSeedSet  bool
+	logLevel         string
+	logFormat        string
+	nodeName         string
+	maxRequests      int
+	maxConnections   int
+	probeAddress     string
+	shutdownTimeout  time.Duration
+	pprof            bool
+
+	idleThreshold float64
+	idleWindow    time.Duration
+	priceFile     string
+	priceFlag     string
+	shapes        string
+
+	dcgmMode       string
+	dcgmHostEngine string
+
+	kubeletEnabled    bool
+	kubeletSocket     string
+	kubeletSocketSet  bool
+	kubeletRefresh    time.Duration
+	kubeletTimeout    time.Duration
+	kubeletTimeoutSet bool
+	kubeletResources  []string
+
+	procsEnabled   bool
+	procsRoot      string
+	procsRootSet   bool
+	procsLogDir    string
+	procsLogDirSet bool
+	procsCRISocket string
+	profile        string
+	groupFlags     map[collector.Group]*groupFlag
+	groups         collector.GroupSet
+	dcgmOn         bool
+	dcgmOnSet      bool
+	kubeletOnSet   bool
+	kubeletOn      bool
+	compatDCGM     bool
+}
+
+// groupFlag is one --[no-]collector.<group> flag and whether it was given.
+type groupFlag struct {
+	on, set bool
+}
+
+// terminated is what --help and --version panic with to end parsing.
+type terminated struct{}
+
+// parseFlags parses and checks the command line. It returns nil options and
+// exitOK after --help or --version, and exitUsage with the error for a bad
+// flag.
+func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(terminated); !ok {
+				panic(r)
+			}
+			o, code, err = nil, exitOK, nil
+		}
+	}()
+	app := newApp(stdout, stderr)
+	o = &options{web: kingpinflag.AddFlags(app, ":"+DefaultPort)}
+	addSamplingFlags(app, o)
+	addLogFlags(app, o)
+	addWebFlags(app, o)
+	addIdleFlags(app, o)
+	addDCGMFlags(app, o)
+	addKubeletFlags(app, o)
+	addCollectorFlags(app, o)
+	addProcsFlags(app, o)
+	if _, err := app.Parse(args); err != nil {
+		return nil, exitUsage, err
+	}
+	if err := o.validate(); err != nil {
+		return nil, exitUsage, err
+	}
+	return o, exitOK, nil
+}
+
+// usageText heads --help, exit codes included for whoever scripts around
+// the exporter.
+const usageText = "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. " +
+	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter. " +
+	"Exit codes: 0 after a clean shutdown, --help or --version; " +
+	"1 when the machine fails it (no NVML, a port in use, a setup step or a server that fails); " +
+	"2 when what you wrote is wrong (a flag, the scenario, the price file, the web config)."
+
+func newApp(stdout, stderr io.Writer) *kingpin.Application {
+	app := kingpin.New("gpu-pool-exporter", usageText)
+	app.Version(version.Print("gpu-pool-exporter"))
+	app.HelpFlag.Short('h')
+	app.UsageWriter(stdout)
+	app.ErrorWriter(stderr)
+	// --help and --version end parsing through Terminate; kingpin would
+	// call os.Exit, which tests cannot survive.
+	app.Terminate(func(int) { panic(terminated{}) })
+	return app
+}
+
+// addSamplingFlags: how often and from where GPUs are read.
+func addSamplingFlags(app *kingpin.Application, o *options) {
+	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (1s to 5m).").Default("5s")).DurationVar(&o.interval)
+	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&o.deviceTimeoutSet)).DurationVar(&o.deviceTimeout)
+	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
+	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&o.sysfs)
+	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
+	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&o.simulateSeedSet)).Int64Var(&o.simulateSeed)
+	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&o.simulateFile)
+}
+
+func addLogFlags(app *kingpin.Application, o *options) {
+	named(app.Flag("log.level", "Log level: debug, info, warn, error.").Default("info")).EnumVar(&o.logLevel, "debug", "info", "warn", "error")
+	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
+	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
+}
+
+// addWebFlags: the server's limits and extras; the listen addresses and the
+// web config come from the exporter toolkit.
+func addWebFlags(app *kingpin.Application, o *options) {
+	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; more wait in the kernel's accept queue. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
+	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
+	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
+}
+
+// addIdleFlags: idle allocations, their price, and fragmentation.
+func addIdleFlags(app *kingpin.Application, o *options) {
+	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
+	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (10s to 7d). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
+	app.Flag("idle.price-file", "YAML price list (per GPU-hour by NVML model name; see deploy/prices-example.yaml). Nothing is priced without one.").Default("").StringVar(&o.priceFile)
+	app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").Default("").StringVar(&o.priceFlag)
+	app.Flag("fragmentation.shapes", "Task shapes and popularity weights for the fragmentation gauges: whole-GPU counts and mig-<profile>.").Default(fragmentation.DefaultShapesFlag).StringVar(&o.shapes)
+}
+
+func addDCGMFlags(app *kingpin.Application, o *options) {
+	app.Flag("dcgm.mode", "DCGM: auto (embedded when libdcgm.so.4 loads, else NVML alone), embedded, standalone (needs --dcgm.host-engine) or off.").Default("auto").StringVar(&o.dcgmMode)
+	app.Flag("dcgm.host-engine", "HOST:PORT of a DCGM host engine for standalone mode (the GPU Operator's nvidia-dcgm service listens on 5555). Setting it implies --dcgm.mode=standalone.").Default("").StringVar(&o.dcgmHostEngine)
+}
+
+// addKubeletFlags: mapping GPUs to pods through the PodResources API.
+func addKubeletFlags(app *kingpin.Application, o *options) {
+	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
+	app.Flag("kubelet.pod-resources-socket", "The kubelet's PodResources socket. With --simulate, setting it maps the simulated GPUs through that kubelet instead of the built-in fake one.").
+		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
+	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
+	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&o.kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
+}
+
+// addCollectorFlags: which metric groups are served, and the dcgm-exporter
+// compatible families.
+func addCollectorFlags(app *kingpin.Application, o *options) {
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; README lists the groups.").
+		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
+	o.groupFlags = map[collector.Group]*groupFlag{}
+	for _, g := range collector.Groups {
+		if g.Name == collector.GroupCore {
+			continue
+		}
+		gf := &groupFlag{}
+		o.groupFlags[g.Name] = gf
+		app.Flag("collector."+string(g.Name), "Serve "+g.Help+" (--no-collector."+string(g.Name)+" to leave out; default: per --collector.profile).").
+			IsSetByUser(&gf.set).BoolVar(&gf.on)
+	}
+	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
+	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
+		BoolVar(&o.compatDCGM)
+}
+
+// addProcsFlags: per-process accounting on shared GPUs.
+func addProcsFlags(app *kingpin.Application, o *options) {
+	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&o.procsEnabled)
+	app.Flag("procs.proc-root", "The host's /proc as mounted in the exporter (read-only hostPath, e.g. /host/proc; no host PID namespace needed): NVML reports host PIDs, whose cgroup names their container.").
+		Default("/proc").IsSetByUser(&o.procsRootSet).StringVar(&o.procsRoot)
+	app.Flag("procs.container-log-dir", "The kubelet's /var/log/containers (read-only hostPath): its <pod>_<namespace>_<container>-<id>.log names turn container IDs into pods. Only names are read.").
+		Default("/var/log/containers").IsSetByUser(&o.procsLogDirSet).StringVar(&o.procsLogDir)
+	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&o.procsCRISocket)
+}
+
+// named makes a flag's value errors name the flag: kingpin alone says only
+// "time: invalid duration".
+func named(fc *kingpin.FlagClause) *namedFlag { return &namedFlag{fc} }
+
+type namedFlag struct{ fc *kingpin.FlagClause }
+
+func (n *namedFlag) wrap() {
+	m := n.fc.Model()
+	n.fc.SetValue(namedValue{name: m.Name, Value: m.Value})
+}
+
+func (n *namedFlag) DurationVar(t *time.Duration)         { n.fc.DurationVar(t); n.wrap() }
+func (n *namedFlag) IntVar(t *int)                        { n.fc.SetValue(&strictInt{t}); n.wrap() }
+func (n *namedFlag) Int64Var(t *int64)                    { n.fc.Int64Var(t); n.wrap() }
+func (n *namedFlag) EnumVar(t *string, options ...string) { n.fc.EnumVar(t, options...); n.wrap() }
+
+// strictInt is an int flag that takes whole decimal numbers only: kingpin's
+// own parses a float and converts it, so 1.5 became 1 and
+// 99999999999999999999 became -9223372036854775808.
+type strictInt struct{ v *int }
+
+func (i *strictInt) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, strconv.IntSize)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return fmt.Errorf("out of range (at most %d)", math.MaxInt)
+		}
+		return errors.New("not a whole number")
+	}
+	*i.v = int(v)
+	return nil
+}
+
+func (i *strictInt) String() string { return strconv.Itoa(*i.v) }
+
+type namedValue struct {
+	name string
+	kingpin.Value
+}
+
+func (v namedValue) Set(s string) error {
+	if err := v.Value.Set(s); err != nil {
+		return fmt.Errorf("--%s=%s: %v", v.name, s, err)
+	}
+	return nil
+}
