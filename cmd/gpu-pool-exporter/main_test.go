@@ -415,7 +415,7 @@ func waitFor(t *testing.T, url string, status int) string {
 	}
 }
 
-// checkWithPromtool runs `promtool check metrics`, the linter the issue names.
+// checkWithPromtool runs `promtool check metrics`, Prometheus' own exposition linter.
 func checkWithPromtool(t *testing.T, body string) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
