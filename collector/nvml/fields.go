@@ -5,7 +5,7 @@ package nvml
 // same record and names every field in its metric table.
 type Field int
 
-// The per-device fields. Sources are named in collector.fieldSpecs and in the README.
+// The per-device fields. Sources are named in collector.fieldSpecs and in docs/metrics.md.
 const (
 	FieldMemoryUsed Field = iota
 	FieldMemoryTotal
