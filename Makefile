@@ -42,7 +42,7 @@ bench:
 ## bench-rules: the shipped rules in a real Prometheus (3.x, built on first use) scraping N synthetic
 ## GPU nodes and kube-state-metrics for ten pools; prints each group's evaluation time, the total per
 ## cycle, per node and head series. N=1000 needs about 3 GiB of memory and 12 minutes on 2 cores.
-## PROMETHEUS=path: another server (README: "Rule evaluation at fleet size").
+## PROMETHEUS=path: another server (docs/performance.md: "Rule evaluation at fleet size").
 N ?= 200
 RULES ?= alerts/gpu-pool-exporter.rules.yml
 # The server: Prometheus 3.x built by scripts/prometheus3.sh (on first use);

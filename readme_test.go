@@ -1,7 +1,8 @@
-// Package readme holds the tests that run what README.md tells a new user to
-// run and check that it does what README says: the opening commands, the
-// scenario examples, the queries. The Install section's commands (helm,
-// kustomize) are run by deploy/readme_test.go: the kustomize library imports
+// Package readme holds the tests that run what README.md and docs/*.md tell a
+// user to run and check that it does what they say: the opening commands, the
+// scenario examples, the queries, the links, the metric reference. The install
+// commands (helm, kustomize; README's Install section and docs/deployment.md)
+// are run by deploy/readme_test.go: the kustomize library imports
 // package plugin, which makes the linker bind every symbol at start-up, and
 // a binary that also links go-nvml then fails to start without libnvidia-ml.
 package readme
@@ -29,19 +30,44 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
-// block is one fenced code block of README.md.
+// block is one fenced code block of README.md or a docs/*.md file.
 type block struct {
+	file    string // from the top directory
 	lang    string
 	line    int    // of the opening fence
-	section string // the "## " heading above it
+	section string // the "# " or "## " heading above it
 	text    string
 }
 
-func (b block) where() string { return fmt.Sprintf("README.md:%d", b.line) }
+func (b block) where() string { return fmt.Sprintf("%s:%d", b.file, b.line) }
 
+// docFiles are README.md, then docs/*.md in name order.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	docs, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) == 0 {
+		t.Fatal("no docs/*.md")
+	}
+	return append([]string{"README.md"}, docs...)
+}
+
+// readmeBlocks returns the code blocks of README.md (first, in order) and of
+// docs/*.md.
 func readmeBlocks(t *testing.T) []block {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	var blocks []block
+	for _, f := range docFiles(t) {
+		blocks = append(blocks, fileBlocks(t, f)...)
+	}
+	return blocks
+}
+
+func fileBlocks(t *testing.T, file string) []block {
+	t.Helper()
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +76,10 @@ func readmeBlocks(t *testing.T) []block {
 	var section string
 	for i, l := range strings.Split(string(b), "\n") {
 		switch {
-		case cur == nil && strings.HasPrefix(l, "## "):
-			section = strings.TrimPrefix(l, "## ")
+		case cur == nil && (strings.HasPrefix(l, "# ") || strings.HasPrefix(l, "## ")):
+			section = strings.TrimLeft(l, "# ")
 		case cur == nil && strings.HasPrefix(l, "```"):
-			cur = &block{lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
+			cur = &block{file: file, lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
 		case cur != nil && l == "```":
 			blocks = append(blocks, *cur)
 			cur = nil
@@ -62,7 +88,7 @@ func readmeBlocks(t *testing.T) []block {
 		}
 	}
 	if cur != nil {
-		t.Fatalf("README.md:%d: code block never closed", cur.line)
+		t.Fatalf("%s:%d: code block never closed", file, cur.line)
 	}
 	return blocks
 }
@@ -94,8 +120,8 @@ func commands(text string) []string {
 // CI runs exactly the second.
 func TestREADMEOpensWithTwoCommands(t *testing.T) {
 	first := readmeBlocks(t)[0]
-	if got, want := commands(first.text), []string{"make run", "make test"}; strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("README.md:%d: the opening commands are %q, want %q", first.line, got, want)
+	if got, want := commands(first.text), []string{"make run", "make test"}; first.file != "README.md" || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("%s: the opening commands are %q, want %q", first.where(), got, want)
 	}
 	// The Go README names is the one go.mod asks for.
 	gomod, err := os.ReadFile("go.mod")
@@ -223,12 +249,12 @@ func TestMakeRun(t *testing.T) {
 	}
 }
 
-// TestREADMEScenarios loads every scenario block as --simulate.scenario does
-// and checks what the text around it says of it.
+// TestREADMEScenarios loads every scenario block of docs/simulation.md as
+// --simulate.scenario does and checks what the text around it says of it.
 func TestREADMEScenarios(t *testing.T) {
 	var n int
 	for _, b := range readmeBlocks(t) {
-		if b.lang != "yaml" || b.section != "Simulated node and scenarios" {
+		if !isScenarioBlock(b) {
 			continue
 		}
 		n++
@@ -265,9 +291,11 @@ func TestREADMEScenarios(t *testing.T) {
 		node.Close()
 	}
 	if n < 2 {
-		t.Errorf("found %d scenario blocks in README's scenario section, want its 2 examples", n)
+		t.Errorf("found %d scenario blocks in docs/simulation.md, want its 2 examples", n)
 	}
 }
+
+func isScenarioBlock(b block) bool { return b.lang == "yaml" && b.file == "docs/simulation.md" }
 
 // TestREADMEQueries parses every PromQL block.
 func TestREADMEQueries(t *testing.T) {
@@ -280,26 +308,26 @@ func TestREADMEQueries(t *testing.T) {
 				continue
 			}
 			if _, err := parser.NewParser(parser.Options{}).ParseExpr(l); err != nil {
-				t.Errorf("README.md:%d: %v", b.line+1+i, err)
+				t.Errorf("%s:%d: %v", b.file, b.line+1+i, err)
 			}
 		}
 	}
 }
 
-// TestREADMEEveryBlockChecked: each code block of the READMEs is run by a
-// test, or says why it cannot run offline; a new block fails here until one
-// does.
+// TestREADMEEveryBlockChecked: each code block of README.md, docs/*.md and
+// alerts/README.md is run by a test, or says why it cannot run offline; a new
+// block fails here until one does.
 func TestREADMEEveryBlockChecked(t *testing.T) {
 	for _, b := range readmeBlocks(t) {
 		var by string
 		switch {
-		case b.line == readmeBlocks(t)[0].line:
+		case b.file == "README.md" && b.line == readmeBlocks(t)[0].line:
 			by = "TestREADMEOpensWithTwoCommands, TestMakeRun"
-		case b.lang == "yaml" && b.section == "Simulated node and scenarios":
+		case isScenarioBlock(b):
 			by = "TestREADMEScenarios"
 		case b.lang == "promql":
 			by = "TestREADMEQueries"
-		case b.section == "Install":
+		case isInstallBlock(b):
 			by = "deploy.TestREADMEInstall"
 		case b.lang == "sh" && allPrefixed(commands(b.text), "scripts/device-check"):
 			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
@@ -351,6 +379,12 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 	}
 	// dashboards/README.md's `go run ./dashboards/gen` is checked by
 	// dashboards/gen.TestCommittedDashboardsAreGenerated.
+}
+
+// isInstallBlock: deploy.TestREADMEInstall runs README's Install section and
+// docs/deployment.md.
+func isInstallBlock(b block) bool {
+	return (b.file == "README.md" && b.section == "Install") || b.file == "docs/deployment.md"
 }
 
 func allPrefixed(cmds []string, prefix string) bool {

@@ -17,7 +17,7 @@ import (
 )
 
 // flatRulesFile holds the rules as they were before the node-level
-// pre-aggregation and the shard/global split (issue 18): every pool,
+// pre-aggregation and the shard/global split: every pool,
 // namespace and cluster figure computed straight from the raw series. It is
 // the reference the restructured rules must agree with. When a rule's
 // meaning changes on purpose, change it in both files.

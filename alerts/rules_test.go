@@ -314,7 +314,7 @@ func TestRulesFileParses(t *testing.T) {
 	}
 }
 
-// TestGroupIntervals holds the rules' two speeds (README: "Rule evaluation
+// TestGroupIntervals holds the rules' two speeds (docs/performance.md: "Rule evaluation
 // at fleet size"): groups with an `interval:` of their own run at most once
 // a minute, so that what they record stays well inside Prometheus' 5-minute
 // lookback for the rules and dashboards that read it; a critical alert that

@@ -76,13 +76,13 @@ func Split(src []byte) (shard, global []byte, err error) {
 # with at most one series per node and dimension, and the per-node alerts.
 # Load this file in every Prometheus that scrapes gpu-pool-exporter (one per
 # node pool, region or hash shard); `+GlobalRulesFileName+` runs once,
-# where every shard's series are visible. README.md: "Sharded setup".`)
+# where every shard's series are visible. See docs/sharded.md.`)
 	header(&gb, `# The global rules of gpu-pool-exporter: pool, namespace and cluster
 # roll-ups of the node-level series, and the alerts that compare nodes or
 # read kube-state-metrics' pods. Load this file once, where the series of
 # every shard are visible: Thanos Ruler, Mimir's or Cortex's ruler, GKE
 # Managed Prometheus GlobalRules (or ClusterRules for one cluster). The shards
-# load `+ShardRulesFileName+`. README.md: "Sharded setup".`)
+# load `+ShardRulesFileName+`. See docs/sharded.md.`)
 	var ns, ng int
 	for _, b := range blocks {
 		if IsGlobalGroup(b.name) {

@@ -12,7 +12,7 @@ import (
 )
 
 // nodeLevelExporterMetrics are the exporter's series that are one per node
-// and dimension already (no gpu, uuid or holder labels; README's metric
+// and dimension already (no gpu, uuid or holder labels; docs/metrics.md's
 // table): global rules may read them directly. Every other exporter series
 // is per GPU, per MIG instance or per holder, and global rules read it only
 // through a node-level recording rule.

@@ -313,7 +313,7 @@ func TestPartialDevicePluginLoss(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 2: a GPU instance split into two compute instances is two
+// A GPU instance split into two compute instances is two
 // MIG devices. Their series must differ (the registry refused the page
 // when both had the same labels) and each pod's allocation must resolve to
 // its own compute instance.

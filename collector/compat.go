@@ -156,7 +156,7 @@ func init() {
 }
 
 // CompatFamilyNames lists the dcgm-exporter families the compatibility
-// switch serves, for tests and the README.
+// switch serves, for tests and docs/migration-dcgm-exporter.md.
 func CompatFamilyNames() []string {
 	var out []string
 	for _, f := range compatFamilies {

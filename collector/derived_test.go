@@ -193,7 +193,7 @@ pods:
 	}
 }
 
-// Issue 12 defect 3: on A100 a 7g instance's placement spans 8 memory
+// On A100 a 7g instance's placement spans 8 memory
 // slices; its price share is by compute slices, so it costs the whole GPU,
 // and a 3g instance 3/7 of it (its placement spans 4 memory slices).
 func TestMIGPriceByComputeSlicesOnA100(t *testing.T) {
@@ -222,7 +222,7 @@ gpus:
 	}
 }
 
-// Issue 13 item 9: a profile's per-GPU instance limit caps what is
+// A profile's per-GPU instance limit caps what is
 // placeable: H100's 1g.10gb+me allows one instance, not one per free slice.
 func TestMIGPlaceableHonoursInstanceLimits(t *testing.T) {
 	sc := scenario(t, `

@@ -60,7 +60,7 @@ const (
 	GroupProcess     Group = "process"
 )
 
-// GroupInfo describes a group for flags and the README.
+// GroupInfo describes a group for flags and docs/profiles.md.
 type GroupInfo struct {
 	Name Group
 	Help string
@@ -69,7 +69,7 @@ type GroupInfo struct {
 	Default, Lean bool
 }
 
-// Groups lists every group in README order.
+// Groups lists every group in the order of docs/profiles.md.
 var Groups = []GroupInfo{
 	{GroupCore, "identity, up, memory used/total, NVML busy ratio, driver and exporter self-metrics (cannot be switched off)", true, true},
 	{GroupMemory, "memory controller busy ratio (NVML)", true, true},
@@ -191,7 +191,7 @@ func inGroup(g Group, ds ...*prometheus.Desc) {
 
 // FamilyGroups maps every metric family the exporter can serve (its own
 // naming, not the compatibility names) to its groups (more than one where a
-// summary group serves a folded form of the family), for the README and
+// summary group serves a folded form of the family), for the docs and
 // tests.
 func FamilyGroups() map[string][]Group {
 	out := map[string][]Group{"gpu_exporter_build_info": {GroupCore}}

@@ -321,7 +321,7 @@ func TestInvalidUTF8FromNVMLDoesNotPanic(t *testing.T) {
 	}
 }
 
-// Issue 12 defects 6 and 11: recovery actions 5-7 and clock event reasons
+// Recovery actions 5-7 and clock event reasons
 // 0x200/0x400 (board limit, reliability) are exported like the others;
 // the simulated node takes both lists from go-nvml's constants.
 func TestNewerRecoveryActionsAndClockReasons(t *testing.T) {
@@ -371,7 +371,7 @@ func (recoveryDevice) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 	return nvml.SUCCESS
 }
 
-// Issue 12 defect 6: a value the exporter does not know is shown, not hidden.
+// A recovery action the exporter does not know is shown, not hidden.
 func TestUnknownRecoveryActionIsExported(t *testing.T) {
 	clk := newClock()
 	e, _ := newExporter(t, scenario(t, "node: {model: H100-SXM5-80GB, count: 1}"), clk, func(l nvmlsampler.NVML) nvmlsampler.NVML { return recoveryNVML{l} })
@@ -381,7 +381,7 @@ func TestUnknownRecoveryActionIsExported(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 13: on Blackwell the per-link NVLink error counters answer
+// On Blackwell the per-link NVLink error counters answer
 // NOT_SUPPORTED; the errors come from NVLink5's NVML_FI_DEV_NVLINK_COUNT_*
 // field values, per link (the simulated B200 has link i report i symbol
 // errors: 0+1+...+17 = 153 over 18 links).

@@ -54,7 +54,7 @@ var nodeSummaryFolds = map[string]fold{
 
 // NodeSummaryFolds returns, for each family the node_summary group folds,
 // how: "sum", "min" or "mean" over the node's whole GPUs, followed by
-// ` of error="corrected"` where only some series fold (README, tests).
+// ` of error="corrected"` where only some series fold (docs/profiles.md, tests).
 func NodeSummaryFolds() map[string]string {
 	out := make(map[string]string, len(nodeSummaryFolds))
 	for name, f := range nodeSummaryFolds {

@@ -246,7 +246,7 @@ func sharedScenario(tb testing.TB) *simnode.Scenario {
 
 // BenchmarkSampleSharedGPUs: one sample and render of 8 GPUs with 64
 // processes in 32 containers, without and with process accounting; the
-// difference is what accounting adds per sample (the budget: 2 ms).
+// difference is what accounting adds per sample (budget: 2 ms).
 func BenchmarkSampleSharedGPUs(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		name := "accounting=off"

@@ -15,7 +15,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
-// The issue's acceptance scenario: XID 79 on GPU 3, XID 13 twice on GPU 1.
+// XID 79 on GPU 3 (the GPU falls off the bus), XID 13 twice on GPU 1.
 func TestXIDScenario(t *testing.T) {
 	sc := scenario(t, `
 node: {count: 8}
@@ -126,7 +126,7 @@ func xidExporter(t *testing.T, node *simnode.Node, src xid.EventSource, clk *fix
 	return e.Page()
 }
 
-// Issue 12 defect 9: an XID NVML attributes to a MIG device (its event
+// An XID NVML attributes to a MIG device (its event
 // carries GPU and compute instance IDs) is counted on that instance too.
 func TestXIDPerMIGInstance(t *testing.T) {
 	sc := scenario(t, `
@@ -177,7 +177,7 @@ func (s *eccSource) Wait(timeout time.Duration) (xid.Event, error) {
 	return e, nil
 }
 
-// Issue 12 defect 12: ECC events counted by the event reader are exported.
+// ECC events counted by the event reader are exported.
 func TestECCEventsExported(t *testing.T) {
 	clk := newClock()
 	node, err := simnode.New(scenario(t, "node: {model: H100-SXM5-80GB, count: 2}"), simnode.WithClock(clk.Now))

@@ -154,7 +154,7 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 		errorf("the kubelet's %s must be mounted read-only at the same path: volume %+v mount %+v", podResourcesDir, v.VolumeSource, m)
 	}
 
-	// Each GPU's NUMA node comes from the host's sysfs (issue 12 defect 4):
+	// Each GPU's NUMA node comes from the host's sysfs:
 	// NVML answers it only where GPUs are NUMA nodes.
 	if v, m := volumes["sys"], mounts["sys"]; v.HostPath == nil || v.HostPath.Path != "/sys" || m.MountPath != "/host/sys" || !m.ReadOnly || args["--path.sysfs"] != "/host/sys" {
 		errorf("the host's /sys must be mounted read-only at /host/sys and passed as --path.sysfs: volume %+v mount %+v flag %q", v.VolumeSource, m, args["--path.sysfs"])
@@ -197,7 +197,7 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 		if !toolkit {
 			errorf("NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES=utility are missing: the toolkit would inject no GPU")
 		}
-		// Issue 12 defect 13: without it the toolkit hides MIG devices.
+		// Without it the toolkit hides MIG devices.
 		if env["NVIDIA_MIG_MONITOR_DEVICES"].Value != "all" {
 			errorf("NVIDIA_MIG_MONITOR_DEVICES=all is missing: NVML would see no MIG devices in the container")
 		}

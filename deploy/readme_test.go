@@ -1,9 +1,9 @@
 package deploy_test
 
-// README's Install section, run: every command that can run offline (helm
-// install as helm template, kubectl apply -k as a kustomize build), checked
-// against what README says it does. The rest of README's blocks are run by
-// readme_test.go at the top.
+// README's Install section and docs/deployment.md, run: every command that can
+// run offline (helm install as helm template, kubectl apply -k as a kustomize
+// build), checked against what they say it does. The other blocks of README
+// and docs/ are run by readme_test.go at the top.
 
 import (
 	"bufio"
@@ -26,19 +26,41 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// block is one fenced code block of README.md.
+// block is one fenced code block of README.md or docs/deployment.md.
 type block struct {
+	file    string // from the top directory
 	lang    string
 	line    int    // of the opening fence
-	section string // the "## " heading above it
+	section string // the "# " or "## " heading above it
 	text    string
 }
 
-func (b block) where() string { return fmt.Sprintf("README.md:%d", b.line) }
+func (b block) where() string { return fmt.Sprintf("%s:%d", b.file, b.line) }
 
-func readmeBlocks(t *testing.T) []block {
+// installDocs are the files whose install commands TestREADMEInstall runs:
+// README's Install section and all of docs/deployment.md.
+var installDocs = []struct{ file, section string }{
+	{"README.md", "Install"},
+	{"docs/deployment.md", ""},
+}
+
+// installBlocks returns the code blocks of installDocs.
+func installBlocks(t *testing.T) []block {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	var blocks []block
+	for _, d := range installDocs {
+		for _, b := range fileBlocks(t, d.file) {
+			if d.section == "" || b.section == d.section {
+				blocks = append(blocks, b)
+			}
+		}
+	}
+	return blocks
+}
+
+func fileBlocks(t *testing.T, file string) []block {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +69,10 @@ func readmeBlocks(t *testing.T) []block {
 	var section string
 	for i, l := range strings.Split(string(b), "\n") {
 		switch {
-		case cur == nil && strings.HasPrefix(l, "## "):
-			section = strings.TrimPrefix(l, "## ")
+		case cur == nil && (strings.HasPrefix(l, "# ") || strings.HasPrefix(l, "## ")):
+			section = strings.TrimLeft(l, "# ")
 		case cur == nil && strings.HasPrefix(l, "```"):
-			cur = &block{lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
+			cur = &block{file: file, lang: strings.TrimPrefix(l, "```"), line: i + 1, section: section}
 		case cur != nil && l == "```":
 			blocks = append(blocks, *cur)
 			cur = nil
@@ -59,7 +81,7 @@ func readmeBlocks(t *testing.T) []block {
 		}
 	}
 	if cur != nil {
-		t.Fatalf("README.md:%d: code block never closed", cur.line)
+		t.Fatalf("%s:%d: code block never closed", file, cur.line)
 	}
 	return blocks
 }
@@ -274,17 +296,22 @@ const (
 	kustomizeCLIAPIVe = "v0.21.2"
 )
 
-// TestREADMEInstall runs every Install command that can run offline: helm
+// TestREADMEInstall runs every install command (README's Install section,
+// docs/deployment.md) that can run offline: helm
 // install as helm template, kubectl apply -k as a kustomize build (library,
 // kubectl's own and the pinned CLI where installed), the image override; and
 // checks what README says each creates.
 func TestREADMEInstall(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	var docs []byte
+	for _, d := range installDocs {
+		b, err := os.ReadFile(filepath.Join(repoRoot, d.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, b...)
 	}
-	if !bytes.Contains(readme, []byte("go install "+kustomizeCLI)) {
-		t.Errorf("README does not tell users to install %s", kustomizeCLI)
+	if !bytes.Contains(docs, []byte("go install "+kustomizeCLI)) {
+		t.Errorf("neither README nor docs/deployment.md tells users to install %s", kustomizeCLI)
 	}
 	gomod, _ := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
 	if !regexp.MustCompile(`(?m)^\s*sigs\.k8s\.io/kustomize/api ` + regexp.QuoteMeta(kustomizeCLIAPIVe) + `\b`).Match(gomod) {
@@ -292,10 +319,7 @@ func TestREADMEInstall(t *testing.T) {
 	}
 	repo, tag := chartImage(t)
 	var ran int
-	for _, b := range readmeBlocks(t) {
-		if b.section != "Install" {
-			continue
-		}
+	for _, b := range installBlocks(t) {
 		switch b.lang {
 		case "yaml":
 			checkImageBlock(t, b)

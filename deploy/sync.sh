@@ -16,7 +16,7 @@ chart=deploy/helm/gpu-pool-exporter
 # the rules with that label, generated from the one source.
 go run ./alerts/gmpgen
 # The node-level (shard) and global rule files, and their GMP variants,
-# generated from the one file (README: "Sharded setup").
+# generated from the one file (docs/sharded.md).
 go run ./alerts/gen
 layers=(shard global)
 
@@ -63,7 +63,7 @@ metadata:
   labels:
     app.kubernetes.io/name: gpu-pool-exporter
     app.kubernetes.io/part-of: gpu-pool-exporter" "$gmp_rules"
-# The sharded setup (README: "Sharded setup"): the node-level rules for each
+# The sharded setup (docs/sharded.md): the node-level rules for each
 # Prometheus that scrapes exporters, the global ones for Thanos Ruler (or
 # another global ruler), told apart by the gpu-pool-exporter/rules-layer label.
 sharded=deploy/kustomize/components/prometheus-operator-sharded-rules

@@ -395,7 +395,7 @@ func TestMatchAgreesWithResolve(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 5: NVIDIA's DRA driver names MIG devices
+// NVIDIA's DRA driver names MIG devices
 // gpu-<minor>-mig-<profile>-<profileID>-<placementStart>. With placements
 // known, a 7 x 1g layout resolves instance by instance, and +me and -me
 // profiles (the same once dots and signs are dropped) stay apart.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the test suite needs on a fresh Debian machine with Go:
 #   promtool and the Prometheus server (Debian's prometheus package, 2.42: 30 s
-#   by apt-get), helm (go install), the kustomize CLI README names (go
+#   by apt-get), helm (go install), the kustomize CLI docs/deployment.md names (go
 #   install: it builds in about a minute, under helm's five), promtool3:
 #   Prometheus 3.x's promtool (go install of the prometheus module without its
 #   service discovery plugins, which rule tests do not use), so that the rules

@@ -145,7 +145,7 @@ func TestSeriesBudget(t *testing.T) {
 		promtoolCheckMetrics(t, tc.profile+" page", body, nil)
 	}
 	// The full profile and the compatibility page have no budget: log them
-	// for the README.
+	// for docs/profiles.md.
 	for _, args := range [][]string{{"--collector.profile=full"}, {"--compat.dcgm-exporter"}} {
 		body := simulatedPage(t, args...)
 		n, gpus := seriesPerGPU(t, body)

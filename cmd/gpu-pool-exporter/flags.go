@@ -187,7 +187,7 @@ func addKubeletFlags(app *kingpin.Application, o *options) {
 // addCollectorFlags: which metric groups are served, and the dcgm-exporter
 // compatible families.
 func addCollectorFlags(app *kingpin.Application, o *options) {
-	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; README lists the groups.").
+	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; docs/profiles.md lists the groups.").
 		Default(collector.ProfileDefault)).EnumVar(&o.profile, collector.ProfileNames...)
 	o.groupFlags = map[collector.Group]*groupFlag{}
 	for _, g := range collector.Groups {
@@ -201,7 +201,7 @@ func addCollectorFlags(app *kingpin.Application, o *options) {
 	}
 	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
 	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
-	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (README: migrating from dcgm-exporter).").
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (docs/migration-dcgm-exporter.md).").
 		BoolVar(&o.compatDCGM)
 }
 

@@ -221,7 +221,7 @@ func TestMalformedScenarioFails(t *testing.T) {
 	}
 }
 
-// TestInputErrorsExit2 holds README's rule: every error in what the user
+// TestInputErrorsExit2 holds docs/failure-behaviour.md's rule: every error in what the user
 // wrote (flags, scenario, price file, web config) exits 2; a machine without
 // NVML or a port taken exits 1.
 func TestInputErrorsExit2(t *testing.T) {
@@ -312,9 +312,9 @@ func TestHelpSaysExitCodes(t *testing.T) {
 	}
 }
 
-// TestREADMEExitCodes keeps README's failure section on the rule above.
+// TestREADMEExitCodes keeps docs/failure-behaviour.md on the rule above.
 func TestREADMEExitCodes(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/failure-behaviour.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestREADMEExitCodes(t *testing.T) {
 		"Port in use: the error names the port and `--web.listen-address`; exit 1.",
 	} {
 		if !strings.Contains(readme, want) {
-			t.Errorf("README does not say %q", want)
+			t.Errorf("docs/failure-behaviour.md does not say %q", want)
 		}
 	}
 }
@@ -464,7 +464,7 @@ func waitFor(t *testing.T, url string, status int) string {
 	}
 }
 
-// checkWithPromtool runs `promtool check metrics`, the linter the issue names.
+// checkWithPromtool runs `promtool check metrics`, Prometheus' own exposition linter.
 func checkWithPromtool(t *testing.T, body string) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")

@@ -88,7 +88,7 @@ func TestRealClientSingleton(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 10: connection loss is what DCGM's return code says, and
+// Connection loss is what DCGM's return code says, and
 // go-dcgm's plain errors carry only errorString()'s text of that code
 // ("Host engine connection invalid/disconnected"), often after a prefix.
 func TestConnectionLossByReturnCode(t *testing.T) {

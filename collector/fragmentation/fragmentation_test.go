@@ -91,7 +91,7 @@ func groups(nvlink, numa int) map[string]int {
 }
 
 func TestComputeMIGPlacement(t *testing.T) {
-	// The H100 of the brief: 1g.10gb at slot 0 and 3g.40gb at slots 4-7,
+	// An H100 with 1g.10gb at slot 0 and 3g.40gb at slots 4-7,
 	// both allocated. Covered slots: {0, 4, 5, 6, 7}; of the 7 compute slots
 	// 0-6, slots 1, 2, 3 are free.
 	//   1g {0..6}:   0 covered; 1, 2, 3 free; 4-6 covered        -> 3

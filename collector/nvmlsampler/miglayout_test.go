@@ -9,11 +9,11 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 )
 
-// Issue 12 defect 3: NVML's placements are in memory slices on A100 (8:
+// NVML's placements are in memory slices on A100 (8:
 // 7g at {0,8}, 3g at {0,4} and {4,4}) while go-nvml's H100 mock uses
 // compute slices (7). The layout must carry each profile's own slice count
 // (SliceCount), not the placement size, and the placement space's width.
-// Issue 13 item 9: each profile's per-GPU instance limit (InstanceCount).
+// And each profile's per-GPU instance limit (InstanceCount).
 func TestMIGLayoutFromGoNVMLMocks(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -72,7 +72,7 @@ func TestMIGLayoutFromGoNVMLMocks(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 13: MIG profile names are NVIDIA's. Rounding a profile's
+// MIG profile names are NVIDIA's. Rounding a profile's
 // own MiB names A30's 4g profile (23344 MiB of 24 GB) 4g.23gb; NVIDIA names
 // it by its share of the GPU's memory: 4g.24gb.
 func TestMIGProfileNamesAreNVIDIAs(t *testing.T) {

@@ -52,7 +52,7 @@ gpus:
     mig: [{profile: 3g.40gb}, {profile: 1g.10gb}]
 `
 
-// Issue 12 defect 1: a function newer than the driver kills the process
+// A function newer than the driver kills the process
 // (the simulated node panics like the dynamic linker). On every supported
 // branch the sampler must call only what the driver exports, fall back to
 // nvmlDeviceGetCurrentClocksThrottleReasons before R535 and v1 memory
@@ -99,7 +99,7 @@ func TestOldDriverBranchesCallOnlyWhatTheyExport(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 7: used memory must not count what the driver reserves
+// Used memory must not count what the driver reserves
 // (v1 does; v2 separates it), and reserved is exported on its own.
 func TestMemoryUsedExcludesReserved(t *testing.T) {
 	node, err := simnode.New(nil, simnode.WithClock(fixedNow()))
@@ -149,7 +149,7 @@ func (d withheldDevice) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
 	return nvml.Memory_v2{}, d.ret
 }
 
-// Issue 12 defect 8: NO_PERMISSION on a MIG parent and NOT_SUPPORTED on an
+// NO_PERMISSION on a MIG parent and NOT_SUPPORTED on an
 // integrated GPU mean "will not tell", not "failed": the GPU and its MIG
 // instances stay up. Any other memory error still marks the GPU down.
 func TestMemoryWithheldIsNotAFailure(t *testing.T) {
@@ -189,7 +189,7 @@ func TestMemoryWithheldIsNotAFailure(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 11: every clock event reason bit go-nvml knows
+// Every clock event reason bit go-nvml knows
 // (ClocksEventReasonAll) has a name, taken from go-nvml's constants.
 func TestEveryClockEventReasonNamed(t *testing.T) {
 	named := map[uint64]string{}
@@ -209,7 +209,7 @@ func TestEveryClockEventReasonNamed(t *testing.T) {
 	}
 }
 
-// Issue 12 defect 6: every recovery action go-nvml defines has a name.
+// Every recovery action go-nvml defines has a name.
 func TestEveryRecoveryActionNamed(t *testing.T) {
 	named := map[nvml.DeviceGpuRecoveryAction]bool{}
 	for _, a := range sample.RecoveryActions {
@@ -224,7 +224,7 @@ func TestEveryRecoveryActionNamed(t *testing.T) {
 
 func sprintf(f string, a ...any) string { return fmt.Sprintf(f, a...) }
 
-// Issue 12 defect 4: on x86 nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED
+// On x86 nvmlDeviceGetNumaNodeId answers NOT_SUPPORTED
 // (and R470-R545 lack it); the NUMA node is read from
 // <sysfs>/bus/pci/devices/<bus id>/numa_node on every branch.
 func TestNUMANodeFromSysfs(t *testing.T) {
@@ -265,7 +265,7 @@ func (s *swapNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Retur
 	return s.devs[i], nvml.SUCCESS
 }
 
-// Issue 12 defect 13: a MIG reconfiguration shows in the next sample, not
+// A MIG reconfiguration shows in the next sample, not
 // after the periodic rediscovery (every 12 samples).
 func TestMIGReconfigurationSeenInOneSample(t *testing.T) {
 	const before = "node: {model: H100-SXM5-80GB, count: 1}\ngpus: [{index: 0, mig: [{profile: 3g.40gb}]}]"
@@ -319,7 +319,7 @@ func (h hangNVML) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return
 	return h.NVML.DeviceGetHandleByIndex(i)
 }
 
-// Issue 12 defect 13: discovery at start has a deadline, so a hung GPU
+// Discovery at start has a deadline, so a hung GPU
 // cannot keep the exporter (and its HTTP listener) from starting; the hung
 // GPU is reported down and joins once it answers.
 func TestStartupDiscoveryDeadline(t *testing.T) {

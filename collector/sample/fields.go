@@ -5,7 +5,7 @@ package sample
 // collector.fieldSpecs names every field's metric and source.
 type Field int
 
-// The per-device fields.
+// The per-device fields. Sources are named in collector.fieldSpecs and in docs/metrics.md.
 const (
 	FieldMemoryUsed Field = iota
 	FieldMemoryTotal

@@ -4,7 +4,7 @@
 // enabled, the GPU instances. It prints one table and exits 1 when a value is
 // beyond its stated tolerance (2 when the check itself cannot run).
 //
-// scripts/device-check is the entry point; see the README.
+// scripts/device-check is the entry point; see docs/drivers.md.
 package main
 
 import (
