@@ -22,6 +22,12 @@ tools:
 vet:
 	go vet ./...
 
+## generate: every generated file and copy (GMP rules, shard/global layers, dashboards, the Helm
+## chart's files/ and the kustomize rule objects), in that order; a second run changes nothing.
+## `make test` fails while one is stale (scripts/generate's test).
+generate:
+	go run ./scripts/generate
+
 build:
 	go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
 

@@ -349,8 +349,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 	if ran != 2 {
 		t.Errorf("ran %d promtool commands of alerts/README.md, want its 2", ran)
 	}
-	// dashboards/README.md's `go run ./dashboards/gen` is checked by
-	// dashboards/gen.TestCommittedDashboardsAreGenerated.
+	// dashboards/README.md's `make generate` is checked by
+	// scripts/generate.TestGeneratedFilesUpToDate.
 }
 
 func allPrefixed(cmds []string, prefix string) bool {
