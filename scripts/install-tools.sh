@@ -61,9 +61,31 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "install-tools: apt-get install ${need_apt[*]} (promtool and the server; chromium for the landing page test)"
   $SUDO apt-get update -qq
-  # The package's init script would start a server on :9090; tests start their own.
+  # The package's init script would start a server on :9090; tests start their
+  # own. Debian's way to keep a package's service from starting: invoke-rc.d
+  # (and deb-systemd-invoke) ask /usr/sbin/policy-rc.d, and exit 101 means
+  # "action forbidden". Ours lives for this apt-get run only; one already
+  # there (container images ship one) is put back afterwards. Nothing is
+  # stopped by name: a Prometheus of your own keeps running.
+  policy=/usr/sbin/policy-rc.d
+  saved_policy=""
+  if [ -e "$policy" ]; then
+    saved_policy="$(mktemp)"
+    $SUDO cp -p "$policy" "$saved_policy"
+  fi
+  restore_policy() {
+    if [ -n "$saved_policy" ]; then
+      $SUDO cp -p "$saved_policy" "$policy" && rm -f "$saved_policy"
+    else
+      $SUDO rm -f "$policy"
+    fi
+  }
+  trap restore_policy EXIT
+  printf '#!/bin/sh\n# Written by scripts/install-tools.sh for its apt-get install; removed after it.\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod 755 "$policy"
   DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
-  $SUDO pkill -x prometheus 2>/dev/null || true
+  restore_policy
+  trap - EXIT
 fi
 
 if [ -n "$helm_pid" ]; then
