@@ -162,7 +162,7 @@ func readHealth(d Device, p probes, h *Health, prev *Health, full bool, seen map
 		carry()
 		return
 	}
-	if !p.numaNodeID {
+	if !p.numaNodeID { //nolint:revive // empty-block: the comment is why nothing is read
 		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill
 		// the process. The sampler reads sysfs first anyway.
 	} else if n, ret := d.GetNumaNodeId(); ok(ret) {

@@ -32,14 +32,6 @@ type DeviceState struct {
 // IsMIG reports whether the device is a MIG instance.
 func (d *DeviceState) IsMIG() bool { return d.GPUInstance >= 0 }
 
-func (d *DeviceState) labelValues() []string {
-	gi := ""
-	if d.IsMIG() {
-		gi = strconv.Itoa(d.GPUInstance)
-	}
-	return []string{strconv.Itoa(d.GPU), d.UUID, gi, d.MIGProfile}
-}
-
 // GPUState is a physical GPU with its MIG instances, if any.
 type GPUState struct {
 	DeviceState
