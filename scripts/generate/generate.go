@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -242,7 +241,7 @@ func Write(root string, files []File) ([]string, error) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return changed, err
 		}
-		if err := os.WriteFile(p, f.Data, 0o644); err != nil { //nolint:gosec // committed files, world-readable like the rest of the tree
+		if err := os.WriteFile(p, f.Data, 0o644); err != nil {
 			return changed, err
 		}
 		changed = append(changed, f.Path)
@@ -255,7 +254,7 @@ func Write(root string, files []File) ([]string, error) {
 		if err := os.Remove(filepath.Join(root, filepath.FromSlash(p))); err != nil {
 			return changed, err
 		}
-		changed = append(changed, path.Clean(p)+" (removed)")
+		changed = append(changed, p+" (removed)")
 	}
 	return changed, nil
 }
