@@ -9,10 +9,11 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: test tools vet build run bench bench-rules generate
+.PHONY: test tools vet lint build run bench bench-rules generate
 
-## test: everything CI runs: tools, vet, gofmt, race tests (unit, promtool, helm, end to end)
-test: tools vet
+## test: everything CI runs: tools, vet, lint, gofmt, race tests (unit, promtool, helm, end to end,
+## generated files up to date)
+test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -race -count=1 ./...
 
@@ -21,6 +22,16 @@ tools:
 
 vet:
 	go vet ./...
+
+## lint: golangci-lint (pinned by scripts/install-tools.sh) with .golangci.yml
+lint: tools
+	golangci-lint run ./...
+
+## generate: every generated file and copy (GMP rules, shard/global layers, dashboards, the Helm
+## chart's files/ and the kustomize rule objects), in that order; a second run changes nothing.
+## `make test` fails while one is stale (scripts/generate's test).
+generate:
+	go run ./scripts/generate
 
 build:
 	go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter

@@ -198,7 +198,7 @@ func servedPage(t *testing.T, bin string, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cancel(); cmd.Wait() }()
+	defer func() { cancel(); _ = cmd.Wait() }()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the simulated node's page never had DCGM, the pod map and the compatibility rates; log:\n%s", logs.String())

@@ -170,7 +170,7 @@ func TestMakeRun(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
 	var mu sync.Mutex
 	var lines []string
 	served := make(chan string, 1)
@@ -235,7 +235,7 @@ func TestMakeRun(t *testing.T) {
 		t.Errorf("make's child is %s, want the gpu-pool-exporter binary (a shell or `go run` between them keeps the exporter alive when it is killed)", exe)
 	}
 	// Ctrl-C: SIGINT to the foreground process group.
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	select {
 	case <-exited:
 	case <-time.After(20 * time.Second):
@@ -377,8 +377,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 	if ran != 2 {
 		t.Errorf("ran %d promtool commands of alerts/README.md, want its 2", ran)
 	}
-	// dashboards/README.md's `go run ./dashboards/gen` is checked by
-	// dashboards/gen.TestCommittedDashboardsAreGenerated.
+	// dashboards/README.md's `make generate` is checked by
+	// scripts/generate.TestGeneratedFilesUpToDate.
 }
 
 // isInstallBlock: deploy.TestREADMEInstall runs README's Install section and

@@ -1,7 +1,6 @@
 package alerts
 
 import (
-	"os"
 	"regexp"
 	"testing"
 
@@ -79,16 +78,6 @@ func labelNames(e parser.Expr) map[string]bool {
 		return nil
 	})
 	return out
-}
-
-func TestGMPRulesInSync(t *testing.T) {
-	got, err := os.ReadFile(GMPRulesFileName)
-	if err != nil {
-		t.Fatalf("%v: run `go run ./alerts/gmpgen` (deploy/sync.sh does)", err)
-	}
-	if string(got) != string(GMPRules(RulesYAML)) {
-		t.Fatalf("%s differs from GMPRules(%s): run `go run ./alerts/gmpgen` (deploy/sync.sh does)", GMPRulesFileName, RulesFileName)
-	}
 }
 
 // TestGMPRulesRenameEveryNamespaceLabel holds the textual rewrite against a

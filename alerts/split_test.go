@@ -1,7 +1,6 @@
 package alerts
 
 import (
-	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -36,26 +35,6 @@ var nodeLevelExporterMetrics = []string{
 	"gpu_exporter_collector_up",
 	"gpu_exporter_last_sample_timestamp_seconds",
 	"gpu_exporter_sample_age_seconds",
-}
-
-func TestSplitFilesUpToDate(t *testing.T) {
-	shard, global, err := Split(RulesYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gmpShard, gmpGlobal, err := SplitGMP(RulesYAML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, want := range map[string][]byte{
-		ShardRulesFileName: shard, GlobalRulesFileName: global,
-		GMPShardRulesFileName: gmpShard, GMPGlobalRulesFileName: gmpGlobal,
-	} {
-		got, err := os.ReadFile(name)
-		if err != nil || string(got) != string(want) {
-			t.Errorf("%s is not what Split makes of %s: run `go run ./alerts/gen` (or deploy/sync.sh) from the repository root", name, RulesFileName)
-		}
-	}
 }
 
 // TestSplitIsAPartition checks that the two generated files hold every group

@@ -43,14 +43,14 @@ func benchStatic(b *testing.B, sc *simnode.Scenario, gzip bool) {
 	if gzip {
 		body = p.Gzip
 	}
-	static := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	static := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		// What any metrics handler must send with the bytes.
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		if gzip {
 			w.Header().Set("Content-Encoding", "gzip")
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		w.Write(body)
+		_, _ = w.Write(body)
 	})
 	benchHandler(b, static, gzip, len(p.Plain))
 }

@@ -100,7 +100,7 @@ func collectDCGMHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 
 // dcgmStatus is the collector status of DCGM: absent when DCGM is off (auto
 // mode without libdcgm is a supported setup, not a failure).
-func dcgmStatus(snap *dcgm.Snapshot, now time.Time) (CollectorStatus, bool) {
+func dcgmStatus(snap *dcgm.Snapshot, _ time.Time) (CollectorStatus, bool) {
 	if snap == nil || snap.Mode == dcgm.ModeOff {
 		return CollectorStatus{}, false
 	}

@@ -166,11 +166,11 @@ func TestDCGMXIDNotCountedTwice(t *testing.T) {
 	at := time.Now()
 	reader.Counter().Add(5, uuid, 48, at) // NVML's event
 	d.fake.SetXID(uuid, 48, at)           // DCGM's last-XID field says the same
-	p := d.until(t, "DCGM up", func(p *collector.Page) bool { return len(series(p, "gpu_sm_active_ratio")) > 0 })
+	d.until(t, "DCGM up", func(p *collector.Page) bool { return len(series(p, "gpu_sm_active_ratio")) > 0 })
 	for i := 0; i < 5; i++ { // DCGM's field is read again and again
 		d.e.SampleOnce(context.Background())
 	}
-	p = d.e.Page()
+	p := d.e.Page()
 	if v := value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`); v != "1" {
 		t.Errorf("XID 48 counted %s times, want 1", v)
 	}

@@ -42,7 +42,7 @@ func idleActivity(d *sample.DeviceState) (float64, bool) {
 func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *sample.NodeSample, a *Allocations, u *Usage, now time.Time) *Derived {
 	d := &Derived{Prices: map[DeviceKey]float64{}}
 	var obs []fragmentation.Observation
-	eachUnit(s, func(dev *sample.DeviceState, key DeviceKey, healthy bool) {
+	eachUnit(s, func(dev *sample.DeviceState, key DeviceKey, _ bool) {
 		for _, h := range a.ByDevice[key] {
 			act, known := holderIdleActivity(u, dev, key, h)
 			if !dev.Up {

@@ -37,7 +37,7 @@ faults:
 	reader.WaitTimeout = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go reader.Run(ctx)
+	go func() { _ = reader.Run(ctx) }()
 	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +105,7 @@ func xidExporter(t *testing.T, node *simnode.Node, src xid.EventSource, clk *fix
 	reader.WaitTimeout = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go reader.Run(ctx)
+	go func() { _ = reader.Run(ctx) }()
 	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)

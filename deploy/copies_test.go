@@ -2,29 +2,29 @@ package deploy_test
 
 import (
 	"bytes"
-	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 )
 
 // The rules file is the single source of the shipped rules; the manifests
 // carry copies because neither a chart nor a kustomization may read outside
-// its directory. deploy/sync.sh refreshes them.
+// its directory. make generate refreshes them.
 const rulesPath = "alerts/gpu-pool-exporter.rules.yml"
 
 // gmpRulesPath is the rules file for GKE Managed Prometheus, generated from
-// rulesPath (go run ./alerts/gmpgen, which deploy/sync.sh runs).
+// rulesPath by make generate.
 const gmpRulesPath = "alerts/gpu-pool-exporter.gmp.rules.yml"
 
 func readGMPRulesFile(t *testing.T) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, gmpRulesPath))
 	if err != nil {
-		t.Fatalf("%v (run deploy/sync.sh)", err)
+		t.Fatalf("%v (run make generate)", err)
 	}
 	if !bytes.Contains(b, []byte("exported_namespace")) {
 		t.Fatalf("%s names no exported_namespace: it is not the GMP variant", gmpRulesPath)
@@ -81,61 +81,62 @@ func dashboardFiles(t *testing.T, dir string) []string {
 	return names
 }
 
-func TestCopiesInSync(t *testing.T) {
-	const hint = " (edit alerts/ or dashboards/, then run deploy/sync.sh)"
-	rules := readRulesFile(t)
-
-	chartRules, err := os.ReadFile(filepath.Join(chartDir, "files/gpu-pool-exporter.rules.yml"))
-	if err != nil || !bytes.Equal(chartRules, rules) {
-		t.Errorf("%s/files/gpu-pool-exporter.rules.yml differs from %s%s", chartDir, rulesPath, hint)
+// TestChartCopiesNameTheirSource checks the form of the chart's files/: a
+// rules copy is a first line naming its source, then that source byte for
+// byte; a dashboard is its source byte for byte, named in
+// files/dashboards/README.md, which .helmignore keeps out of the chart.
+// Whether they are current is scripts/generate's one check.
+func TestChartCopiesNameTheirSource(t *testing.T) {
+	files := filepath.Join(chartDir, "files")
+	readme, err := os.ReadFile(filepath.Join(files, "dashboards", "README.md"))
+	if err != nil {
+		t.Fatalf("%v (run make generate)", err)
 	}
-	gmpRules := readGMPRulesFile(t)
-	chartGMP, err := os.ReadFile(filepath.Join(chartDir, "files/gpu-pool-exporter.gmp.rules.yml"))
-	if err != nil || !bytes.Equal(chartGMP, gmpRules) {
-		t.Errorf("%s/files/gpu-pool-exporter.gmp.rules.yml differs from %s%s", chartDir, gmpRulesPath, hint)
+	ignore, err := os.ReadFile(filepath.Join(chartDir, ".helmignore"))
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	for _, l := range []string{"shard", "global", "gmp.shard", "gmp.global"} {
-		name := "gpu-pool-exporter." + l + ".rules.yml"
-		src, errS := os.ReadFile(filepath.Join(repoRoot, "alerts", name))
-		cp, errC := os.ReadFile(filepath.Join(chartDir, "files", name))
-		if errS != nil || errC != nil || !bytes.Equal(src, cp) {
-			t.Errorf("%s/files/%s differs from alerts/%s%s", chartDir, name, name, hint)
+	if !slices.Contains(strings.Split(string(ignore), "\n"), "files/dashboards/README.md") {
+		t.Errorf("%s/.helmignore does not leave out files/dashboards/README.md", chartDir)
+	}
+	err = filepath.WalkDir(files, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
 		}
-	}
-
-	srcDir := filepath.Join(repoRoot, "dashboards")
-	copyDir := filepath.Join(chartDir, "files/dashboards")
-	src, cp := dashboardFiles(t, srcDir), dashboardFiles(t, copyDir)
-	if !slices.Equal(src, cp) {
-		t.Errorf("chart dashboards %v, dashboards/ has %v%s", cp, src, hint)
-	}
-	for _, name := range src {
-		a, errA := os.ReadFile(filepath.Join(srcDir, name))
-		b, errB := os.ReadFile(filepath.Join(copyDir, name))
-		if err := errors.Join(errA, errB); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(a, b) {
-			t.Errorf("%s/%s differs from dashboards/%s%s", copyDir, name, name, hint)
-		}
-	}
-
-	// The kustomize rule objects: spec equal to the rules file.
-	for _, f := range []string{
-		"kustomize/components/prometheus-operator/prometheusrule.yaml",
-		"kustomize/components/gke-managed-prometheus/clusterrules.yaml",
-		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-shard.yaml",
-		"kustomize/components/prometheus-operator-sharded-rules/prometheusrule-global.yaml",
-	} {
-		b, err := os.ReadFile(f)
+		rel, _ := filepath.Rel(files, p)
+		b, err := os.ReadFile(p)
 		if err != nil {
-			t.Fatalf("%v%s", err, hint)
+			return err
 		}
-		m := decodeManifests(t, f, b)
-		if len(m.promRules)+len(m.clusterRules) != 1 {
-			t.Errorf("%s: want one rule object", f)
+		switch {
+		case rel == filepath.Join("dashboards", "README.md"):
+		case filepath.Dir(rel) == "dashboards" && strings.HasSuffix(rel, ".json"):
+			name := filepath.Base(rel)
+			if !strings.Contains(string(readme), "- "+name+": from dashboards/"+name+"\n") {
+				t.Errorf("%s: files/dashboards/README.md does not name its source", p)
+			}
+			src, err := os.ReadFile(filepath.Join(repoRoot, "dashboards", name))
+			if err != nil || !bytes.Equal(b, src) {
+				t.Errorf("%s is not dashboards/%s byte for byte (run make generate)", p, name)
+			}
+		case filepath.Dir(rel) == "." && strings.HasSuffix(rel, ".rules.yml"):
+			first, rest, _ := bytes.Cut(b, []byte("\n"))
+			source, ok := strings.CutPrefix(string(first), "# Generated by make generate from ")
+			source, ok2 := strings.CutSuffix(source, "; do not edit.")
+			if !ok || !ok2 {
+				t.Errorf("%s: first line %q does not name its source", p, first)
+				return nil
+			}
+			src, err := os.ReadFile(filepath.Join(repoRoot, source))
+			if err != nil || !bytes.Equal(rest, src) {
+				t.Errorf("%s is not %s byte for byte after its first line (run make generate)", p, source)
+			}
+		default:
+			t.Errorf("%s: not a rules copy, a dashboard or the dashboards' README", p)
 		}
-		checkRules(t, m, rules, gmpRules)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -283,12 +283,12 @@ func checkDashboards(t *testing.T, m *manifests) {
 			t.Errorf("%s: dashboard %s is not valid JSON", m.name, k)
 		}
 		if src, err := os.ReadFile(filepath.Join(repoRoot, "dashboards", k)); err == nil && strings.TrimRight(string(src), "\n") != strings.TrimRight(v, "\n") {
-			t.Errorf("%s: dashboard %s differs from dashboards/%s (run deploy/sync.sh)", m.name, k, k)
+			t.Errorf("%s: dashboard %s differs from dashboards/%s (run make generate)", m.name, k, k)
 		}
 	}
 	sort.Strings(got)
 	if !slices.Equal(got, want) {
-		t.Errorf("%s: dashboards %v, want %v (run deploy/sync.sh)", m.name, got, want)
+		t.Errorf("%s: dashboards %v, want %v (run make generate)", m.name, got, want)
 	}
 }
 

@@ -405,7 +405,7 @@ func checkRules(t *testing.T, m *manifests, rulesFile, gmpRulesFile []byte) {
 		doc := plainYAML(t, m.raw[key])
 		spec := doc.(map[string]any)["spec"]
 		if !reflect.DeepEqual(spec, want) {
-			t.Errorf("%s: %s spec differs from %s (run deploy/sync.sh); first difference: %s", m.name, key, source, firstDifference(spec, want))
+			t.Errorf("%s: %s spec differs from %s (run make generate); first difference: %s", m.name, key, source, firstDifference(spec, want))
 		}
 	}
 	for _, r := range m.promRules {

@@ -241,7 +241,7 @@ func (c *Client) Refresh(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		c.closeLocked()
+		_ = c.closeLocked()
 		next := *prev
 		next.Up = false
 		next.Errors = prev.Errors + 1

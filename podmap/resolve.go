@@ -115,7 +115,7 @@ func (inv *Inventory) resolveDRA(ref DeviceRef) (Target, bool) {
 	best := 0
 	for i := range g.MIG {
 		p := normaliseMIGProfile(g.MIG[i].Profile)
-		if p == "" || !(mig == p || strings.HasPrefix(mig, p+"-")) {
+		if p == "" || mig != p && !strings.HasPrefix(mig, p+"-") {
 			continue
 		}
 		switch {

@@ -187,7 +187,7 @@ func TestMatch(t *testing.T) {
 	if matched[0].Target.GPU != 0 || matched[1].Target.GPUInstance != 2 || matched[2].Target.GPU != 2 {
 		t.Errorf("wrong targets: %+v", matched)
 	}
-	if matched[1].Holding.DeviceID != "nvidia0/gi2" {
+	if matched[1].DeviceID != "nvidia0/gi2" {
 		t.Errorf("holding not carried: %+v", matched[1].Holding)
 	}
 	if unmatched[0].DeviceID != "nvidia9" || unmatched[1].DeviceID != "bogus" || unmatched[1].ParseErr == nil {

@@ -1,12 +1,13 @@
 // Command gen writes the shard-safe and the global rule files
 // (gpu-pool-exporter.shard.rules.yml, gpu-pool-exporter.global.rules.yml,
 // and their GKE Managed Prometheus variants gpu-pool-exporter.gmp.*.rules.yml)
-// from the one rules file, gpu-pool-exporter.rules.yml. Run it from the
-// repository root (deploy/sync.sh does, before copying the rules into the
-// deploy manifests): go run ./alerts/gen
+// from the one rules file, gpu-pool-exporter.rules.yml, in -dir, into -out.
+// `make generate` writes them into alerts/ with every other generated file;
+// this command (like alerts/gmpgen, with the same flags) writes them elsewhere.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,13 +16,15 @@ import (
 )
 
 func main() {
-	dir := "alerts"
-	if len(os.Args) > 1 {
-		dir = os.Args[1]
+	dir := flag.String("dir", "alerts", "the directory holding "+alerts.RulesFileName)
+	out := flag.String("out", "", "the directory to write to (default: -dir)")
+	flag.Parse()
+	if *out == "" {
+		*out = *dir
 	}
-	src, err := os.ReadFile(filepath.Join(dir, alerts.RulesFileName))
+	src, err := os.ReadFile(filepath.Join(*dir, alerts.RulesFileName))
 	if err != nil {
-		fail(fmt.Errorf("%w (run from the repository root, or name the alerts directory)", err))
+		fail(fmt.Errorf("%w (run it from the repository root, or give -dir)", err))
 	}
 	shard, global, err := alerts.Split(src)
 	if err != nil {
@@ -35,7 +38,7 @@ func main() {
 		alerts.ShardRulesFileName: shard, alerts.GlobalRulesFileName: global,
 		alerts.GMPShardRulesFileName: gmpShard, alerts.GMPGlobalRulesFileName: gmpGlobal,
 	} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(*out, name), b, 0o644); err != nil {
 			fail(err)
 		}
 	}

@@ -1,6 +1,8 @@
-// Command gmpgen writes alerts/gpu-pool-exporter.gmp.rules.yml, the rules
-// for GKE Managed Prometheus, from alerts/gpu-pool-exporter.rules.yml (see
-// alerts.GMPRules). Run it from the repository root; deploy/sync.sh does.
+// Command gmpgen writes gpu-pool-exporter.gmp.rules.yml, the rules for GKE
+// Managed Prometheus, from gpu-pool-exporter.rules.yml (see alerts.GMPRules)
+// in -dir, into -out. `make generate` writes it into alerts/ with every other
+// generated file; this command (like alerts/gen, with the same flags) writes
+// it elsewhere.
 package main
 
 import (
@@ -14,19 +16,24 @@ import (
 
 func main() {
 	dir := flag.String("dir", "alerts", "the directory holding "+alerts.RulesFileName)
+	out := flag.String("out", "", "the directory to write to (default: -dir)")
 	flag.Parse()
+	if *out == "" {
+		*out = *dir
+	}
 	src, err := os.ReadFile(filepath.Join(*dir, alerts.RulesFileName))
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gmpgen: %v (run it from the repository root, or give -dir)\n", err)
-		os.Exit(1)
+		fail(fmt.Errorf("%w (run it from the repository root, or give -dir)", err))
 	}
 	if _, err := alerts.ParseRules(src); err != nil {
-		fmt.Fprintf(os.Stderr, "gmpgen: %s: %v\n", alerts.RulesFileName, err)
-		os.Exit(1)
+		fail(fmt.Errorf("%s: %w", alerts.RulesFileName, err))
 	}
-	out := filepath.Join(*dir, alerts.GMPRulesFileName)
-	if err := os.WriteFile(out, alerts.GMPRules(src), 0o644); err != nil {
-		fmt.Fprintf(os.Stderr, "gmpgen: %v\n", err)
-		os.Exit(1)
+	if err := os.WriteFile(filepath.Join(*out, alerts.GMPRulesFileName), alerts.GMPRules(src), 0o644); err != nil {
+		fail(err)
 	}
+}
+
+func fail(err error) {
+	fmt.Fprintf(os.Stderr, "alerts/gmpgen: %v\n", err)
+	os.Exit(1)
 }

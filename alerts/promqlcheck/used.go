@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 
@@ -49,7 +50,7 @@ func UsedMetrics() (map[string][]string, error) {
 			}
 			name := vs.Name
 			for _, m := range vs.LabelMatchers {
-				if name == "" && m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+				if name == "" && m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 					name = m.Value
 				}
 			}

@@ -78,13 +78,13 @@ func newMux(exp *collector.Exporter, o *options) http.Handler {
 	return mux
 }
 
-// limitConcurrency answers 503 at once past max scrapes in flight, rather
+// limitConcurrency answers 503 at once past limit scrapes in flight, rather
 // than queueing them: a scrape is cheap, so a pile-up means a misbehaving client.
-func limitConcurrency(h http.Handler, max int) http.Handler {
-	if max <= 0 {
+func limitConcurrency(h http.Handler, limit int) http.Handler {
+	if limit <= 0 {
 		return h
 	}
-	sem := make(chan struct{}, max)
+	sem := make(chan struct{}, limit)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case sem <- struct{}{}:

@@ -185,7 +185,7 @@ func scrape(client *http.Client, url, mode string, check *bodyChecker) (time.Dur
 	defer resp.Body.Close()
 	headers := time.Since(start)
 	if resp.StatusCode != 200 {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return 0, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
@@ -252,7 +252,7 @@ func scrape(client *http.Client, url, mode string, check *bodyChecker) (time.Dur
 // goroutineDump is the stacks of all goroutines, cut to a readable length.
 func goroutineDump() string {
 	var b bytes.Buffer
-	pprof.Lookup("goroutine").WriteTo(&b, 1)
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
 	s := b.String()
 	if len(s) > 20000 {
 		s = s[:20000] + "\n..."
@@ -358,7 +358,7 @@ func slowConn(t *testing.T, addr string) (net.Conn, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := fmt.Fprintf(c, "GET /metrics HTTP/1.1\r\nHost: %s\r\n\r\n", addr); err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func slowConn(t *testing.T, addr string) (net.Conn, int) {
 	if err != nil {
 		t.Fatalf("slow client: %v", err)
 	}
-	c.SetDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	return c, resp.StatusCode
 }
 
@@ -427,7 +427,7 @@ func TestMaxRequestsAnswers503(t *testing.T) {
 	for {
 		resp, err := client.Get(r.url("/metrics"))
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				break

@@ -59,7 +59,9 @@ func TestBadScenarioFails(t *testing.T) {
 		{"# " + strings.Repeat("x", 5<<20), "the limit is 4194304 bytes (4 MiB)"},
 	} {
 		f := filepath.Join(dir, "s.yaml")
-		os.WriteFile(f, []byte(tc.yaml), 0o644)
+		if err := os.WriteFile(f, []byte(tc.yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		var errb bytes.Buffer
 		code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
 		if code == exitOK || !strings.Contains(errb.String(), tc.want) {
@@ -71,9 +73,13 @@ func TestBadScenarioFails(t *testing.T) {
 func TestBadFlagsExit2(t *testing.T) {
 	dir := t.TempDir()
 	hugeWebConfig := filepath.Join(dir, "web.yml")
-	os.WriteFile(hugeWebConfig, append([]byte("# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644)
+	if err := os.WriteFile(hugeWebConfig, append([]byte("# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	hugePriceFile := filepath.Join(dir, "prices.yaml")
-	os.WriteFile(hugePriceFile, append([]byte("per_gpu_hour:\n  x: 1\n# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644)
+	if err := os.WriteFile(hugePriceFile, append([]byte("per_gpu_hour:\n  x: 1\n# "), bytes.Repeat([]byte("x"), 300<<10)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -210,7 +216,9 @@ func TestSimulateServesAndShutsDown(t *testing.T) {
 
 func TestMalformedScenarioFails(t *testing.T) {
 	f := t.TempDir() + "/bad.yaml"
-	os.WriteFile(f, []byte("node:\n  model: H100-SXM5-80GB\n  count: 99\n"), 0o644)
+	if err := os.WriteFile(f, []byte("node:\n  model: H100-SXM5-80GB\n  count: 99\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	var errb bytes.Buffer
 	code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
 	if code != exitUsage {

@@ -33,7 +33,9 @@ func startWithAuth(t *testing.T, cost int, extra ...string) *authRun {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(t.TempDir(), "web.yml")
-	os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+	if err := os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r := &authRun{addr: freeAddr(t), probe: freeAddr(t), logs: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
@@ -163,8 +165,8 @@ func TestWrongPasswordFloodDoesNotStarveScraper(t *testing.T) {
 
 	// Limiter behaviour: at most the burst plus the refill over the run
 	// reached bcrypt; everything else was refused before it.
-	if max := int64(failBurst + 5); unauthorized.Load() > max {
-		t.Errorf("%d of %d wrong passwords reached bcrypt, want at most %d", unauthorized.Load(), n.Load(), max)
+	if most := int64(failBurst + 5); unauthorized.Load() > most {
+		t.Errorf("%d of %d wrong passwords reached bcrypt, want at most %d", unauthorized.Load(), n.Load(), most)
 	}
 	if refused.Load() < n.Load()/2 || refused.Load() < 100 {
 		t.Errorf("%d of %d wrong passwords refused before bcrypt", refused.Load(), n.Load())
@@ -254,7 +256,7 @@ func TestConnectionCap(t *testing.T) {
 	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }), zerolog.Nop())
 	const limit = 8
 	ll := newLimitListener(l, limit).(*limitListener)
-	go srv.Serve(ll)
+	go func() { _ = srv.Serve(ll) }()
 	defer srv.Close()
 
 	var slow []net.Conn
@@ -268,7 +270,7 @@ func TestConnectionCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
+		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
 		slow = append(slow, c)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -300,12 +302,12 @@ func TestConnectionCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n"))
+		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n"))
 		slow = append(slow, c)
 	}
 	time.Sleep(100 * time.Millisecond)
-	sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
-	sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
 		t.Errorf("the scraper from its own address lost its connection to %d slow ones from another: %q", 2*limit, b)
 	}
@@ -315,7 +317,7 @@ func TestConnectionCap(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err == nil {
-			c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n"))
+			_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n"))
 			slow = append(slow, c)
 		}
 		code, body := get(t, &http.Client{Timeout: 20 * time.Second}, "http://"+l.Addr().String()+"/", "", "")

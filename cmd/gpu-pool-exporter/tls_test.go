@@ -41,8 +41,12 @@ func writeCert(t *testing.T, dir string) (certFile, keyFile string, pool *x509.C
 	}
 	kder, _ := x509.MarshalECPrivateKey(key)
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cert, _ := x509.ParseCertificate(der)
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
@@ -54,7 +58,9 @@ func TestTLSAndBasicAuth(t *testing.T) {
 	certFile, keyFile, pool := writeCert(t, dir)
 	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), bcrypt.MinCost)
 	webConfig := filepath.Join(dir, "web.yml")
-	os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+	if err := os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -112,7 +118,9 @@ func TestTLSAndBasicAuth(t *testing.T) {
 
 func TestBadWebConfigFails(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "web.yml")
-	os.WriteFile(f, []byte("tls_server_config:\n  cert_file: /nonexistent.crt\n"), 0o600)
+	if err := os.WriteFile(f, []byte("tls_server_config:\n  cert_file: /nonexistent.crt\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var errb syncBuffer
 	code := run(context.Background(), []string{"--simulate", "--web.listen-address=" + freeAddr(t), "--web.config.file=" + f}, io.Discard, &errb)
 	if code != exitUsage {
@@ -156,7 +164,9 @@ func TestWebConfigRotation(t *testing.T) {
 	hash1, _ := bcrypt.GenerateFromPassword([]byte("first"), bcrypt.MinCost)
 	webConfig := filepath.Join(dir, "web.yml")
 	writeConfig := func(hash []byte) {
-		os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+		if err := os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\nbasic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	writeConfig(hash1)
 	addr := freeAddr(t)

@@ -25,7 +25,7 @@ import (
 )
 
 func newLogger(o *options, w io.Writer) zerolog.Logger {
-	var out io.Writer = w
+	out := w
 	if o.logFormat == "console" {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
 	}

@@ -316,7 +316,7 @@ func (f *Fake) Devices() ([]DeviceInfo, error) {
 }
 
 // Watch implements Client.
-func (f *Fake) Watch(entities []Entity, fieldIDs []uint16, every, keep time.Duration) error {
+func (f *Fake) Watch(entities []Entity, _ []uint16, every, _ time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Watch"); err != nil {

@@ -161,8 +161,8 @@ func NewSampler(cfg Config, open func(Config) (Client, error)) *Sampler {
 	return s
 }
 
-// SetXIDSink, called before Run, hands each XID DCGM records for a whole GPU
-// to sink, once, from the Run goroutine: DCGM keeps only the last XID, so
+// SetXIDSink hands each XID DCGM records for a whole GPU to sink (call it
+// before Run), once, from the Run goroutine: DCGM keeps only the last XID, so
 // the XID log (collector/xid) counts them as they come and drops what
 // NVML's events already counted. DCGM's GPU IDs are NVML's indexes.
 func (s *Sampler) SetXIDSink(sink func(gpu int, uuid string, code int, at time.Time)) {

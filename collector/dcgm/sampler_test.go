@@ -174,7 +174,7 @@ func TestBlankAndNotSupportedThroughRun(t *testing.T) {
 	f.SetValue(uuid0, -1, PCIeRxBytes, 1e6)
 	s := NewSampler(testConfig(), f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "first sample", upWith(s, func(snap *Snapshot) bool { return f.Calls("Latest") >= 3 }))
+	waitFor(t, 2*time.Second, "first sample", upWith(s, func(_ *Snapshot) bool { return f.Calls("Latest") >= 3 }))
 	snap := s.Snapshot()
 	if len(snap.Devices) != 1 {
 		t.Fatalf("devices = %+v", snap.Devices)
@@ -219,8 +219,8 @@ func TestStaleValuesDropped(t *testing.T) {
 		_, ok := d.Values[DRAMActive]
 		return !ok
 	}))
-	if el, min := time.Since(frozen), time.Duration(cfg.MaxMissed)*cfg.Interval; el < min {
-		t.Errorf("dropped after %s, before %d intervals (%s)", el, cfg.MaxMissed, min)
+	if el, least := time.Since(frozen), time.Duration(cfg.MaxMissed)*cfg.Interval; el < least {
+		t.Errorf("dropped after %s, before %d intervals (%s)", el, cfg.MaxMissed, least)
 	}
 	d, _ := s.Snapshot().Find(uuid0, -1)
 	if d.Values[SMActive] != 0.5 {
@@ -505,7 +505,7 @@ func TestMIGInstanceValues(t *testing.T) {
 
 func TestMIGReconfiguration(t *testing.T) {
 	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}}},
-		func(gpu, gi int) (float64, bool) { return 0.5, true })
+		func(_, _ int) (float64, bool) { return 0.5, true })
 	cfg := testConfig()
 	cfg.Rediscover = 20 * time.Millisecond
 	s := NewSampler(cfg, f.Open)

@@ -313,7 +313,9 @@ func TestLoadPriceListRefusesHugeFiles(t *testing.T) {
 	}
 	// The same list cut below the limit loads.
 	small := big[:bytes.LastIndexByte(big[:MaxPriceFileBytes], '\n')+1]
-	os.WriteFile(f, small, 0o644)
+	if err := os.WriteFile(f, small, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := LoadPriceList(f); err != nil {
 		t.Fatalf("a %d-byte price list: %v", len(small), err)
 	}

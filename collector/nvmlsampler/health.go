@@ -90,7 +90,7 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 		carry()
 		return
 	}
-	if !p.numaNodeID {
+	if !p.numaNodeID { //nolint:revive // empty-block: the comment is why nothing is read
 		// R470-R545 lack nvmlDeviceGetNumaNodeId: calling it would kill
 		// the process. The sampler reads sysfs first anyway.
 	} else if n, ret := d.GetNumaNodeId(); ok(ret) {

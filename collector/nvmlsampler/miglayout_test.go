@@ -26,7 +26,7 @@ func TestMIGLayoutFromGoNVMLMocks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tc.dev
-			d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+			_, _ = d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 			create := func(profile int) int {
 				info, ret := d.GetGpuInstanceProfileInfo(profile)
 				if ret != nvml.SUCCESS {
@@ -132,7 +132,7 @@ func (d namedDevice) GetGpuInstanceProfileInfoV2(id int) (nvml.GpuInstanceProfil
 // Where the driver names its profiles (R510+, probed), its names win.
 func TestMIGProfileNamesFromNVML(t *testing.T) {
 	d := dgxh100.New().Devices[0]
-	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	_, _ = d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
 	h := namedDevice{realDevice{d}, map[int]string{nvml.GPU_INSTANCE_PROFILE_1_SLICE: "MIG 1g.10gb", nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1: "MIG 1g.10gb+me"}}
 	l := discoverMIGLayout(h, probes{profileInfoV: true})
 	names := map[string]bool{}

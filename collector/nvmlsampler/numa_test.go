@@ -29,11 +29,15 @@ func TestSysfsNUMANodeMinusOneIsUnknown(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(dir, "numa_node"), []byte("-1\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte("-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if n, ok := sysfsNUMANode(root, "00000000:18:00.0"); ok {
 		t.Errorf("numa_node -1 read as %d", n)
 	}
-	os.WriteFile(filepath.Join(dir, "numa_node"), []byte("1\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if n, ok := sysfsNUMANode(root, "00000000:18:00.0"); !ok || n != 1 {
 		t.Errorf("numa_node 1 read as %d, %v", n, ok)
 	}

@@ -94,7 +94,7 @@ func lookupLibrary(lib nvml.Interface) (err error) {
 		}
 		return fmt.Errorf("NVML init failed: %v", ret.Error())
 	}
-	lib.Shutdown()
+	_ = lib.Shutdown()
 	return nil
 }
 
@@ -136,14 +136,6 @@ func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
 // GetGpuInstanceProfileInfoV2 asks for the v2 profile info, with its name.
 func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
 	return d.Device.GetGpuInstanceProfileInfoV(profile).V2()
-}
-
-// nvmlErr turns an NVML return code into an error, nil on success.
-func nvmlErr(ret nvml.Return) error {
-	if ret == nvml.SUCCESS {
-		return nil
-	}
-	return ret
 }
 
 // unsupported reports whether NVML says a field does not exist on a device:

@@ -115,7 +115,7 @@ func (s *Sampler) Close() {
 			return
 		}
 	}
-	s.lib.Shutdown()
+	_ = s.lib.Shutdown()
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each.
@@ -286,13 +286,13 @@ func (w *gpuWorker) setIdent(id sample.DeviceState, mh []Device, mi []sample.Dev
 }
 
 func discoverMIG(h Device, parent sample.DeviceState) ([]Device, []sample.DeviceState) {
-	max, ret := h.GetMaxMigDeviceCount()
+	slots, ret := h.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, nil
 	}
 	var handles []Device
 	var idents []sample.DeviceState
-	for i := 0; i < max; i++ {
+	for i := 0; i < slots; i++ {
 		m, ret := h.GetMigDeviceHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			continue // ERROR_NOT_FOUND: no instance in this slot
@@ -361,12 +361,12 @@ func (w *gpuWorker) migChanged() bool {
 	if !enabled {
 		return false
 	}
-	max, ret := w.handle.GetMaxMigDeviceCount()
+	slots, ret := w.handle.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return false
 	}
 	seen := 0
-	for i := 0; i < max; i++ {
+	for i := 0; i < slots; i++ {
 		m, ret := w.handle.GetMigDeviceHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			continue

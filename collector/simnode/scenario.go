@@ -917,9 +917,9 @@ func (s *Scenario) validateCurve(c *Curve, path []any) error {
 }
 
 func parseCUDAVersion(v string) (int, error) {
-	maj, min, ok := strings.Cut(v, ".")
+	maj, minor, ok := strings.Cut(v, ".")
 	a, err1 := strconv.Atoi(maj)
-	b, err2 := strconv.Atoi(min)
+	b, err2 := strconv.Atoi(minor)
 	if !ok || err1 != nil || err2 != nil || a < 1 || b < 0 || b > 99 {
 		return 0, fmt.Errorf("%q is not a CUDA version like 12.4", v)
 	}

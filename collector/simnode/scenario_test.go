@@ -26,7 +26,7 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml, want string
 	}{
-		{"unknown field", "node:\n  modle: H100-SXM5-80GB\n", "scenario bad.yaml:2: field modle not found (not a field of NodeSpec"},
+		{"unknown field", "node:\n  modle: H100-SXM5-80GB\n", "scenario bad.yaml:2: field modle not found (not a field of NodeSpec"}, //nolint:misspell // the misspelt field is the test
 		{"bad model", "node:\n  model: H101\n", "bad.yaml:2: field node.model: unknown GPU model \"H101\""},
 		{"count", "node:\n  count: 0\n  model: A30-PCIE-24GB\n", "bad.yaml:2: field node.count: 0 GPUs: a node has 1 to 64 (leave count out"},
 		{"count left out", "node:\n  model: A30-PCIE-24GB\n", ""},
@@ -90,7 +90,9 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 func TestLoadScenarioRefusesHugeFiles(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "huge.yaml")
 	// Valid YAML all the way (a comment), so only the size can refuse it.
-	os.WriteFile(f, append([]byte("node: {count: 2}\n#"), make([]byte, MaxScenarioBytes)...), 0o644)
+	if err := os.WriteFile(f, append([]byte("node: {count: 2}\n#"), make([]byte, MaxScenarioBytes)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, err := LoadScenario(f)
 	if err == nil || !strings.Contains(err.Error(), "the limit is 4194304 bytes (4 MiB)") {
 		t.Fatalf("a %d-byte scenario: %v", MaxScenarioBytes+18, err)
@@ -100,7 +102,9 @@ func TestLoadScenarioRefusesHugeFiles(t *testing.T) {
 	for i := 18; i < len(at); i++ {
 		at[i] = 'x'
 	}
-	os.WriteFile(f, at, 0o644)
+	if err := os.WriteFile(f, at, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := LoadScenario(f); err != nil {
 		t.Fatalf("a scenario of exactly the limit: %v", err)
 	}
@@ -108,7 +112,9 @@ func TestLoadScenarioRefusesHugeFiles(t *testing.T) {
 
 func TestLoadScenarioFile(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "s.yaml")
-	os.WriteFile(f, []byte("seed: 3\nnode: {model: A100-SXM4-80GB, count: 2}\n"), 0o644)
+	if err := os.WriteFile(f, []byte("seed: 3\nnode: {model: A100-SXM4-80GB, count: 2}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	s, err := LoadScenario(f)
 	if err != nil {
 		t.Fatal(err)

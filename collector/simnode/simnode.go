@@ -373,7 +373,7 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 		return err
 	}
 	d.migMode = nvml.DEVICE_MIG_ENABLE
-	d.mock.SetMigModeFunc(nvml.DEVICE_MIG_ENABLE)
+	_, _ = d.mock.SetMigModeFunc(nvml.DEVICE_MIG_ENABLE)
 	for i, p := range plans {
 		info := p.info
 		pl := p.placement

@@ -447,7 +447,7 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 		regs = append(regs, registered{dev: d, gpu: gpu, uuid: uuid})
 	}
 	if len(regs) == 0 {
-		set.Free()
+		_ = set.Free()
 		return nil, ErrNoDevices
 	}
 	return &nvmlWaiter{set: set, regs: regs}, nil

@@ -141,7 +141,7 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 	r := fastReader(src)
 	var logs []string
 	var logMu sync.Mutex
-	r.Logf = func(f string, a ...any) { logMu.Lock(); logs = append(logs, f); logMu.Unlock() }
+	r.Logf = func(f string, _ ...any) { logMu.Lock(); logs = append(logs, f); logMu.Unlock() }
 	cancel := start(t, r)
 
 	var prev uint64
@@ -218,7 +218,7 @@ func TestReaderUpGoesDownWhileBroken(t *testing.T) {
 	if total(r.Counter(), 0, 13) != 1 {
 		t.Error("count lost while broken")
 	}
-	cancel()
+	_ = cancel()
 }
 
 func TestReaderCancelIsPrompt(t *testing.T) {
@@ -228,7 +228,7 @@ func TestReaderCancelIsPrompt(t *testing.T) {
 	cancel := start(t, r)
 	eventually(t, "up", r.Up)
 	began := time.Now()
-	cancel()
+	_ = cancel()
 	if d := time.Since(began); d > time.Second {
 		t.Errorf("Run took %v to return after cancel", d)
 	}
@@ -244,7 +244,7 @@ func TestReaderCancelDuringBackoff(t *testing.T) {
 	cancel := start(t, r)
 	eventually(t, "first failure", func() bool { return r.Failures() == 1 })
 	began := time.Now()
-	cancel()
+	_ = cancel()
 	if d := time.Since(began); d > time.Second {
 		t.Errorf("Run took %v to return during backoff", d)
 	}
@@ -430,7 +430,7 @@ func TestReaderOverNVMLSource(t *testing.T) {
 	eventually(t, "two sets, two events", func() bool {
 		return total(r.Counter(), 0, 13) == 2 && r.Recreated() == 1 && r.Up()
 	})
-	cancel()
+	_ = cancel()
 	snap := r.Counter().Snapshot()
 	if len(snap) != 1 || snap[0].UUID != "GPU-0" || snap[0].Entry.Action != ActionRestartApp {
 		t.Errorf("Snapshot = %+v", snap)

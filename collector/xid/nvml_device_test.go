@@ -18,7 +18,7 @@ func TestRealNVMLEventSet(t *testing.T) {
 	if !initNVML(lib) {
 		t.Skip("NVML library not available")
 	}
-	defer lib.Shutdown()
+	defer func() { _ = lib.Shutdown() }()
 
 	src := NewNVMLEventSource(lib, nil)
 	src.Logf = t.Logf

@@ -50,7 +50,7 @@ func startExporter(cfg config, args []string, ready func(addr string) (*http.Req
 			return nil, err
 		}
 		if resp, err := c.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				return p, nil
@@ -167,7 +167,7 @@ func measureSlowConns(cfg config) (slowResult, error) {
 		start := time.Now()
 		resp, err := client.Get("http://" + p.addr + "/metrics")
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				lat = append(lat, time.Since(start))
@@ -240,7 +240,7 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 		if err != nil {
 			return 0, err
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			return 0, fmt.Errorf("scraper got %d", resp.StatusCode)
@@ -273,7 +273,7 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 					}
 					continue
 				}
-				io.Copy(io.Discard, resp.Body)
+				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				n.Add(1)
 				switch resp.StatusCode {

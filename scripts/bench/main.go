@@ -113,7 +113,7 @@ func main() {
 		fatalf("static server: %v", serveStatic(*serve, *listen))
 	}
 	if len(nodes) == 0 {
-		nodes.Set("default=")
+		_ = nodes.Set("default=")
 	}
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		fatalf("bench needs Linux's /proc: %v", err)
@@ -271,7 +271,7 @@ func measure(cfg config, name, scenario string) (result, error) {
 	for {
 		resp, err := client.Get(base + "/readyz")
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				break
@@ -503,7 +503,7 @@ func serveStatic(file, addr string) error {
 		h := w.Header()
 		h["Content-Type"] = ct
 		h["Content-Length"] = length
-		w.Write(body)
+		_, _ = w.Write(body)
 	})}
 	return srv.ListenAndServe()
 }

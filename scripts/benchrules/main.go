@@ -189,7 +189,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: fleet, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
 	promAddr, err := freePort()
@@ -576,7 +576,7 @@ func ksmResource(r string) string {
 func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	if r.URL.Path == "/ksm/metrics" {
-		w.Write(f.ksm)
+		_, _ = w.Write(f.ksm)
 		return
 	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/node/")
@@ -604,7 +604,7 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	w.Write(b.Bytes())
+	_, _ = w.Write(b.Bytes())
 }
 
 // ---------------------------------------------------------------------------

@@ -81,7 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func check(ctx context.Context, c config, stderr io.Writer) ([]row, error) {
+func check(ctx context.Context, c config, _ io.Writer) ([]row, error) {
 	smi, err := querySMI(ctx, c.nvidiaSMI)
 	if err != nil {
 		return nil, err
@@ -247,11 +247,11 @@ func scrapeExporter(ctx context.Context, bin string, c config) (map[string]*dto.
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait(); pw.Close() }()
 	defer func() {
-		cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Process.Signal(os.Interrupt)
 		select {
 		case <-exited:
 		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 		}
 	}()
 	addr := make(chan string, 1)

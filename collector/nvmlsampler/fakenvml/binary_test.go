@@ -174,11 +174,11 @@ func (e *exporter) stop() {
 	select {
 	case <-e.exited:
 	default:
-		e.cmd.Process.Signal(syscall.SIGTERM)
+		_ = e.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-e.exited:
 		case <-time.After(20 * time.Second):
-			e.cmd.Process.Kill()
+			_ = e.cmd.Process.Kill()
 			<-e.exited
 			e.t.Errorf("the exporter did not stop within 20s of SIGTERM")
 		}

@@ -57,7 +57,7 @@ func open(t *testing.T, node *fakenvml.Node) nvml.Interface {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		t.Fatalf("Init: %v", ret)
 	}
-	t.Cleanup(func() { lib.Shutdown() })
+	t.Cleanup(func() { _ = lib.Shutdown() })
 	return lib
 }
 
@@ -82,7 +82,7 @@ func TestInitWithoutNodeFileFailsClearly(t *testing.T) {
 	t.Setenv(fakenvml.EnvNode, "")
 	lib := nvml.New(nvml.WithLibraryPath(library(t, fakenvml.Full)))
 	if ret := lib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
-		lib.Shutdown()
+		_ = lib.Shutdown()
 		t.Fatalf("Init without %s = %v, want ERROR_DRIVER_NOT_LOADED", fakenvml.EnvNode, ret)
 	}
 }
@@ -379,7 +379,7 @@ func TestXIDEventsCarryMIGInstances(t *testing.T) {
 	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 2, fakenvml.Full)
 	lib := open(t, node)
 	set := must[nvml.EventSet](t, "event set")(lib.EventSetCreate())
-	defer set.Free()
+	defer func() { _ = set.Free() }()
 	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(1))
 	types := must[uint64](t, "types")(d.GetSupportedEventTypes())
 	if ret := d.RegisterEvents(types&nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
@@ -506,7 +506,7 @@ func TestMalformedNodeFile(t *testing.T) {
 	t.Setenv(fakenvml.EnvNode, bad)
 	lib := nvml.New(nvml.WithLibraryPath(library(t, fakenvml.Full)))
 	if ret := lib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
-		lib.Shutdown()
+		_ = lib.Shutdown()
 		t.Fatalf("Init on a malformed node file = %v, want ERROR_DRIVER_NOT_LOADED", ret)
 	}
 

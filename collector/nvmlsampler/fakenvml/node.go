@@ -26,7 +26,7 @@ import (
 // EnvNode is the environment variable that names the node file.
 const EnvNode = "FAKENVML_NODE"
 
-// EnvTrace, when set, names a file the library appends every call to
+// EnvTrace names a file (when set) the library appends every call to
 // ("symbol gpu mig" per line).
 const EnvTrace = "FAKENVML_TRACE"
 
@@ -524,7 +524,7 @@ func (x *MIG) encode(m kv, p string) error {
 			return fmt.Errorf("MIG device %d is in GPU instance %d, which is not in GPUInstances", i, d.GPUInstance)
 		}
 		mp := fmt.Sprintf("%smig.%d.", p, i)
-		d.Device.encode(m, mp)
+		d.encode(m, mp)
 		m.set(mp+"gi", d.GPUInstance)
 		m.set(mp+"ci", d.ComputeInstance)
 		if d.Index != nil {

@@ -1,4 +1,4 @@
-package main
+package boards
 
 import (
 	"github.com/grafana/grafana-foundation-sdk/go/common"

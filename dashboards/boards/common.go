@@ -1,4 +1,4 @@
-package main
+package boards
 
 import (
 	"fmt"
@@ -360,7 +360,7 @@ func valueText(pairs ...string) []dashboard.ValueMapping {
 		panic(fmt.Sprintf("valueText wants value, text, color triples, got %d strings", len(pairs)))
 	}
 	opts := map[string]dashboard.ValueMappingResult{}
-	for i := 0; i < len(pairs); i += 3 {
+	for i := 0; i+2 < len(pairs); i += 3 {
 		opts[pairs[i]] = dashboard.ValueMappingResult{Text: cog.ToPtr(pairs[i+1]), Color: cog.ToPtr(pairs[i+2]), Index: cog.ToPtr(int32(i / 3))}
 	}
 	return []dashboard.ValueMapping{{ValueMap: &dashboard.ValueMap{Type: dashboard.MappingTypeValueToText, Options: opts}}}
