@@ -45,7 +45,11 @@ const (
 type compatFamily struct {
 	name, help string
 	valueType  prometheus.ValueType
-	scope      compatScope
+	// notCount: typed counter as dcgm-exporter types it, but the value is
+	// a rate that goes up and down; the counter-reset protection
+	// (monotonic.go) leaves it alone, and it serves the current value.
+	notCount bool
+	scope    compatScope
 	// value reads the family from a device (d) and its board (g); ok false
 	// leaves the series out, as dcgm-exporter does with blank values.
 	value func(c *compatDevice) (float64, bool)
@@ -114,7 +118,7 @@ var compatFamilies = []*compatFamily{
 	}},
 	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice)},
 	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)},
-	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
+	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, notCount: true, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		// DCGM reports a rate here despite the counter type (in MB/s by
 		// users' measurements): NVLink bytes sent and received per second.
 		r := c.rates
