@@ -1,7 +1,9 @@
 package collector
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,19 +18,40 @@ import (
 // CompatConfig configures the dcgm-exporter compatibility families
 // (--compat.dcgm-exporter).
 type CompatConfig struct {
-	// Hostname is the value of the hostname label (dcgm-exporter: the
+	// Hostname is the value of the host name label (dcgm-exporter: the
 	// node's host name); the node name on Kubernetes.
 	Hostname string
+	// HostnameLabel names that label: Hostname (every released
+	// dcgm-exporter, the default when empty) or hostname (its main branch
+	// since May 2026).
+	HostnameLabel string
+	// VirtualGPUs: a device held by several containers (time-slicing, MPS)
+	// gets one series per holder, as dcgm-exporter's
+	// --kubernetes-virtual-gpus. Otherwise, as dcgm-exporter by default,
+	// one series per device, labelled with one of its holders.
+	VirtualGPUs bool
 }
 
-// compatLabels are dcgm-exporter 4.x's labels: the device's (gpu, UUID,
+// Host name label spellings: released dcgm-exporter's and its main branch's.
+const (
+	HostnameLabelReleased = "Hostname"
+	HostnameLabelLower    = "hostname"
+)
+
+// HostnameLabels are the spellings CompatConfig.HostnameLabel accepts.
+var HostnameLabels = []string{HostnameLabelReleased, HostnameLabelLower}
+
+// compatLabelNames are dcgm-exporter 4.x's labels: the device's (gpu, UUID,
 // pci_bus_id, device, modelName), the MIG instance's (GPU_I_PROFILE,
-// GPU_I_ID; empty on a whole GPU, which Prometheus stores as absent),
-// hostname, the driver version it attaches as a label
-// (DCGM_FI_DRIVER_VERSION in its default counters), and the holder's
-// (namespace, pod, container; empty when no container holds the device).
-var compatLabels = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
-	"hostname", "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"}
+// GPU_I_ID; empty on a whole GPU, which Prometheus stores as absent), the
+// host name's (Hostname in every release), the driver version it attaches
+// as a label (DCGM_FI_DRIVER_VERSION in its default counters), and the
+// holder's (namespace, pod, container; empty when no container holds the
+// device).
+func compatLabelNames(hostLabel string) []string {
+	return []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
+		hostLabel, "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"}
+}
 
 // compatScope says where a compatibility family's value comes from.
 type compatScope int
@@ -53,7 +76,6 @@ type compatFamily struct {
 	// value reads the family from a device (d) and its board (g); ok false
 	// leaves the series out, as dcgm-exporter does with blank values.
 	value func(c *compatDevice) (float64, bool)
-	desc  *prometheus.Desc
 }
 
 // compatDevice is what one compatibility series is rendered from.
@@ -150,14 +172,7 @@ var compatFamilies = []*compatFamily{
 	}},
 }
 
-var compatXIDDesc = prometheus.NewDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
-	append(append([]string(nil), compatLabels...), "err_code", "err_msg"), nil)
-
-func init() {
-	for _, f := range compatFamilies {
-		f.desc = prometheus.NewDesc(f.name, f.help, compatLabels, nil)
-	}
-}
+const compatXIDName, compatXIDHelp = "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."
 
 // CompatFamilyNames lists the dcgm-exporter families the compatibility
 // switch serves, for tests and docs/migration-dcgm-exporter.md.
@@ -166,7 +181,7 @@ func CompatFamilyNames() []string {
 	for _, f := range compatFamilies {
 		out = append(out, f.name)
 	}
-	return append(out, "DCGM_FI_DEV_XID_ERRORS")
+	return append(out, compatXIDName)
 }
 
 // compatRates are byte rates of a device: DCGM reports PCIe and NVLink
@@ -196,14 +211,33 @@ type compatCounters struct {
 type compatRenderer struct {
 	cfg  CompatConfig
 	prev map[compatKey]compatCounters
+	// descs are compatFamilies' descriptors, in their order, and xidDesc
+	// DCGM_FI_DEV_XID_ERRORS's: their labels follow the configuration.
+	descs   []*prometheus.Desc
+	xidDesc *prometheus.Desc
+	// labelled is the holder each shared device's series were labelled
+	// with last: kept while it holds the device, so the series do not
+	// change when other holders come and go.
+	labelled map[DeviceKey]Holder
 }
 
 func newCompatRenderer(cfg CompatConfig) *compatRenderer {
-	return &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}}
+	if cfg.HostnameLabel == "" {
+		cfg.HostnameLabel = HostnameLabelReleased
+	}
+	labels := compatLabelNames(cfg.HostnameLabel)
+	r := &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}, labelled: map[DeviceKey]Holder{}}
+	for _, f := range compatFamilies {
+		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, labels, nil))
+	}
+	r.xidDesc = prometheus.NewDesc(compatXIDName, compatXIDHelp, append(labels, "err_code", "err_msg"), nil)
+	return r
 }
 
-// update works out the byte rates of the sample's devices into st.
+// update works out the byte rates of the sample's devices and the holders
+// their series name into st.
 func (r *compatRenderer) update(st *State) {
+	r.updateHolders(st)
 	st.compatRates = map[compatKey]compatRates{}
 	next := map[compatKey]compatCounters{}
 	visit := func(d *sample.DeviceState) {
@@ -245,6 +279,37 @@ func (r *compatRenderer) update(st *State) {
 	r.prev = next
 }
 
+// updateHolders picks the holders each device's series are labelled with:
+// all of them with VirtualGPUs, otherwise one (dcgm-exporter's default
+// shape: one series per device), the one picked before while it still
+// holds the device, else the first by namespace, pod and container.
+func (r *compatRenderer) updateHolders(st *State) {
+	if st.Allocations == nil || st.Allocations.ByDevice == nil {
+		st.compatHolders = nil
+		return
+	}
+	if r.cfg.VirtualGPUs {
+		st.compatHolders = st.Allocations.ByDevice
+		return
+	}
+	st.compatHolders = make(map[DeviceKey][]Holder, len(st.Allocations.ByDevice))
+	next := make(map[DeviceKey]Holder, len(st.Allocations.ByDevice))
+	for k, hs := range st.Allocations.ByDevice {
+		if len(hs) == 0 {
+			continue
+		}
+		h, ok := r.labelled[k]
+		if !ok || !slices.Contains(hs, h) {
+			h = slices.MinFunc(hs, func(a, b Holder) int {
+				return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.Container, b.Container))
+			})
+		}
+		next[k] = h
+		st.compatHolders[k] = []Holder{h}
+	}
+	r.labelled = next
+}
+
 // collect renders the compatibility families from the state alone.
 func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	s := st.Sample
@@ -253,10 +318,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	for i := range st.XIDLast {
 		lastXID[st.XIDLast[i].GPU] = &st.XIDLast[i]
 	}
-	var holders map[DeviceKey][]Holder
-	if st.Allocations != nil {
-		holders = st.Allocations.ByDevice
-	}
+	holders := st.compatHolders
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		if !g.Up {
@@ -285,16 +347,16 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 			}
 			for _, h := range hs {
 				lv := append(append([]string(nil), base...), h.Namespace, h.Pod, h.Container)
-				for _, f := range compatFamilies {
+				for i, f := range compatFamilies {
 					if v, ok := f.value(c); ok {
-						ch <- prometheus.MustNewConstMetric(f.desc, f.valueType, v, lv...)
+						ch <- prometheus.MustNewConstMetric(r.descs[i], f.valueType, v, lv...)
 					}
 				}
 				code := 0
 				if c.last != nil {
 					code = c.last.Code
 				}
-				ch <- prometheus.MustNewConstMetric(compatXIDDesc, prometheus.GaugeValue, float64(code),
+				ch <- prometheus.MustNewConstMetric(r.xidDesc, prometheus.GaugeValue, float64(code),
 					append(lv, strconv.Itoa(code), xidMessage(code))...)
 			}
 		}
