@@ -219,6 +219,9 @@ type compatRenderer struct {
 	// with last: kept while it holds the device, so the series do not
 	// change when other holders come and go.
 	labelled map[DeviceKey]Holder
+	// lastLabels are the label values of each GPU's series (by UUID) when
+	// it last answered.
+	lastLabels map[string][][]string
 }
 
 func newCompatRenderer(cfg CompatConfig) *compatRenderer {
@@ -226,7 +229,7 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 		cfg.HostnameLabel = HostnameLabelReleased
 	}
 	labels := compatLabelNames(cfg.HostnameLabel)
-	r := &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}, labelled: map[DeviceKey]Holder{}}
+	r := &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}, labelled: map[DeviceKey]Holder{}, lastLabels: map[string][][]string{}}
 	for _, f := range compatFamilies {
 		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, labels, nil))
 	}
@@ -238,6 +241,7 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 // their series name into st.
 func (r *compatRenderer) update(st *State) {
 	r.updateHolders(st)
+	r.updateLost(st)
 	st.compatRates = map[compatKey]compatRates{}
 	next := map[compatKey]compatCounters{}
 	visit := func(d *sample.DeviceState) {
@@ -313,52 +317,110 @@ func (r *compatRenderer) updateHolders(st *State) {
 // collect renders the compatibility families from the state alone.
 func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	s := st.Sample
-	driver := s.Driver.DriverVersion
 	lastXID := map[int]*xid.DeviceLast{}
 	for i := range st.XIDLast {
 		lastXID[st.XIDLast[i].GPU] = &st.XIDLast[i]
 	}
-	holders := st.compatHolders
+	xidSeries := func(last *xid.DeviceLast, lv []string) {
+		code := 0
+		if last != nil {
+			code = last.Code
+		}
+		ch <- prometheus.MustNewConstMetric(r.xidDesc, prometheus.GaugeValue, float64(code),
+			append(lv, strconv.Itoa(code), xidMessage(code))...)
+	}
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		if !g.Up {
-			continue // dcgm-exporter serves nothing for a GPU DCGM cannot read
-		}
-		devs := []*sample.DeviceState{&g.DeviceState}
-		if g.MIGEnabled && len(g.MIG) > 0 {
-			devs = devs[:0]
-			for j := range g.MIG {
-				if g.MIG[j].Up {
-					devs = append(devs, &g.MIG[j])
-				}
+			// A GPU that does not answer (fallen off the bus: XID 79) keeps
+			// its last XID series, under the labels it had, while it is
+			// lost: the alerts on DCGM_FI_DEV_XID_ERRORS see the XID that
+			// took it. Its other values are unknown, so absent.
+			for _, lv := range st.compatLost[g.GPU] {
+				xidSeries(lastXID[g.GPU], append([]string(nil), lv...))
 			}
+			continue
 		}
-		for _, d := range devs {
+		for _, ds := range r.deviceSeries(st, g) {
+			d := ds.d
 			c := &compatDevice{d: d, g: g, rates: st.compatRates[compatKey{d.UUID, d.GPUInstance}], last: lastXID[g.GPU]}
 			if d.IsMIG() {
 				// PCIe and NVLink belong to the board: DCGM reports them on
 				// the GPU, not per instance.
 				c.rates = st.compatRates[compatKey{g.UUID, -1}]
 			}
-			base := r.labels(g, d, driver)
-			hs := holders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
-			if len(hs) == 0 {
-				hs = []Holder{{}}
-			}
-			for _, h := range hs {
-				lv := append(append([]string(nil), base...), h.Namespace, h.Pod, h.Container)
+			for _, lv := range ds.labels {
 				for i, f := range compatFamilies {
 					if v, ok := f.value(c); ok {
 						ch <- prometheus.MustNewConstMetric(r.descs[i], f.valueType, v, lv...)
 					}
 				}
-				code := 0
-				if c.last != nil {
-					code = c.last.Code
-				}
-				ch <- prometheus.MustNewConstMetric(r.xidDesc, prometheus.GaugeValue, float64(code),
-					append(lv, strconv.Itoa(code), xidMessage(code))...)
+				xidSeries(c.last, append([]string(nil), lv...))
 			}
+		}
+	}
+}
+
+// compatSeries is a device with series and the label values of each of
+// its series (one per holder it is labelled with).
+type compatSeries struct {
+	d      *sample.DeviceState
+	labels [][]string
+}
+
+// deviceSeries lists the devices of an answering GPU that have series: the
+// GPU, or its MIG instances that answer.
+func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSeries {
+	devs := []*sample.DeviceState{&g.DeviceState}
+	if g.MIGEnabled && len(g.MIG) > 0 {
+		devs = devs[:0]
+		for j := range g.MIG {
+			if g.MIG[j].Up {
+				devs = append(devs, &g.MIG[j])
+			}
+		}
+	}
+	out := make([]compatSeries, 0, len(devs))
+	for _, d := range devs {
+		base := r.labels(g, d, st.Sample.Driver.DriverVersion)
+		hs := st.compatHolders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
+		if len(hs) == 0 {
+			hs = []Holder{{}}
+		}
+		cs := compatSeries{d: d}
+		for _, h := range hs {
+			cs.labels = append(cs.labels, append(append([]string(nil), base...), h.Namespace, h.Pod, h.Container))
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// updateLost remembers the label sets of each answering GPU's series and
+// hands those of the GPUs that do not answer to collect (st.compatLost).
+// A GPU that leaves the sample is forgotten.
+func (r *compatRenderer) updateLost(st *State) {
+	st.compatLost = map[int][][]string{}
+	seen := make(map[string]bool, len(st.Sample.GPUs))
+	for i := range st.Sample.GPUs {
+		g := &st.Sample.GPUs[i]
+		if g.UUID == "" {
+			continue
+		}
+		seen[g.UUID] = true
+		if g.Up {
+			var lvs [][]string
+			for _, ds := range r.deviceSeries(st, g) {
+				lvs = append(lvs, ds.labels...)
+			}
+			r.lastLabels[g.UUID] = lvs
+		} else if lvs, ok := r.lastLabels[g.UUID]; ok {
+			st.compatLost[g.GPU] = lvs
+		}
+	}
+	for u := range r.lastLabels {
+		if !seen[u] {
+			delete(r.lastLabels, u)
 		}
 	}
 }

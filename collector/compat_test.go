@@ -17,6 +17,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
 // compatNode is the default simulated node with DCGM, its pods and the
@@ -307,4 +308,84 @@ func TestCompatTimeSlicedGPU(t *testing.T) {
 			t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=6} pods %v, want one series per holder %v", pods, holders)
 		}
 	})
+}
+
+// A GPU lost to XID 79 (simulated: every NVML call answers GPU_IS_LOST)
+// keeps its DCGM_FI_DEV_XID_ERRORS series, with the code and the labels it
+// had, while it is lost; its other families are absent. The holder's
+// labels stay: alerts that name the pod still see it.
+func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	gpu := 0
+	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &gpu, XID: 79})
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	dir := t.TempDir()
+	_, client := startKubelet(t, dir, node, clk.Now)
+	if err := client.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	src, ok := nvmlsampler.XIDSource(node)
+	if !ok {
+		t.Fatal("the simulated node has no XID source")
+	}
+	reader := xid.NewReader(src, nil)
+	reader.WaitTimeout = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go reader.Run(ctx)
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: client,
+		Compat: &collector.CompatConfig{Hostname: "gpu-node-7"}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SampleOnce(ctx)
+	before := series(e.Page(), "DCGM_FI_DEV_XID_ERRORS", `gpu="0"`)
+	if len(before) != 1 || !strings.Contains(before[0], `err_code="0"`) {
+		t.Fatalf("GPU 0 before the fault: %v", before)
+	}
+	want := parseLabels(before[0])
+	clk.Advance(20 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for reader.Events() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the XID reader saw no event")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; i < 4; i++ { // a lost GPU needs a few samples to be found lost
+		e.SampleOnce(ctx)
+		clk.Advance(time.Second)
+		p := e.Page()
+		if i < 3 {
+			continue
+		}
+		if v := value(t, p, "gpu_up", `gpu="0"`, `gpu_instance=""`); v != "0" {
+			t.Fatalf("gpu_up{gpu=0} = %s: the fault did not take the GPU", v)
+		}
+		got := series(p, "DCGM_FI_DEV_XID_ERRORS", `gpu="0"`)
+		if len(got) != 1 {
+			t.Fatalf("lost GPU 0: %d DCGM_FI_DEV_XID_ERRORS series, want 1: %v", len(got), got)
+		}
+		lab := parseLabels(got[0])
+		if lab["err_code"] != "79" || !strings.HasSuffix(got[0], " 79") || lab["err_msg"] == "Unknown Error" {
+			t.Errorf("lost GPU 0: %s, want code 79 with its message", got[0])
+		}
+		for _, k := range []string{"UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"} {
+			if lab[k] != want[k] {
+				t.Errorf("lost GPU 0: %s=%q, was %q", k, lab[k], want[k])
+			}
+		}
+		if n := len(series(p, "DCGM_FI_DEV_GPU_TEMP", `gpu="0"`)); n != 0 {
+			t.Errorf("lost GPU 0 still has %d DCGM_FI_DEV_GPU_TEMP series: its values are unknown", n)
+		}
+	}
 }

@@ -106,6 +106,9 @@ type State struct {
 	// compatHolders are the holders each device's compatibility series are
 	// labelled with.
 	compatHolders map[DeviceKey][]Holder
+	// compatLost are the label values of the last series of each GPU (by
+	// index) that does not answer.
+	compatLost map[int][][]string
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
