@@ -436,13 +436,6 @@ func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, drive
 		g.Model, prof, gi, r.cfg.Hostname, driver}
 }
 
-// xidMessage is the err_msg label of DCGM_FI_DEV_XID_ERRORS.
-func xidMessage(code int) string {
-	if code == 0 {
-		return "No Error"
-	}
-	if e := xid.Lookup(code); e.Name != "" {
-		return e.Name
-	}
-	return "Unknown Error"
-}
+// xidMessage is the err_msg label of DCGM_FI_DEV_XID_ERRORS: dcgm-exporter's
+// own text for the code, so alerts and dashboards matching on it match.
+func xidMessage(code int) string { return xid.DCGMExporterMessage(code) }

@@ -376,8 +376,8 @@ func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
 			t.Fatalf("lost GPU 0: %d DCGM_FI_DEV_XID_ERRORS series, want 1: %v", len(got), got)
 		}
 		lab := parseLabels(got[0])
-		if lab["err_code"] != "79" || !strings.HasSuffix(got[0], " 79") || lab["err_msg"] == "Unknown Error" {
-			t.Errorf("lost GPU 0: %s, want code 79 with its message", got[0])
+		if lab["err_code"] != "79" || !strings.HasSuffix(got[0], " 79") || lab["err_msg"] != "GPU has fallen off the bus" {
+			t.Errorf("lost GPU 0: %s, want code 79 with dcgm-exporter's err_msg \"GPU has fallen off the bus\"", got[0])
 		}
 		for _, k := range []string{"UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"} {
 			if lab[k] != want[k] {
