@@ -105,7 +105,9 @@ func whole(f sample.Field, scale float64, scope compatScope) func(c *compatDevic
 	get := field(f, scale, scope)
 	return func(c *compatDevice) (float64, bool) {
 		v, ok := get(c)
-		return math.Floor(v + 1e-6), ok
+		// Relative: a float product a hair under a whole number is that
+		// number, but a byte short of a MiB is not the MiB.
+		return math.Floor(v + 1e-12*max(1, math.Abs(v))), ok
 	}
 }
 
