@@ -740,10 +740,11 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 	// exported_pod, the exporter pod in pod; gpu_* keep their own pod.
 	for expr, want := range map[string]bool{
 		`DCGM_FI_DEV_GPU_TEMP{exported_pod="train-0", pod="gpu-pool-exporter-x7k2p"}`: true,
-		`DCGM_FI_DEV_GPU_TEMP{exported_pod=""}`:                                       true, // GPUs nobody holds
-		`gpu_allocation_info{pod="train-0"}`:                                          true,
-		`gpu_allocation_info{exported_pod!=""}`:                                       false,
-		`{__name__=~"gpu_.*", exported_namespace!=""}`:                                false,
+		// GPU 3, lost to XID 79 and held by nobody, keeps its XID series.
+		`DCGM_FI_DEV_XID_ERRORS{gpu="3", err_code="79", err_msg="GPU has fallen off the bus", exported_pod="", pod="gpu-pool-exporter-x7k2p"} == 79`: true,
+		`gpu_allocation_info{pod="train-0"}`:           true,
+		`gpu_allocation_info{exported_pod!=""}`:        false,
+		`{__name__=~"gpu_.*", exported_namespace!=""}`: false,
 	} {
 		if n, err := queryCount(prom, expr); err != nil || (n > 0) != want {
 			t.Errorf("%s: %d series (%v), want some: %v", expr, n, err, want)
