@@ -12,9 +12,10 @@ import (
 // it, and its counters go on from where they were.
 const counterRetention = time.Hour
 
-// monotonic keeps every counter the exporter serves from falling for the
-// life of the process (all but notCounts). NVML's and DCGM's counters restart at a GPU reset, a
-// driver reload or a host engine restart (ECC volatile counts, energy), and
+// monotonic keeps every counter the exporter serves (all but notCounts)
+// from falling for the life of the process. NVML's and DCGM's counters
+// restart at a GPU reset, a driver reload or a host engine restart (ECC
+// volatile counts, energy), and
 // a series can vanish and come back; Prometheus would read a fall as a
 // reset and rate() would lose or invent increases. Each series serves its
 // raw value plus an offset: when the raw value falls, the source was reset,
