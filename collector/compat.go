@@ -1,7 +1,9 @@
 package collector
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,19 +18,40 @@ import (
 // CompatConfig configures the dcgm-exporter compatibility families
 // (--compat.dcgm-exporter).
 type CompatConfig struct {
-	// Hostname is the value of the hostname label (dcgm-exporter: the
+	// Hostname is the value of the host name label (dcgm-exporter: the
 	// node's host name); the node name on Kubernetes.
 	Hostname string
+	// HostnameLabel names that label: Hostname (every released
+	// dcgm-exporter, the default when empty) or hostname (its main branch
+	// since May 2026).
+	HostnameLabel string
+	// VirtualGPUs: a device held by several containers (time-slicing, MPS)
+	// gets one series per holder, as dcgm-exporter's
+	// --kubernetes-virtual-gpus. Otherwise, as dcgm-exporter by default,
+	// one series per device, labelled with one of its holders.
+	VirtualGPUs bool
 }
 
-// compatLabels are dcgm-exporter 4.x's labels: the device's (gpu, UUID,
+// Host name label spellings: released dcgm-exporter's and its main branch's.
+const (
+	HostnameLabelReleased = "Hostname"
+	HostnameLabelLower    = "hostname"
+)
+
+// HostnameLabels are the spellings CompatConfig.HostnameLabel accepts.
+var HostnameLabels = []string{HostnameLabelReleased, HostnameLabelLower}
+
+// compatLabelNames are dcgm-exporter 4.x's labels: the device's (gpu, UUID,
 // pci_bus_id, device, modelName), the MIG instance's (GPU_I_PROFILE,
-// GPU_I_ID; empty on a whole GPU, which Prometheus stores as absent),
-// hostname, the driver version it attaches as a label
-// (DCGM_FI_DRIVER_VERSION in its default counters), and the holder's
-// (namespace, pod, container; empty when no container holds the device).
-var compatLabels = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
-	"hostname", "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"}
+// GPU_I_ID; empty on a whole GPU, which Prometheus stores as absent), the
+// host name's (Hostname in every release), the driver version it attaches
+// as a label (DCGM_FI_DRIVER_VERSION in its default counters), and the
+// holder's (namespace, pod, container; empty when no container holds the
+// device).
+func compatLabelNames(hostLabel string) []string {
+	return []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
+		hostLabel, "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"}
+}
 
 // compatScope says where a compatibility family's value comes from.
 type compatScope int
@@ -45,11 +68,14 @@ const (
 type compatFamily struct {
 	name, help string
 	valueType  prometheus.ValueType
-	scope      compatScope
+	// notCount: typed counter as dcgm-exporter types it, but the value is
+	// a rate that goes up and down; the counter-reset protection
+	// (monotonic.go) leaves it alone, and it serves the current value.
+	notCount bool
+	scope    compatScope
 	// value reads the family from a device (d) and its board (g); ok false
 	// leaves the series out, as dcgm-exporter does with blank values.
 	value func(c *compatDevice) (float64, bool)
-	desc  *prometheus.Desc
 }
 
 // compatDevice is what one compatibility series is rendered from.
@@ -79,7 +105,9 @@ func whole(f sample.Field, scale float64, scope compatScope) func(c *compatDevic
 	get := field(f, scale, scope)
 	return func(c *compatDevice) (float64, bool) {
 		v, ok := get(c)
-		return math.Floor(v + 1e-6), ok
+		// Relative: a float product a hair under a whole number is that
+		// number, but a byte short of a MiB is not the MiB.
+		return math.Floor(v + 1e-12*max(1, math.Abs(v))), ok
 	}
 }
 
@@ -114,7 +142,7 @@ var compatFamilies = []*compatFamily{
 	}},
 	{name: "DCGM_FI_DEV_FB_USED", help: "Framebuffer memory used (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice)},
 	{name: "DCGM_FI_DEV_FB_RESERVED", help: "Framebuffer memory reserved (in MiB).", valueType: prometheus.GaugeValue, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)},
-	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
+	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, notCount: true, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		// DCGM reports a rate here despite the counter type (in MB/s by
 		// users' measurements): NVLink bytes sent and received per second.
 		r := c.rates
@@ -146,14 +174,7 @@ var compatFamilies = []*compatFamily{
 	}},
 }
 
-var compatXIDDesc = prometheus.NewDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
-	append(append([]string(nil), compatLabels...), "err_code", "err_msg"), nil)
-
-func init() {
-	for _, f := range compatFamilies {
-		f.desc = prometheus.NewDesc(f.name, f.help, compatLabels, nil)
-	}
-}
+const compatXIDName, compatXIDHelp = "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."
 
 // CompatFamilyNames lists the dcgm-exporter families the compatibility
 // switch serves, for tests and docs/migration-dcgm-exporter.md.
@@ -162,7 +183,7 @@ func CompatFamilyNames() []string {
 	for _, f := range compatFamilies {
 		out = append(out, f.name)
 	}
-	return append(out, "DCGM_FI_DEV_XID_ERRORS")
+	return append(out, compatXIDName)
 }
 
 // compatRates are byte rates of a device: DCGM reports PCIe and NVLink
@@ -192,14 +213,37 @@ type compatCounters struct {
 type compatRenderer struct {
 	cfg  CompatConfig
 	prev map[compatKey]compatCounters
+	// descs are compatFamilies' descriptors, in their order, and xidDesc
+	// DCGM_FI_DEV_XID_ERRORS's: their labels follow the configuration.
+	descs   []*prometheus.Desc
+	xidDesc *prometheus.Desc
+	// labelled is the holder each shared device's series were labelled
+	// with last: kept while it holds the device, so the series do not
+	// change when other holders come and go.
+	labelled map[DeviceKey]Holder
+	// lastLabels are the label values of each GPU's series (by UUID) when
+	// it last answered.
+	lastLabels map[string][][]string
 }
 
 func newCompatRenderer(cfg CompatConfig) *compatRenderer {
-	return &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}}
+	if cfg.HostnameLabel == "" {
+		cfg.HostnameLabel = HostnameLabelReleased
+	}
+	labels := compatLabelNames(cfg.HostnameLabel)
+	r := &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}, labelled: map[DeviceKey]Holder{}, lastLabels: map[string][][]string{}}
+	for _, f := range compatFamilies {
+		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, labels, nil))
+	}
+	r.xidDesc = prometheus.NewDesc(compatXIDName, compatXIDHelp, append(labels, "err_code", "err_msg"), nil)
+	return r
 }
 
-// update works out the byte rates of the sample's devices into st.
+// update works out the byte rates of the sample's devices and the holders
+// their series name into st.
 func (r *compatRenderer) update(st *State) {
+	r.updateHolders(st)
+	r.updateLost(st)
 	st.compatRates = map[compatKey]compatRates{}
 	next := map[compatKey]compatCounters{}
 	visit := func(d *sample.DeviceState) {
@@ -241,58 +285,144 @@ func (r *compatRenderer) update(st *State) {
 	r.prev = next
 }
 
+// updateHolders picks the holders each device's series are labelled with:
+// all of them with VirtualGPUs, otherwise one (dcgm-exporter's default
+// shape: one series per device), the one picked before while it still
+// holds the device, else the first by namespace, pod and container.
+func (r *compatRenderer) updateHolders(st *State) {
+	if st.Allocations == nil || st.Allocations.ByDevice == nil {
+		st.compatHolders = nil
+		return
+	}
+	if r.cfg.VirtualGPUs {
+		st.compatHolders = st.Allocations.ByDevice
+		return
+	}
+	st.compatHolders = make(map[DeviceKey][]Holder, len(st.Allocations.ByDevice))
+	next := make(map[DeviceKey]Holder, len(st.Allocations.ByDevice))
+	for k, hs := range st.Allocations.ByDevice {
+		if len(hs) == 0 {
+			continue
+		}
+		h, ok := r.labelled[k]
+		if !ok || !slices.Contains(hs, h) {
+			h = slices.MinFunc(hs, func(a, b Holder) int {
+				return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.Container, b.Container))
+			})
+		}
+		next[k] = h
+		st.compatHolders[k] = []Holder{h}
+	}
+	r.labelled = next
+}
+
 // collect renders the compatibility families from the state alone.
 func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	s := st.Sample
-	driver := s.Driver.DriverVersion
 	lastXID := map[int]*xid.DeviceLast{}
 	for i := range st.XIDLast {
 		lastXID[st.XIDLast[i].GPU] = &st.XIDLast[i]
 	}
-	var holders map[DeviceKey][]Holder
-	if st.Allocations != nil {
-		holders = st.Allocations.ByDevice
+	xidSeries := func(last *xid.DeviceLast, lv []string) {
+		code := 0
+		if last != nil {
+			code = last.Code
+		}
+		ch <- prometheus.MustNewConstMetric(r.xidDesc, prometheus.GaugeValue, float64(code),
+			append(lv, strconv.Itoa(code), xidMessage(code))...)
 	}
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		if !g.Up {
-			continue // dcgm-exporter serves nothing for a GPU DCGM cannot read
-		}
-		devs := []*sample.DeviceState{&g.DeviceState}
-		if g.MIGEnabled && len(g.MIG) > 0 {
-			devs = devs[:0]
-			for j := range g.MIG {
-				if g.MIG[j].Up {
-					devs = append(devs, &g.MIG[j])
-				}
+			// A GPU that does not answer (fallen off the bus: XID 79) keeps
+			// its last XID series, under the labels it had, while it is
+			// lost: the alerts on DCGM_FI_DEV_XID_ERRORS see the XID that
+			// took it. Its other values are unknown, so absent.
+			for _, lv := range st.compatLost[g.GPU] {
+				xidSeries(lastXID[g.GPU], append([]string(nil), lv...))
 			}
+			continue
 		}
-		for _, d := range devs {
+		for _, ds := range r.deviceSeries(st, g) {
+			d := ds.d
 			c := &compatDevice{d: d, g: g, rates: st.compatRates[compatKey{d.UUID, d.GPUInstance}], last: lastXID[g.GPU]}
 			if d.IsMIG() {
 				// PCIe and NVLink belong to the board: DCGM reports them on
 				// the GPU, not per instance.
 				c.rates = st.compatRates[compatKey{g.UUID, -1}]
 			}
-			base := r.labels(g, d, driver)
-			hs := holders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
-			if len(hs) == 0 {
-				hs = []Holder{{}}
-			}
-			for _, h := range hs {
-				lv := append(append([]string(nil), base...), h.Namespace, h.Pod, h.Container)
-				for _, f := range compatFamilies {
+			for _, lv := range ds.labels {
+				for i, f := range compatFamilies {
 					if v, ok := f.value(c); ok {
-						ch <- prometheus.MustNewConstMetric(f.desc, f.valueType, v, lv...)
+						ch <- prometheus.MustNewConstMetric(r.descs[i], f.valueType, v, lv...)
 					}
 				}
-				code := 0
-				if c.last != nil {
-					code = c.last.Code
-				}
-				ch <- prometheus.MustNewConstMetric(compatXIDDesc, prometheus.GaugeValue, float64(code),
-					append(lv, strconv.Itoa(code), xidMessage(code))...)
+				xidSeries(c.last, append([]string(nil), lv...))
 			}
+		}
+	}
+}
+
+// compatSeries is a device with series and the label values of each of
+// its series (one per holder it is labelled with).
+type compatSeries struct {
+	d      *sample.DeviceState
+	labels [][]string
+}
+
+// deviceSeries lists the devices of an answering GPU that have series: the
+// GPU, or its MIG instances that answer.
+func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSeries {
+	devs := []*sample.DeviceState{&g.DeviceState}
+	if g.MIGEnabled && len(g.MIG) > 0 {
+		devs = devs[:0]
+		for j := range g.MIG {
+			if g.MIG[j].Up {
+				devs = append(devs, &g.MIG[j])
+			}
+		}
+	}
+	out := make([]compatSeries, 0, len(devs))
+	for _, d := range devs {
+		base := r.labels(g, d, st.Sample.Driver.DriverVersion)
+		hs := st.compatHolders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
+		if len(hs) == 0 {
+			hs = []Holder{{}}
+		}
+		cs := compatSeries{d: d}
+		for _, h := range hs {
+			cs.labels = append(cs.labels, append(append([]string(nil), base...), h.Namespace, h.Pod, h.Container))
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// updateLost remembers the label sets of each answering GPU's series and
+// hands those of the GPUs that do not answer to collect (st.compatLost).
+// A GPU that leaves the sample is forgotten.
+func (r *compatRenderer) updateLost(st *State) {
+	st.compatLost = map[int][][]string{}
+	seen := make(map[string]bool, len(st.Sample.GPUs))
+	for i := range st.Sample.GPUs {
+		g := &st.Sample.GPUs[i]
+		if g.UUID == "" {
+			continue
+		}
+		seen[g.UUID] = true
+		if g.Up {
+			var lvs [][]string
+			for _, ds := range r.deviceSeries(st, g) {
+				lvs = append(lvs, ds.labels...)
+			}
+			r.lastLabels[g.UUID] = lvs
+		} else if lvs, ok := r.lastLabels[g.UUID]; ok {
+			st.compatLost[g.GPU] = lvs
+		}
+	}
+	for u := range r.lastLabels {
+		if !seen[u] {
+			delete(r.lastLabels, u)
 		}
 	}
 }
@@ -308,13 +438,6 @@ func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, drive
 		g.Model, prof, gi, r.cfg.Hostname, driver}
 }
 
-// xidMessage is the err_msg label of DCGM_FI_DEV_XID_ERRORS.
-func xidMessage(code int) string {
-	if code == 0 {
-		return "No Error"
-	}
-	if e := xid.Lookup(code); e.Name != "" {
-		return e.Name
-	}
-	return "Unknown Error"
-}
+// xidMessage is the err_msg label of DCGM_FI_DEV_XID_ERRORS: dcgm-exporter's
+// own text for the code, so alerts and dashboards matching on it match.
+func xidMessage(code int) string { return xid.DCGMExporterMessage(code) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,11 +17,18 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
 // compatNode is the default simulated node with DCGM, its pods and the
 // dcgm-exporter compatibility families on.
 func compatNode(t *testing.T, groups collector.GroupSet) *collector.Exporter {
+	t.Helper()
+	return compatNodeWith(t, groups, collector.CompatConfig{Hostname: "gpu-node-7"})
+}
+
+// compatNodeWith is compatNode with its own compatibility configuration.
+func compatNodeWith(t *testing.T, groups collector.GroupSet, cc collector.CompatConfig) *collector.Exporter {
 	t.Helper()
 	node, err := simnode.New(nil)
 	if err != nil {
@@ -44,7 +52,7 @@ func compatNode(t *testing.T, groups collector.GroupSet) *collector.Exporter {
 		t.Fatal(err)
 	}
 	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds, Pods: client,
-		Groups: groups, Compat: &collector.CompatConfig{Hostname: "gpu-node-7"}}, s)
+		Groups: groups, Compat: &cc}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +134,7 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 	line := series(p, "DCGM_FI_DEV_GPU_TEMP", gpu3...)[0]
 	lab := parseLabels(line)
 	for k, want := range map[string]string{
-		"device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "hostname": "gpu-node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15",
+		"device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15",
 		"namespace": "ml-training", "pod": "llm-pretrain-1", "container": "trainer", "pci_bus_id": "00000000:48:00.0",
 	} {
 		if lab[k] != want {
@@ -233,5 +241,151 @@ func TestMemoryTemperatureNotSupported(t *testing.T) {
 	e2.SampleOnce(context.Background())
 	if n := len(series(e2.Page(), "gpu_memory_temperature_celsius")); n != 8 {
 		t.Errorf("%d gpu_memory_temperature_celsius series, want 8", n)
+	}
+}
+
+// The host name label is spelled as every released dcgm-exporter spells
+// it, Hostname, unless told otherwise.
+func TestCompatHostnameLabel(t *testing.T) {
+	for _, tc := range []struct{ label, want, absent string }{
+		{"", "Hostname", "hostname"},
+		{"Hostname", "Hostname", "hostname"},
+		{"hostname", "hostname", "Hostname"},
+	} {
+		t.Run("label="+tc.label, func(t *testing.T) {
+			e := compatNodeWith(t, nil, collector.CompatConfig{Hostname: "gpu-node-7", HostnameLabel: tc.label})
+			for _, name := range collector.CompatFamilyNames() {
+				for _, l := range series(e.Page(), name) {
+					lab := parseLabels(l)
+					if lab[tc.want] != "gpu-node-7" || lab[tc.absent] != "" {
+						t.Fatalf("%s: %s=%q, %s=%q: %s", name, tc.want, lab[tc.want], tc.absent, lab[tc.absent], l)
+					}
+				}
+			}
+		})
+	}
+	_, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(),
+		Compat: &collector.CompatConfig{HostnameLabel: "HOSTNAME"}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "Hostname") {
+		t.Errorf("an unknown host name label: error %v, want one naming the choices", err)
+	}
+}
+
+// A time-sliced GPU (GPU 6 of the simulated node: three holders) has one
+// series per family, labelled with one of its holders, as dcgm-exporter
+// by default; with VirtualGPUs one per holder, as its
+// --kubernetes-virtual-gpus.
+func TestCompatTimeSlicedGPU(t *testing.T) {
+	holders := []string{"chat-api-0", "chat-api-1", "chat-api-2"}
+	t.Run("default", func(t *testing.T) {
+		e := compatNode(t, nil)
+		for _, name := range collector.CompatFamilyNames() {
+			got := series(e.Page(), name, `gpu="6"`)
+			if name == "DCGM_FI_DEV_FB_RESERVED" && len(got) == 0 {
+				continue
+			}
+			if len(got) != 1 {
+				t.Fatalf("%s{gpu=6}: %d series, want 1: %v", name, len(got), got)
+			}
+			if lab := parseLabels(got[0]); lab["pod"] != "chat-api-0" || lab["namespace"] != "inference" || lab["container"] != "server" {
+				t.Errorf("%s{gpu=6} labelled %s/%s/%s, want inference/chat-api-0/server (the first holder)", name, lab["namespace"], lab["pod"], lab["container"])
+			}
+		}
+		// The sum over the node counts the shared GPU once.
+		if n, want := len(series(e.Page(), "DCGM_FI_DEV_GPU_TEMP")), len(series(e.Page(), "gpu_temperature_celsius"))-1+4; n != want {
+			t.Errorf("%d DCGM_FI_DEV_GPU_TEMP series, want %d (one per GPU, one per MIG instance of GPU 7)", n, want)
+		}
+	})
+	t.Run("VirtualGPUs", func(t *testing.T) {
+		e := compatNodeWith(t, nil, collector.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: true})
+		got := series(e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="6"`)
+		var pods []string
+		for _, l := range got {
+			pods = append(pods, parseLabels(l)["pod"])
+		}
+		slices.Sort(pods)
+		if !slices.Equal(pods, holders) {
+			t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=6} pods %v, want one series per holder %v", pods, holders)
+		}
+	})
+}
+
+// A GPU lost to XID 79 (simulated: every NVML call answers GPU_IS_LOST)
+// keeps its DCGM_FI_DEV_XID_ERRORS series, with the code and the labels it
+// had, while it is lost; its other families are absent. The holder's
+// labels stay: alerts that name the pod still see it.
+func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
+	sc := simnode.DefaultScenario()
+	gpu := 0
+	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &gpu, XID: 79})
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	dir := t.TempDir()
+	_, client := startKubelet(t, dir, node, clk.Now)
+	if err := client.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	src, ok := nvmlsampler.XIDSource(node)
+	if !ok {
+		t.Fatal("the simulated node has no XID source")
+	}
+	reader := xid.NewReader(src, nil)
+	reader.WaitTimeout = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go reader.Run(ctx)
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: client,
+		Compat: &collector.CompatConfig{Hostname: "gpu-node-7"}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SampleOnce(ctx)
+	before := series(e.Page(), "DCGM_FI_DEV_XID_ERRORS", `gpu="0"`)
+	if len(before) != 1 || !strings.Contains(before[0], `err_code="0"`) {
+		t.Fatalf("GPU 0 before the fault: %v", before)
+	}
+	want := parseLabels(before[0])
+	clk.Advance(20 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for reader.Events() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the XID reader saw no event")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for i := 0; i < 4; i++ { // a lost GPU needs a few samples to be found lost
+		e.SampleOnce(ctx)
+		clk.Advance(time.Second)
+		p := e.Page()
+		if i < 3 {
+			continue
+		}
+		if v := value(t, p, "gpu_up", `gpu="0"`, `gpu_instance=""`); v != "0" {
+			t.Fatalf("gpu_up{gpu=0} = %s: the fault did not take the GPU", v)
+		}
+		got := series(p, "DCGM_FI_DEV_XID_ERRORS", `gpu="0"`)
+		if len(got) != 1 {
+			t.Fatalf("lost GPU 0: %d DCGM_FI_DEV_XID_ERRORS series, want 1: %v", len(got), got)
+		}
+		lab := parseLabels(got[0])
+		if lab["err_code"] != "79" || !strings.HasSuffix(got[0], " 79") || lab["err_msg"] != "GPU has fallen off the bus" {
+			t.Errorf("lost GPU 0: %s, want code 79 with dcgm-exporter's err_msg \"GPU has fallen off the bus\"", got[0])
+		}
+		for _, k := range []string{"UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "namespace", "pod", "container"} {
+			if lab[k] != want[k] {
+				t.Errorf("lost GPU 0: %s=%q, was %q", k, lab[k], want[k])
+			}
+		}
+		if n := len(series(p, "DCGM_FI_DEV_GPU_TEMP", `gpu="0"`)); n != 0 {
+			t.Errorf("lost GPU 0 still has %d DCGM_FI_DEV_GPU_TEMP series: its values are unknown", n)
+		}
 	}
 }

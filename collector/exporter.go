@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,12 @@ type State struct {
 	Rendered   time.Time
 	// compatRates are the byte rates the compatibility families show.
 	compatRates map[compatKey]compatRates
+	// compatHolders are the holders each device's compatibility series are
+	// labelled with.
+	compatHolders map[DeviceKey][]Holder
+	// compatLost are the label values of the last series of each GPU (by
+	// index) that does not answer.
+	compatLost map[int][][]string
 }
 
 // Page is a rendered exposition, served as is to every scrape until the next
@@ -183,6 +190,9 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 		e.reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	if cfg.Compat != nil {
+		if l := cfg.Compat.HostnameLabel; l != "" && !slices.Contains(HostnameLabels, l) {
+			return nil, fmt.Errorf("dcgm-exporter host name label %q: want one of %v", l, HostnameLabels)
+		}
 		e.compat = newCompatRenderer(*cfg.Compat)
 	}
 	if sink, ok := cfg.DCGM.(XIDSink); ok && cfg.XID != nil {

@@ -12,9 +12,10 @@ import (
 // it, and its counters go on from where they were.
 const counterRetention = time.Hour
 
-// monotonic keeps every counter the exporter serves from falling for the
-// life of the process. NVML's and DCGM's counters restart at a GPU reset, a
-// driver reload or a host engine restart (ECC volatile counts, energy), and
+// monotonic keeps every counter the exporter serves (all but notCounts)
+// from falling for the life of the process. NVML's and DCGM's counters
+// restart at a GPU reset, a driver reload or a host engine restart (ECC
+// volatile counts, energy), and
 // a series can vanish and come back; Prometheus would read a fall as a
 // reset and rate() would lose or invent increases. Each series serves its
 // raw value plus an offset: when the raw value falls, the source was reset,
@@ -43,6 +44,9 @@ func (m *monotonic) apply(mfs []*dto.MetricFamily, now time.Time) (reset []strin
 			continue
 		}
 		name := mf.GetName()
+		if !CounterProtected(name) {
+			continue
+		}
 		wasReset := false
 		for _, mt := range mf.Metric {
 			c := mt.GetCounter()
@@ -90,3 +94,20 @@ func (m *monotonic) seriesKey(name string, labels []*dto.LabelPair) string {
 	}
 	return m.key.String()
 }
+
+// notCounts are the families typed counter whose value is not a count: a
+// name another tool defines gives them the counter type, but their value
+// goes up and down. Protected, they would ratchet up by every fall.
+var notCounts = map[string]bool{}
+
+func init() {
+	for _, f := range compatFamilies {
+		if f.notCount {
+			notCounts[f.name] = true
+		}
+	}
+}
+
+// CounterProtected says whether the counter family name is kept from
+// falling: every counter family but those whose value is not a count.
+func CounterProtected(name string) bool { return !notCounts[name] }

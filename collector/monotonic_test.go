@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -51,5 +52,23 @@ func TestMonotonicCounters(t *testing.T) {
 	step(2*counterRetention, map[string]float64{"0": 6})
 	if len(m.series) != 1 {
 		t.Errorf("%d series remembered, want 1", len(m.series))
+	}
+}
+
+// A family typed counter whose value is a rate serves its current value:
+// it goes down as it goes up, and no reset is counted.
+func TestMonotonicLeavesRatesAlone(t *testing.T) {
+	m := newMonotonic()
+	t0 := time.Unix(1e9, 0)
+	var got []float64
+	for i, raw := range []float64{113e3, 15e3, 16e3, 9e3} {
+		mf := counterFamily("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", map[string]float64{"0": raw})
+		if reset := m.apply([]*dto.MetricFamily{mf}, t0.Add(time.Duration(i)*time.Second)); len(reset) != 0 {
+			t.Errorf("sample %d: resets reported for %v", i, reset)
+		}
+		got = append(got, mf.Metric[0].Counter.GetValue())
+	}
+	if want := []float64{113e3, 15e3, 16e3, 9e3}; !slices.Equal(got, want) {
+		t.Errorf("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL served %v, want the current values %v", got, want)
 	}
 }

@@ -137,6 +137,37 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		// dcgm-exporter's scrape shape: the DCGM_FI_* families arrive with
+		// exported_namespace/pod/container as from dcgm-exporter's chart;
+		// gpu_* get theirs back, so the shipped rules work as they are.
+		name:    "gpu-operator-dcgm-exporter-compat",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"exporter.compatDCGMExporter=true"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 1)
+			for _, e := range m.serviceMonitors[0].Spec.Endpoints {
+				if e.HonorLabels || !restoresHolderLabels(e.MetricRelabelConfigs) {
+					t.Errorf("%s: ServiceMonitor honorLabels %v, relabelings %+v: want false, with gpu_*'s labels restored", m.name, e.HonorLabels, e.MetricRelabelConfigs)
+				}
+			}
+		},
+	},
+	{
+		name:    "gpu-operator-dcgm-exporter-compat-podmonitor",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"exporter.compatDCGMExporter=true", "serviceMonitor.enabled=false", "podMonitor.enabled=true", "podMonitor.metricRelabelings[0].action=labeldrop", "podMonitor.metricRelabelings[0].regex=UUID"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "PodMonitor", len(m.podMonitors), 1)
+			for _, e := range m.podMonitors[0].Spec.PodMetricsEndpoints {
+				if e.HonorLabels || !restoresHolderLabels(e.MetricRelabelConfigs) || e.MetricRelabelConfigs[len(e.MetricRelabelConfigs)-1].Regex != "UUID" {
+					t.Errorf("%s: PodMonitor honorLabels %v, relabelings %+v: want false, gpu_*'s labels restored, then the user's", m.name, e.HonorLabels, e.MetricRelabelConfigs)
+				}
+			}
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,

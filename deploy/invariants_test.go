@@ -330,8 +330,8 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			if e.Port != "metrics" || e.Scheme.String() != scheme {
 				t.Errorf("%s: ServiceMonitor endpoint %s/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
-			if !e.HonorLabels {
-				t.Errorf("%s: ServiceMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
+			if !e.HonorLabels && !restoresHolderLabels(e.MetricRelabelConfigs) {
+				t.Errorf("%s: ServiceMonitor without honorLabels nor the metricRelabelings that restore gpu_*'s namespace/pod/container: they would become exported_*", m.name)
 			}
 			nodeLabel("ServiceMonitor", e.RelabelConfigs)
 		}
@@ -345,8 +345,8 @@ func checkScrapeWiring(t *testing.T, m *manifests, scheme string) {
 			if e.Port == nil || *e.Port != "metrics" || e.Scheme.String() != scheme {
 				t.Errorf("%s: PodMonitor endpoint %v/%s, want metrics/%s", m.name, e.Port, e.Scheme.String(), scheme)
 			}
-			if !e.HonorLabels {
-				t.Errorf("%s: PodMonitor without honorLabels: the exporter's namespace/pod/container labels would become exported_*", m.name)
+			if !e.HonorLabels && !restoresHolderLabels(e.MetricRelabelConfigs) {
+				t.Errorf("%s: PodMonitor without honorLabels nor the metricRelabelings that restore gpu_*'s namespace/pod/container: they would become exported_*", m.name)
 			}
 			nodeLabel("PodMonitor", e.RelabelConfigs)
 		}
@@ -445,4 +445,19 @@ func firstDifference(got, want any) string {
 		}
 	}
 	return "outside the groups"
+}
+
+// restoresHolderLabels says whether metric relabelings give the gpu_*
+// families their namespace, pod and container back from exported_* (the
+// compat scrape shape: honorLabels false, as dcgm-exporter is scraped).
+func restoresHolderLabels(r []monitoringv1.RelabelConfig) bool {
+	for _, l := range []string{"namespace", "pod", "container"} {
+		if !slices.ContainsFunc(r, func(r monitoringv1.RelabelConfig) bool {
+			return slices.Equal(r.SourceLabels, []monitoringv1.LabelName{"__name__", monitoringv1.LabelName("exported_" + l)}) &&
+				r.TargetLabel == l && r.Regex == "gpu_.*;(.+)"
+		}) {
+			return false
+		}
+	}
+	return true
 }

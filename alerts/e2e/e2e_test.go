@@ -25,6 +25,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -36,6 +37,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -185,9 +187,38 @@ rule_files:
   - %s
 scrape_configs:
   - job_name: gpu-pool-exporter
-    # As the chart's ServiceMonitor and PodMonitor: the exporter's own
-    # namespace/pod/container labels win over the target's.
-    honor_labels: true
+    # As the chart's ServiceMonitor with exporter.compatDCGMExporter=true,
+    # which is how dcgm-exporter's chart scrapes: honor_labels false, so
+    # the DCGM_FI_* holder labels arrive as exported_namespace/pod/container
+    # and the target's namespace/pod/container stay; the metric relabelings
+    # give the gpu_* families their own back, and the shipped rules read
+    # them unchanged.
+    honor_labels: false
+    metric_relabel_configs:
+      - source_labels: [__name__, exported_namespace]
+        regex: "gpu_.*;(.+)"
+        target_label: namespace
+        replacement: "$1"
+      - source_labels: [__name__]
+        regex: "gpu_.*"
+        target_label: exported_namespace
+        replacement: ""
+      - source_labels: [__name__, exported_pod]
+        regex: "gpu_.*;(.+)"
+        target_label: pod
+        replacement: "$1"
+      - source_labels: [__name__]
+        regex: "gpu_.*"
+        target_label: exported_pod
+        replacement: ""
+      - source_labels: [__name__, exported_container]
+        regex: "gpu_.*;(.+)"
+        target_label: container
+        replacement: "$1"
+      - source_labels: [__name__]
+        regex: "gpu_.*"
+        target_label: exported_container
+        replacement: ""
     static_configs:
       - targets: [%q]
         labels:
@@ -705,14 +736,21 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			t.Errorf("dcgm-exporter panel %q returns no data: %s", p.Title, expr)
 		}
 	}
-	// A GPU nobody holds is nobody's: its series carry empty holder labels,
-	// so honor_labels does not give them the exporter pod's own.
-	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod="gpu-pool-exporter-x7k2p"}`); err != nil || n != 0 {
-		t.Errorf("%d DCGM_FI_DEV_GPU_TEMP series carry the exporter's own pod label (%v)", n, err)
+	// Scraped as dcgm-exporter is (honor_labels false): the holder is in
+	// exported_pod, the exporter pod in pod; gpu_* keep their own pod.
+	for expr, want := range map[string]bool{
+		`DCGM_FI_DEV_GPU_TEMP{exported_pod="train-0", pod="gpu-pool-exporter-x7k2p"}`: true,
+		// GPU 3, lost to XID 79 and held by nobody, keeps its XID series.
+		`DCGM_FI_DEV_XID_ERRORS{gpu="3", err_code="79", err_msg="GPU has fallen off the bus", exported_pod="", pod="gpu-pool-exporter-x7k2p"} == 79`: true,
+		`gpu_allocation_info{pod="train-0"}`:           true,
+		`gpu_allocation_info{exported_pod!=""}`:        false,
+		`{__name__=~"gpu_.*", exported_namespace!=""}`: false,
+	} {
+		if n, err := queryCount(prom, expr); err != nil || (n > 0) != want {
+			t.Errorf("%s: %d series (%v), want some: %v", expr, n, err, want)
+		}
 	}
-	if n, err := queryCount(prom, `DCGM_FI_DEV_GPU_TEMP{pod!=""}`); err != nil || n == 0 {
-		t.Errorf("no DCGM_FI_DEV_GPU_TEMP series names its holder's pod (%d, %v)", n, err)
-	}
+	checkDCGMExporterValues(t, prom, d, values)
 	// Every default counter is served under its name, with its type.
 	var meta struct {
 		Data map[string][]struct {
@@ -748,4 +786,129 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			t.Errorf("default counter %s: Prometheus has type %v, dcgm-exporter's list says %s", f.Field, ms, f.Type)
 		}
 	}
+}
+
+// dcgmPanelNative is, for each panel of dcgm-exporter's dashboard, the
+// query over gpu-pool-exporter's own families that must give the same
+// values, GPU by GPU (or the same aggregate), with its tolerance.
+var dcgmPanelNative = map[string]struct {
+	native string
+	tol    float64
+}{
+	"GPU Temperature":          {`gpu_temperature_celsius{instance=~"$instance", gpu=~"$gpu"}`, 0},
+	"GPU Avg. Temp":            {`avg(gpu_temperature_celsius{instance=~"$instance", gpu=~"$gpu"})`, 1e-9},
+	"GPU Power Usage":          {`gpu_power_watts{instance=~"$instance", gpu=~"$gpu"}`, 1e-9},
+	"GPU Power Total":          {`sum(gpu_power_watts{instance=~"$instance", gpu=~"$gpu"})`, 1e-6},
+	"GPU SM Clocks":            {`gpu_sm_clock_hertz{instance=~"$instance", gpu=~"$gpu"}`, 1e-3},
+	"GPU Utilization":          {`100 * gpu_utilization_ratio{instance=~"$instance", gpu=~"$gpu"}`, 1e-9},
+	"GPU Framebuffer Mem Used": {`floor(gpu_memory_used_bytes{instance=~"$instance", gpu=~"$gpu", gpu_instance=""} / 2^20)`, 0},
+	"Tensor Core Utilization":  {`gpu_tensor_active_ratio{instance=~"$instance", gpu=~"$gpu", gpu_instance=""}`, 1e-9},
+}
+
+// exportedDashboard are queries of a dashboard written for dcgm-exporter
+// scraped by the Prometheus Operator (holders in exported_*), each with
+// the query over gpu-pool-exporter's own families that must give the same
+// values, keyed by the label named.
+var exportedDashboard = []struct {
+	title, compat, native, compatKey, nativeKey string
+}{
+	{"GPUs per namespace",
+		`count by (exported_namespace) (DCGM_FI_DEV_FB_USED{exported_namespace!=""})`,
+		`count by (namespace) (count by (namespace, uuid, gpu_instance) (gpu_allocation_info{instance=~"$instance"}))`,
+		"exported_namespace", "namespace"},
+	{"VRAM used by train-0 (MiB)",
+		`sum by (exported_pod) (DCGM_FI_DEV_FB_USED{exported_pod="train-0"})`,
+		`sum by (pod) (floor(gpu_memory_used_bytes{instance=~"$instance", gpu_instance=""} / 2^20) * on (uuid) group_left (pod) gpu_allocation_info{instance=~"$instance", pod="train-0"})`,
+		"exported_pod", "pod"},
+	{"Average utilization of ml-training (%)",
+		`avg by (exported_namespace) (DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml-training"})`,
+		`100 * avg by (namespace) (gpu_utilization_ratio{instance=~"$instance"} * on (uuid) group_left (namespace) gpu_allocation_info{instance=~"$instance", namespace="ml-training"})`,
+		"exported_namespace", "namespace"},
+}
+
+// checkDCGMExporterValues runs dcgm-exporter's dashboard panels (on the
+// whole GPUs that answer: a MIG GPU's board values repeat per instance, as
+// dcgm-exporter's do) and the exported_* dashboard's queries, and compares
+// each value with our own families' at the same instant (one scrape holds
+// both).
+func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values map[string]string) {
+	t.Helper()
+	at := strconv.FormatFloat(float64(time.Now().Add(-2*time.Second).UnixMilli())/1000, 'f', 3, 64)
+	subst := func(expr string) string {
+		expr = strings.ReplaceAll(expr, "$instance", values["instance"])
+		return strings.ReplaceAll(expr, "$gpu", "0|1|2|4|5|6")
+	}
+	compare := func(what, compat, native, ck, nk string, tol float64) {
+		a, err := queryByLabel(prom, subst(compat), ck, at)
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			return
+		}
+		b, err := queryByLabel(prom, subst(native), nk, at)
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			return
+		}
+		if len(a) == 0 || len(a) != len(b) {
+			t.Errorf("%s: %v from %s, %v from %s", what, a, compat, b, native)
+			return
+		}
+		for k, v := range a {
+			if w, ok := b[k]; !ok || math.Abs(v-w) > tol {
+				t.Errorf("%s{%s=%q}: %v, our families say %v (%s)", what, ck, k, v, w, native)
+			}
+		}
+	}
+	for _, p := range d.Panels {
+		n, ok := dcgmPanelNative[p.Title]
+		if !ok {
+			t.Errorf("dcgm-exporter panel %q: no query of our families to compare its values with", p.Title)
+			continue
+		}
+		compare("dcgm-exporter panel "+p.Title, p.Expr, n.native, "gpu", "gpu", n.tol)
+	}
+	for _, q := range exportedDashboard {
+		compare("exported_* panel "+q.title, q.compat, q.native, q.compatKey, q.nativeKey, 1e-9)
+	}
+	// DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is the current rate: it falls as
+	// well as rises (kept from falling it would only climb).
+	if n, err := queryCount(prom, `resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[1m]) > 0`); err != nil || n == 0 {
+		t.Errorf("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL never fell in a minute (%d series, %v): it ratchets", n, err)
+	}
+}
+
+// queryByLabel runs expr at time at and returns each series' value by its
+// label key ("" for a scalar or a series without it); two series with one
+// key are an error.
+func queryByLabel(prom, expr, key, at string) (map[string]float64, error) {
+	var r struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Value  [2]any            `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/query?time="+at+"&query="+url.QueryEscape(expr), &r); err != nil {
+		return nil, err
+	}
+	if r.Status != "success" {
+		return nil, fmt.Errorf("%s: %s", expr, r.Error)
+	}
+	out := map[string]float64{}
+	for _, s := range r.Data.Result {
+		k := s.Metric[key]
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("%s: two series with %s=%q", expr, key, k)
+		}
+		str, _ := s.Value[1].(string)
+		v, err := strconv.ParseFloat(str, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: value %v", expr, s.Value[1])
+		}
+		out[k] = v
+	}
+	return out, nil
 }

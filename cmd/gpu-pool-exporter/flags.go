@@ -72,6 +72,10 @@ type options struct {
 	kubeletOnSet   bool
 	kubeletOn      bool
 	compatDCGM     bool
+	// compatHostnameLabel and compatVirtualGPUs shape the dcgm-exporter
+	// families (CompatConfig).
+	compatHostnameLabel string
+	compatVirtualGPUs   bool
 }
 
 // groupFlag is one --[no-]collector.<group> flag and whether it was given.
@@ -203,6 +207,10 @@ func addCollectorFlags(app *kingpin.Application, o *options) {
 	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
 	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (docs/migration-dcgm-exporter.md).").
 		BoolVar(&o.compatDCGM)
+	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (every released dcgm-exporter) or hostname (its main branch since May 2026).").
+		Default(collector.HostnameLabelReleased).EnumVar(&o.compatHostnameLabel, collector.HostnameLabels...)
+	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter's --kubernetes-virtual-gpus (KUBERNETES_VIRTUAL_GPUS): a GPU shared by several containers (time-slicing, MPS) gets one series per container, each with the same device values. Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
+		BoolVar(&o.compatVirtualGPUs)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.

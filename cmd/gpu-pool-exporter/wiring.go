@@ -195,7 +195,7 @@ func collectorConfig(ctx context.Context, wg *sync.WaitGroup, o *options, lib nv
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Compat = &collector.CompatConfig{Hostname: host}
+		cfg.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
 	}
 	if src, ok := nvmlsampler.XIDSource(lib); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
 		cfg.XID = startXID(ctx, wg, src, log)

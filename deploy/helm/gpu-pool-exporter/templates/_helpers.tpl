@@ -100,3 +100,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+
+{{/*
+The scrape shape of the ServiceMonitor and PodMonitor. Without
+--compat.dcgm-exporter: honorLabels, so the exporter's namespace, pod and
+container labels (the workload holding a GPU) win over the target's. With
+it: honorLabels false, as dcgm-exporter's chart scrapes, so the DCGM_FI_*
+families arrive as dcgm-exporter's do (the holder in exported_namespace,
+exported_pod, exported_container; the exporter pod in namespace, pod,
+container), and metricRelabelings that give the gpu_* families their own
+namespace, pod and container back: the shipped rules
+(gpu-pool-exporter.rules.yml) and dashboards read them unchanged.
+*/}}
+{{- define "gpu-pool-exporter.honorLabels" -}}
+{{ not .Values.exporter.compatDCGMExporter }}
+{{- end }}
+
+{{- define "gpu-pool-exporter.compatMetricRelabelings" -}}
+{{- if .Values.exporter.compatDCGMExporter }}
+{{- range $l := list "namespace" "pod" "container" }}
+- sourceLabels: [__name__, exported_{{ $l }}]
+  regex: "gpu_.*;(.+)"
+  targetLabel: {{ $l }}
+  replacement: "$1"
+  action: replace
+- sourceLabels: [__name__]
+  regex: "gpu_.*"
+  targetLabel: exported_{{ $l }}
+  replacement: ""
+  action: replace
+{{- end }}
+{{- end }}
+{{- end }}

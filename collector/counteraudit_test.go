@@ -1,0 +1,66 @@
+package collector_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+)
+
+// counterAudit lists every family the exporter types counter, whether the
+// counter-reset protection (monotonic.go) applies to it, and why. A counter
+// family served but not listed here fails the test: each new one is
+// audited.
+var counterAudit = []struct {
+	name      string
+	protected bool
+	why       string
+}{
+	{"gpu_energy_joules_total", true, "NVML's energy since the driver loaded: restarts at a driver reload"},
+	{"gpu_pcie_transmit_bytes_total", true, "integrated from DCGM's rate by the exporter: starts again when DCGM's values come back after a gap"},
+	{"gpu_pcie_receive_bytes_total", true, "as gpu_pcie_transmit_bytes_total"},
+	{"gpu_nvlink_transmit_bytes_total", true, "as gpu_pcie_transmit_bytes_total"},
+	{"gpu_nvlink_receive_bytes_total", true, "as gpu_pcie_transmit_bytes_total"},
+	{"gpu_pcie_replay_errors_total", true, "NVML's replay count: restarts at a GPU reset or driver reload"},
+	{"gpu_nvlink_errors_total", true, "NVML's NVLink error counts: reset by a GPU reset"},
+	{"gpu_ecc_errors_total", true, "volatile ECC counts restart at a GPU reset; aggregate ones never fall"},
+	{"gpu_xid_errors_total", true, "the exporter's own count of XID events: never falls while it runs"},
+	{"gpu_mig_xid_errors_total", true, "as gpu_xid_errors_total, per MIG instance"},
+	{"gpu_ecc_error_events_total", true, "the exporter's own count of ECC events"},
+	{"gpu_allocation_idle_seconds_total", true, "the exporter's own idle time per holder: a holder that leaves and comes back goes on"},
+	{"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", true, "DCGM's energy since boot: restarts at a driver reload"},
+	{"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", true, "as gpu_pcie_replay_errors_total"},
+	{"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", true, "rows remapped over the board's life (InfoROM): only grows"},
+	{"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", true, "as DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"},
+	{"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", false, "dcgm-exporter's list types it counter, but DCGM's value is the current rate, which goes up and down: protected, it would ratchet by every fall"},
+}
+
+// The process' own go_ and process_ counters never fall: protected, which
+// changes nothing.
+var counterAuditPrefixes = []string{"go_", "process_"}
+
+func TestCounterFamiliesAudited(t *testing.T) {
+	listed := map[string]bool{}
+	for _, c := range counterAudit {
+		t.Run(c.name, func(t *testing.T) {
+			if got := collector.CounterProtected(c.name); got != c.protected {
+				t.Errorf("protected = %v, want %v: %s", got, c.protected, c.why)
+			}
+		})
+		listed[c.name] = true
+	}
+	e := compatNode(t, fullGroups())
+	for _, l := range strings.Split(string(e.Page().Plain), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 4 || f[1] != "TYPE" || f[3] != "counter" || listed[f[2]] {
+			continue
+		}
+		known := false
+		for _, p := range counterAuditPrefixes {
+			known = known || strings.HasPrefix(f[2], p)
+		}
+		if !known {
+			t.Errorf("counter family %s is not in counterAudit: is its value a count that only grows (protect it) or not (mark it notCount)?", f[2])
+		}
+	}
+}
