@@ -337,7 +337,7 @@ func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
 	reader.WaitTimeout = 20 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go reader.Run(ctx)
+	go func() { _ = reader.Run(ctx) }()
 	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
