@@ -423,7 +423,7 @@ func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log
 		if c.RateLimiterConfig.Interval != 0 {
 			h.limiter = rate.NewLimiter(rate.Every(c.RateLimiterConfig.Interval), c.RateLimiterConfig.Burst)
 		}
-		srv.Handler = h
+		srv.Handler = refuseUnservable(h) // refused before a login is checked
 		if c.TLSConfig.IsEnabled() {
 			tc, err := web.ConfigToTLSConfig(&c.TLSConfig)
 			if err != nil {
