@@ -142,7 +142,7 @@ type Exporter struct {
 	// procRootDown: the proc root could not be read at the last sample
 	// (under renderMu).
 	procRootDown bool
-	compat      *compatRenderer
+	compat       *compatRenderer
 }
 
 type renderResult struct{ err error }
