@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 	"time"
 
@@ -72,6 +73,9 @@ type options struct {
 	kubeletOnSet   bool
 	kubeletOn      bool
 	compatDCGM     bool
+
+	// hup delivers SIGHUP while the exporter runs (not a flag).
+	hup <-chan os.Signal
 }
 
 // groupFlag is one --[no-]collector.<group> flag and whether it was given.

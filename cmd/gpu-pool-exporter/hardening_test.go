@@ -7,8 +7,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -222,5 +225,58 @@ func TestMaxRequestsAnswers503(t *testing.T) {
 	}
 	if code, _ := get(t, srv.Client(), srv.URL, "", ""); code != 200 {
 		t.Errorf("after the slots came back: %d", code)
+	}
+}
+
+// SIGHUP reads the web config again, even a change the file watch cannot
+// see (same size, same modification time), logs it, and the exporter keeps
+// serving (it used to exit with 129, without a shutdown).
+func TestSIGHUPReloadsWebConfig(t *testing.T) {
+	hash := func(pass string) string {
+		h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(h)
+	}
+	cfg := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+hash("old-password")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(cfg)
+	r := startWithConfig(t, cfg, "--log.level=info")
+	c := &http.Client{Timeout: 20 * time.Second}
+	url := "http://" + r.addr + "/metrics"
+	if code, _ := get(t, c, url, "prometheus", "old-password"); code != 200 {
+		t.Fatalf("old password before the change: %d", code)
+	}
+	// The same size (bcrypt hashes are 60 bytes) and modification time.
+	if err := os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+hash("new-password")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(cfg, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, _ := get(t, c, url, "prometheus", "new-password")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new password still gets %d 20s after SIGHUP; log:\n%s", code, r.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, _ := get(t, c, url, "prometheus", "old-password"); code == 200 {
+		t.Error("the old password still works after the reload")
+	}
+	for _, want := range []string{"SIGHUP received: reloading the web config", "web config reloaded"} {
+		if !strings.Contains(r.logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, r.logs.String())
+		}
 	}
 }

@@ -78,18 +78,35 @@ func (s *webConfigSource) get() *webConfig {
 	if err != nil || (fi.ModTime().Equal(s.modTime) && fi.Size() == s.size) {
 		return s.cfg
 	}
-	cfg, err := loadWebConfig(s.path)
+	s.loadLocked(fi, "file changed")
+	return s.cfg
+}
+
+// reload reads the file again whether or not it looks changed (SIGHUP).
+func (s *webConfigSource) reload(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checked = time.Now()
+	fi, err := os.Stat(s.path)
 	if err != nil {
-		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
-		return s.cfg
+		s.log.Error().Err(err).Str("file", s.path).Str("reason", reason).Msg("the web config cannot be read; keeping the last good one")
+		return
 	}
-	if err := web.Validate(s.path); err != nil {
-		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
-		return s.cfg
+	s.loadLocked(fi, reason)
+}
+
+// loadLocked parses the file and keeps it if valid; under s.mu.
+func (s *webConfigSource) loadLocked(fi os.FileInfo, reason string) {
+	cfg, err := loadWebConfig(s.path)
+	if err == nil {
+		err = web.Validate(s.path)
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("file", s.path).Str("reason", reason).Msg("the web config changed and is invalid; keeping the last good one")
+		return
 	}
 	s.cfg, s.modTime, s.size = cfg, fi.ModTime(), fi.Size()
-	s.log.Info().Str("file", s.path).Msg("web config reloaded")
-	return s.cfg
+	s.log.Info().Str("file", s.path).Str("reason", reason).Msg("web config reloaded")
 }
 
 // loadWebConfig parses a web config as exporter-toolkit does (strict YAML,
@@ -410,11 +427,14 @@ func trackConnState(c net.Conn, s http.ConnState) {
 }
 
 // serveWeb serves srv on every listener, with TLS and basic auth from the
-// web config when there is one, until the server is shut down.
-func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log zerolog.Logger) error {
+// web config when there is one, until the server is shut down. Each value
+// on hup (SIGHUP) reads the web config again, as a change of the file does.
+func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, hup <-chan os.Signal, log zerolog.Logger) error {
 	useTLS := false
+	var src *webConfigSource
 	if configFile != "" {
-		src, err := newWebConfigSource(configFile, log)
+		var err error
+		src, err = newWebConfigSource(configFile, log)
 		if err != nil {
 			return err
 		}
@@ -452,6 +472,24 @@ func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log
 			useTLS = true
 		}
 	}
+	stopHUP := make(chan struct{})
+	defer close(stopHUP)
+	// Started once src is set: the goroutine reads it.
+	go func() {
+		for {
+			select {
+			case <-hup:
+				if src == nil {
+					log.Info().Msg("SIGHUP received: nothing to reload without --web.config.file")
+					continue
+				}
+				log.Info().Str("file", configFile).Msg("SIGHUP received: reloading the web config")
+				src.reload("SIGHUP")
+			case <-stopHUP:
+				return
+			}
+		}
+	}()
 	errs := make(chan error, len(listeners))
 	for _, l := range listeners {
 		go func() {

@@ -34,11 +34,21 @@ func startWithAuth(t *testing.T, cost int, extra ...string) *authRun {
 	}
 	cfg := filepath.Join(t.TempDir(), "web.yml")
 	os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600)
+	return startWithConfig(t, cfg, extra...)
+}
+
+// startWithConfig runs the exporter with the web config cfg and a probe
+// listener, and waits until the probe says ready.
+func startWithConfig(t *testing.T, cfg string, extra ...string) *authRun {
+	t.Helper()
 	r := &authRun{addr: freeAddr(t), probe: freeAddr(t), logs: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	args := append([]string{"--simulate", "--collect-interval=1s", "--log.level=warn", "--web.listen-address=" + r.addr,
+	args := append([]string{"--simulate", "--collect-interval=1s", "--web.listen-address=" + r.addr,
 		"--web.config.file=" + cfg, "--web.probe-address=" + r.probe}, extra...)
+	if !strings.Contains(strings.Join(extra, " "), "--log.level=") {
+		args = append(args, "--log.level=warn")
+	}
 	go func() { done <- run(ctx, args, io.Discard, r.logs) }()
 	t.Cleanup(func() {
 		cancel()
