@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -278,5 +279,35 @@ func TestSIGHUPReloadsWebConfig(t *testing.T) {
 		if !strings.Contains(r.logs.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, r.logs.String())
 		}
+	}
+}
+
+// The HTTP server's own error lines (a TLS handshake that fails, as any
+// client can cause) follow the log level: none at error, info or warn; at
+// debug a bounded number, with a count of those left out.
+func TestServerErrorLogFollowsLevel(t *testing.T) {
+	for _, tc := range []struct {
+		level   zerolog.Level
+		atMost  int
+		atLeast int
+	}{
+		{zerolog.ErrorLevel, 0, 0},
+		{zerolog.InfoLevel, 0, 0},
+		{zerolog.DebugLevel, serverErrorBurst + 10, 1},
+	} {
+		t.Run(tc.level.String(), func(t *testing.T) {
+			var buf syncBuffer
+			srv := newHTTPServer(http.NotFoundHandler(), zerolog.New(&buf).Level(tc.level))
+			for i := 0; i < 1000; i++ {
+				srv.ErrorLog.Printf("http: TLS handshake error from 10.0.0.%d:4000: EOF", i%250)
+			}
+			lines := strings.Count(buf.String(), "\n")
+			if lines > tc.atMost || lines < tc.atLeast {
+				t.Fatalf("1000 server errors made %d log lines at %s, want %d to %d:\n%.500s", lines, tc.level, tc.atLeast, tc.atMost, buf.String())
+			}
+			if lines > 0 && !strings.Contains(buf.String(), `"level":"debug"`) {
+				t.Errorf("not at debug level: %.300s", buf.String())
+			}
+		})
 	}
 }

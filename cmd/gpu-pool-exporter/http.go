@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
@@ -40,7 +42,7 @@ const writeChunk = 32 << 10
 // (refuseUnservable).
 func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 	return &http.Server{
-		ErrorLog:          stdlog.New(log.With().Str("component", "http").Logger().Level(zerolog.DebugLevel), "", 0),
+		ErrorLog:          stdlog.New(newServerErrorLog(log.With().Str("component", "http").Logger()), "", 0),
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -50,6 +52,46 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 		ConnState:         trackConnState,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},
 	}
+}
+
+// Server error lines: at most serverErrorRate a second (burst
+// serverErrorBurst), each cut to maxLogLine bytes.
+const (
+	serverErrorRate  = 5
+	serverErrorBurst = 20
+	maxLogLine       = 512
+)
+
+// serverErrorLog takes net/http's own error lines (TLS handshakes that
+// fail, connections closed mid-request: any client can cause them at will)
+// to the debug level, rate-limited, with the number of lines left out since
+// the last one written. (A zerolog.Logger used as the writer itself writes
+// at no level, which every log level lets through.)
+type serverErrorLog struct {
+	log     zerolog.Logger
+	limit   *rate.Limiter
+	dropped atomic.Int64
+}
+
+func newServerErrorLog(log zerolog.Logger) *serverErrorLog {
+	return &serverErrorLog{log: log, limit: rate.NewLimiter(serverErrorRate, serverErrorBurst)}
+}
+
+func (l *serverErrorLog) Write(p []byte) (int, error) {
+	if l.log.GetLevel() > zerolog.DebugLevel {
+		return len(p), nil
+	}
+	if !l.limit.Allow() {
+		l.dropped.Add(1)
+		return len(p), nil
+	}
+	line := strings.TrimSpace(string(p[:min(len(p), maxLogLine)]))
+	e := l.log.Debug()
+	if n := l.dropped.Swap(0); n > 0 {
+		e = e.Int64("lines_left_out", n)
+	}
+	e.Msg(line)
+	return len(p), nil
 }
 
 // addHealth adds /healthz (alive) and /readyz (a fresh sample exists).
