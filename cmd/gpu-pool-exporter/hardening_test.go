@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -309,5 +310,23 @@ func TestServerErrorLogFollowsLevel(t *testing.T) {
 				t.Errorf("not at debug level: %.300s", buf.String())
 			}
 		})
+	}
+}
+
+// --help says what happens past the connection cap: connections are closed
+// (evicted or refused), never queued in the kernel.
+func TestHelpSaysWhatTheConnectionCapDoes(t *testing.T) {
+	var out strings.Builder
+	if code := run(context.Background(), []string{"--help"}, &out, io.Discard); code != exitOK {
+		t.Fatalf("--help exit %d", code)
+	}
+	help := strings.Join(strings.Fields(out.String()), " ")
+	i := strings.Index(help, "--web.max-connections")
+	if i < 0 {
+		t.Fatal("--help lacks --web.max-connections")
+	}
+	text := help[i:min(len(help), i+400)]
+	if strings.Contains(text, "accept queue") || !strings.Contains(text, "closes one without a request in flight") {
+		t.Errorf("--web.max-connections help: %q", text)
 	}
 }
