@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/alecthomas/units"
+
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
@@ -51,13 +53,15 @@ type options struct {
 	dcgmMode       string
 	dcgmHostEngine string
 
-	kubeletEnabled    bool
-	kubeletSocket     string
-	kubeletSocketSet  bool
-	kubeletRefresh    time.Duration
-	kubeletTimeout    time.Duration
-	kubeletTimeoutSet bool
-	kubeletResources  []string
+	kubeletEnabled      bool
+	kubeletSocket       string
+	kubeletSocketSet    bool
+	kubeletRefresh      time.Duration
+	kubeletTimeout      time.Duration
+	kubeletMaxBytesFlag string
+	kubeletMaxBytes     units.Base2Bytes // parsed from kubeletMaxBytesFlag
+	kubeletTimeoutSet   bool
+	kubeletResources    []string
 
 	procsEnabled   bool
 	procsRoot      string
@@ -185,6 +189,7 @@ func addKubeletFlags(app *kingpin.Application, o *options) {
 		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&o.kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("kubelet.max-response-bytes", "Largest kubelet List answer accepted (e.g. 6MiB); a larger one turns pod mapping down before it is read. Memory use grows by about 10 bytes per byte of answer: raise the memory limit with it.").Default("6MiB").StringVar(&o.kubeletMaxBytesFlag)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
 }
 
