@@ -146,7 +146,10 @@ type Exporter struct {
 	renderErr atomic.Pointer[renderResult]
 	// procsWarned: the proc-root warning was logged (under renderMu).
 	procsWarned bool
-	compat      *compatRenderer
+	// procRootDown: the proc root could not be read at the last sample
+	// (under renderMu).
+	procRootDown bool
+	compat       *compatRenderer
 }
 
 type renderResult struct{ err error }
@@ -267,12 +270,19 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		st.Usage = attributeProcesses(ctx, e.cfg.Processes, s, st.Allocations)
 		// Every PID missing is a proc root that is not the host's, not
 		// processes that happened to exit: say so once.
-		lost := st.Usage.PIDs > 0 && st.Usage.NotFound == st.Usage.PIDs
+		lost := st.Usage.RootErr == "" && st.Usage.PIDs > 0 && st.Usage.NotFound == st.Usage.PIDs
 		if lost && !e.procsWarned {
 			e.cfg.Log.Warn().Int("pids", st.Usage.PIDs).Msg("none of the PIDs NVML reports is in the proc root: mount the host's /proc (read-only hostPath) and pass --procs.proc-root; until then every GPU process counts as outside pods")
 		}
 		e.procsWarned = lost
-		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "", Duration: st.Usage.Duration})
+		switch unreadable := st.Usage.RootErr != ""; {
+		case unreadable && !e.procRootDown:
+			e.cfg.Log.Error().Str("error", st.Usage.RootErr).Msg("process accounting is down: the proc root cannot be read, so no per-container or outside-pods figures are served until it can (check the --procs.proc-root mount)")
+		case !unreadable && e.procRootDown:
+			e.cfg.Log.Info().Msg("process accounting is back: the proc root can be read again")
+		}
+		e.procRootDown = st.Usage.RootErr != ""
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "processes", Up: st.Usage.IdentityErr == "" && st.Usage.RootErr == "", Duration: st.Usage.Duration})
 	}
 	st.Derived = computeDerived(&e.cfg.Derived, e.idle, s, st.Allocations, st.Usage, s.Time)
 	if r := e.cfg.XID; r != nil {

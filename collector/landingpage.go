@@ -27,6 +27,9 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 		if st.Usage.IdentityErr != "" {
 			n.Processes = "no container names: " + st.Usage.IdentityErr
 		}
+		if st.Usage.RootErr != "" {
+			n.Processes = "down: " + st.Usage.RootErr
+		}
 	}
 	idle := map[fragmentation.HolderKey]fragmentation.IdleStatus{}
 	if st.Derived != nil {

@@ -18,7 +18,10 @@ type Usage struct {
 	Duration time.Duration
 	// IdentityErr is why container names cannot be read, "" when they can.
 	IdentityErr string
-	ByDevice    map[DeviceKey]*DeviceUsage
+	// RootErr is why the proc root cannot be read, "" when it can: then no
+	// unit's processes are known, and no per-container figure is served.
+	RootErr  string
+	ByDevice map[DeviceKey]*DeviceUsage
 	// NotFound counts the PIDs NVML listed that the proc root does not
 	// show: processes that just exited, or a proc root that is not the
 	// host's (then every process counts as outside pods).
@@ -67,9 +70,12 @@ func attributeProcesses(ctx context.Context, r *procs.Resolver, s *sample.NodeSa
 	if err := r.Err(); err != nil {
 		u.IdentityErr = err.Error()
 	}
+	if err := r.RootErr(); err != nil {
+		u.RootErr = err.Error()
+	}
 	eachUnit(s, func(d *sample.DeviceState, key DeviceKey, _ bool) {
 		holders := a.ByDevice[key]
-		du := &DeviceUsage{Known: d.Up && d.Processes.Known, Shared: a.Shared[key] || len(holders) > 1}
+		du := &DeviceUsage{Known: d.Up && d.Processes.Known && u.RootErr == "", Shared: a.Shared[key] || len(holders) > 1}
 		u.ByDevice[key] = du
 		if !du.Known {
 			return

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -341,4 +343,81 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A proc root that can no longer be read (unmounted, removed, permission
+// denied) while running: process accounting is down, with one clear log
+// line, and no per-container or outside-pods figure is served rather than
+// zeros for the pods and everything outside them. It comes back when the
+// root can be read again.
+func TestProcRootUnreadable(t *testing.T) {
+	pn := newPodNode(t, nil)
+	node, err := simnode.New(pn.node.Scenario, simnode.WithClock(pn.clk.Now), simnode.WithHostDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	pn.node = node
+	root, err := node.HostProc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logDir, _ := node.HostLogDir()
+	ld, err := procs.NewLogDir(logDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The resolver reads the root through a link, which the test takes away
+	// as an unmount would.
+	link := filepath.Join(t.TempDir(), "proc")
+	if err := os.Symlink(root, link); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Processes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.New(&logs), Now: pn.clk.Now, Pods: pn.client,
+		Processes: procs.NewResolver(procs.Config{ProcRoot: link, Identities: ld, Now: pn.clk.Now})}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g6 := []string{`gpu="6"`}
+	p := pn.step(t, time.Second)
+	if num(t, p, "gpu_container_memory_used_bytes", append(g6, `pod="chat-api-0"`)...) == 0 {
+		t.Fatal("chat-api-0 uses no VRAM on GPU 6 while the root is readable: the test would prove nothing")
+	}
+
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		p = pn.step(t, 5*time.Second)
+	}
+	if v := value(t, p, "gpu_exporter_collector_up", `collector="processes"`); v != "0" {
+		t.Errorf(`gpu_exporter_collector_up{collector="processes"} %s with the proc root gone, want 0`, v)
+	}
+	for _, name := range []string{"gpu_container_memory_used_bytes", "gpu_memory_used_outside_pods_bytes"} {
+		if s := series(p, name, g6...); len(s) != 0 {
+			t.Errorf("%s served from an unreadable proc root: %v", name, s)
+		}
+	}
+	if n := strings.Count(logs.String(), "process accounting is down: the proc root cannot be read"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logs.String())
+	}
+	if strings.Contains(logs.String(), "none of the PIDs NVML reports") {
+		t.Errorf("an unreadable root is reported as a root without the PIDs:\n%s", logs.String())
+	}
+
+	if err := os.Symlink(root, link); err != nil {
+		t.Fatal(err)
+	}
+	p = pn.step(t, 5*time.Second)
+	if v := value(t, p, "gpu_exporter_collector_up", `collector="processes"`); v != "1" {
+		t.Errorf(`gpu_exporter_collector_up{collector="processes"} %s with the proc root back, want 1`, v)
+	}
+	if num(t, p, "gpu_container_memory_used_bytes", append(g6, `pod="chat-api-0"`)...) == 0 {
+		t.Error("chat-api-0's VRAM did not come back with the proc root")
+	}
 }

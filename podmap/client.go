@@ -25,9 +25,13 @@ const (
 	DefaultSocket          = "/var/lib/kubelet/pod-resources/kubelet.sock"
 	DefaultRefreshInterval = 10 * time.Second
 	DefaultCallTimeout     = 5 * time.Second
-	// DefaultMaxRecvMsgSize is well above gRPC's 4 MiB default, which List
-	// answers on big nodes exceed.
-	DefaultMaxRecvMsgSize = 64 << 20
+	// DefaultMaxRecvMsgSize is above gRPC's 4 MiB default, which List
+	// answers on big nodes exceed, and fits the chart's 100 MiB memory
+	// limit: a refresh costs about 6.4 bytes of allocation per byte of
+	// answer and keeps about 3.2 (docs/performance.md), while the previous
+	// map is still held, so a 6 MiB answer needs about 60 MiB on top of
+	// the exporter's own 25-30 MiB.
+	DefaultMaxRecvMsgSize = 6 << 20
 	DefaultBackoffMin     = 1 * time.Second
 	DefaultBackoffMax     = 30 * time.Second
 )
@@ -46,7 +50,8 @@ type Config struct {
 	// CallTimeout bounds every call to the kubelet. Default 5s.
 	CallTimeout time.Duration
 	// MaxRecvMsgSize is the largest answer accepted from the kubelet, in
-	// bytes. Default 64 MiB.
+	// bytes; a larger answer fails the refresh before it is read. Default
+	// 6 MiB.
 	MaxRecvMsgSize int
 	// ExtraResourceNames are device plugin resource names that hold NVIDIA
 	// GPUs beside nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-*
@@ -289,6 +294,9 @@ func (c *Client) fetch(ctx context.Context) ([]Holding, map[string]int, map[stri
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	list, err := c.lister.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
 	cancel()
+	if status.Code(err) == codes.ResourceExhausted {
+		return nil, nil, nil, fmt.Errorf("kubelet List: the answer is larger than the limit of %d bytes (%w); raise --kubelet.max-response-bytes, and the memory limit by about 10 bytes per byte of answer", c.cfg.MaxRecvMsgSize, err)
+	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("kubelet List: %w", err)
 	}

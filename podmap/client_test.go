@@ -564,8 +564,11 @@ func TestClientLargeListAnswer(t *testing.T) {
 	}
 	defer small.Close()
 	err = small.Refresh(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "ResourceExhausted") {
-		t.Fatalf("Refresh with a 4 MiB limit = %v, want ResourceExhausted", err)
+	if err == nil || !strings.Contains(err.Error(), "ResourceExhausted") || !strings.Contains(err.Error(), "--kubelet.max-response-bytes") {
+		t.Fatalf("Refresh with a 4 MiB limit = %v, want ResourceExhausted naming the flag to raise", err)
+	}
+	if s := small.Snapshot(); s.Err == nil || !strings.Contains(s.Err.Error(), "larger than the limit") {
+		t.Errorf("snapshot error after an answer over the limit: %v", s.Err)
 	}
 }
 

@@ -3,6 +3,7 @@ package podmap
 import (
 	"hash/maphash"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,19 @@ const DefaultUnmatchedGap = time.Minute
 
 // unmatchedExamples is how many IDs a summary names.
 const unmatchedExamples = 5
+
+// maxLogField bounds every name from the kubelet in a log line: an answer
+// with megabyte device IDs must not make megabyte log lines.
+const maxLogField = 128
+
+// clip cuts s to maxLogField bytes (on a rune boundary), saying how long it was.
+func clip(s string) string {
+	if len(s) <= maxLogField {
+		return s
+	}
+	cut := strings.ToValidUTF8(s[:maxLogField], "")
+	return cut + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
 
 // UnmatchedLogger logs the device IDs that match no device as one bounded
 // summary line (counts and a few examples) when the set of unmatched IDs
@@ -102,7 +116,7 @@ func (u *UnmatchedLogger) summarise(unmatched []Holding, cur map[string]struct{}
 	unparsed := 0
 	for i := range unmatched {
 		if len(byResource) < unmatchedExamples || byResource[unmatched[i].Resource] > 0 {
-			byResource[unmatched[i].Resource]++
+			byResource[clip(unmatched[i].Resource)]++
 		}
 		if unmatched[i].ParseErr != nil {
 			unparsed++
@@ -154,12 +168,12 @@ func (u *UnmatchedLogger) summarise(unmatched []Holding, cur map[string]struct{}
 
 // describeUnmatched is one example: who holds which ID, and why it matched nothing.
 func describeUnmatched(h *Holding) string {
-	s := h.Resource + " " + strconv.Quote(h.DeviceID) + " held by " + h.Namespace + "/" + h.Pod + "/" + h.Container
+	s := clip(h.Resource) + " " + strconv.Quote(clip(h.DeviceID)) + " held by " + clip(h.Namespace) + "/" + clip(h.Pod) + "/" + clip(h.Container)
 	if h.Dynamic != nil {
-		s += " (claim " + h.Dynamic.ClaimNamespace + "/" + h.Dynamic.ClaimName + ", pool " + h.Dynamic.PoolName + ")"
+		s += " (claim " + clip(h.Dynamic.ClaimNamespace) + "/" + clip(h.Dynamic.ClaimName) + ", pool " + clip(h.Dynamic.PoolName) + ")"
 	}
 	if h.ParseErr != nil {
-		return s + ": not understood: " + h.ParseErr.Error()
+		return s + ": not understood: " + clip(h.ParseErr.Error())
 	}
 	return s + ": names no " + h.Ref.Kind.String() + " on this node"
 }

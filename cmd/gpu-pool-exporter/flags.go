@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 	"time"
+
+	"github.com/alecthomas/units"
 
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/version"
@@ -50,13 +53,15 @@ type options struct {
 	dcgmMode       string
 	dcgmHostEngine string
 
-	kubeletEnabled    bool
-	kubeletSocket     string
-	kubeletSocketSet  bool
-	kubeletRefresh    time.Duration
-	kubeletTimeout    time.Duration
-	kubeletTimeoutSet bool
-	kubeletResources  []string
+	kubeletEnabled      bool
+	kubeletSocket       string
+	kubeletSocketSet    bool
+	kubeletRefresh      time.Duration
+	kubeletTimeout      time.Duration
+	kubeletMaxBytesFlag string
+	kubeletMaxBytes     units.Base2Bytes // parsed from kubeletMaxBytesFlag
+	kubeletTimeoutSet   bool
+	kubeletResources    []string
 
 	procsEnabled   bool
 	procsRoot      string
@@ -76,6 +81,9 @@ type options struct {
 	// families (CompatConfig).
 	compatHostnameLabel string
 	compatVirtualGPUs   bool
+
+	// hup delivers SIGHUP while the exporter runs (not a flag).
+	hup <-chan os.Signal
 }
 
 // groupFlag is one --[no-]collector.<group> flag and whether it was given.
@@ -157,8 +165,8 @@ func addLogFlags(app *kingpin.Application, o *options) {
 // addWebFlags: the server's limits and extras; the listen addresses and the
 // web config come from the exporter toolkit.
 func addWebFlags(app *kingpin.Application, o *options) {
-	named(app.Flag("web.max-requests", "Maximum number of concurrent scrapes; more are answered 503 at once (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
-	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; more wait in the kernel's accept queue. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	named(app.Flag("web.max-requests", "Maximum number of scrapes being prepared at once; more are answered 503 at once. A scrape gives its slot back when it starts writing (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; at the cap a new connection closes one without a request in flight (the oldest from the address holding the most), or is closed itself when all are serving. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
 	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
@@ -185,6 +193,7 @@ func addKubeletFlags(app *kingpin.Application, o *options) {
 		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
 	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
 	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&o.kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
+	app.Flag("kubelet.max-response-bytes", "Largest kubelet List answer accepted (e.g. 6MiB); a larger one turns pod mapping down before it is read. Memory use grows by about 10 bytes per byte of answer: raise the memory limit with it.").Default("6MiB").StringVar(&o.kubeletMaxBytesFlag)
 	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
 }
 

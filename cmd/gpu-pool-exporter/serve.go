@@ -78,18 +78,35 @@ func (s *webConfigSource) get() *webConfig {
 	if err != nil || (fi.ModTime().Equal(s.modTime) && fi.Size() == s.size) {
 		return s.cfg
 	}
-	cfg, err := loadWebConfig(s.path)
+	s.loadLocked(fi, "file changed")
+	return s.cfg
+}
+
+// reload reads the file again whether or not it looks changed (SIGHUP).
+func (s *webConfigSource) reload(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checked = time.Now()
+	fi, err := os.Stat(s.path)
 	if err != nil {
-		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
-		return s.cfg
+		s.log.Error().Err(err).Str("file", s.path).Str("reason", reason).Msg("the web config cannot be read; keeping the last good one")
+		return
 	}
-	if err := web.Validate(s.path); err != nil {
-		s.log.Error().Err(err).Str("file", s.path).Msg("the web config changed and is invalid; keeping the last good one")
-		return s.cfg
+	s.loadLocked(fi, reason)
+}
+
+// loadLocked parses the file and keeps it if valid; under s.mu.
+func (s *webConfigSource) loadLocked(fi os.FileInfo, reason string) {
+	cfg, err := loadWebConfig(s.path)
+	if err == nil {
+		err = web.Validate(s.path)
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("file", s.path).Str("reason", reason).Msg("the web config changed and is invalid; keeping the last good one")
+		return
 	}
 	s.cfg, s.modTime, s.size = cfg, fi.ModTime(), fi.Size()
-	s.log.Info().Str("file", s.path).Msg("web config reloaded")
-	return s.cfg
+	s.log.Info().Str("file", s.path).Str("reason", reason).Msg("web config reloaded")
 }
 
 // loadWebConfig parses a web config as exporter-toolkit does (strict YAML,
@@ -129,18 +146,45 @@ const (
 	failRefill     = 10 * time.Second
 	maxFailClients = 4096 // addresses remembered; the fullest buckets go first
 	maxGoodLogins  = 64   // distinct accepted credentials remembered
+
+	// bcrypt work waits in a bounded queue: at most bcryptQueue attempts
+	// wait for a slot, each at most bcryptWait (well under Prometheus'
+	// 10 s scrape timeout), and the rest are refused at once with 503 and
+	// Retry-After, so a flood from many addresses costs at most the slots'
+	// CPU and never an unbounded queue of goroutines and waits.
+	bcryptQueue      = 16
+	bcryptWait       = 2 * time.Second
+	bcryptRetryAfter = 2 // seconds
 )
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
+// What cannot cost bcrypt is served first: credentials accepted before
+// never wait for a bcrypt slot, and a slot that frees goes to an attempt
+// from an address with no recent failure before one from an address that
+// has failed; a full queue makes room for the former by refusing the
+// newest of the latter.
 type authenticator struct {
-	now    func() time.Time
-	bcrypt chan struct{} // bcrypt comparisons in flight
+	now     func() time.Time
+	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests
+	wait    time.Duration                 // longest wait for a bcrypt slot
+	queue   int                           // most attempts waiting for a slot
 
 	mu    sync.Mutex
 	good  map[[sha256.Size]byte]struct{} // credentials (with the hash they matched) accepted before
 	fails map[string]*failBucket         // client address -> failed attempts
+	free  int                            // bcrypt slots free
+	clean []*bcryptWaiter                // waiting, from addresses with no recent failure (FIFO)
+	dirty []*bcryptWaiter                // waiting, from addresses that failed recently (FIFO)
 
 	refused atomic.Int64 // attempts refused before bcrypt, for tests and logs
+	busy    atomic.Int64 // attempts refused because bcrypt was busy
+}
+
+// bcryptWaiter is one attempt waiting for a bcrypt slot; done is closed
+// when it is given a slot (granted) or pushed out of the queue.
+type bcryptWaiter struct {
+	done    chan struct{}
+	granted bool
 }
 
 type failBucket struct {
@@ -149,8 +193,87 @@ type failBucket struct {
 }
 
 func newAuthenticator() *authenticator {
-	return &authenticator{now: time.Now, bcrypt: make(chan struct{}, max(1, min(2, runtime.GOMAXPROCS(0)))),
+	return &authenticator{now: time.Now, compare: bcrypt.CompareHashAndPassword,
+		wait: bcryptWait, queue: bcryptQueue, free: max(1, min(2, runtime.GOMAXPROCS(0))),
 		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}}
+}
+
+// acquire waits for a bcrypt slot; false if none came within a.wait, the
+// queue was full, or the request ended. Under a.mu on entry; returns with
+// a.mu unlocked.
+func (a *authenticator) acquireLocked(r *http.Request, clean bool) bool {
+	if a.free > 0 && len(a.clean)+len(a.dirty) == 0 {
+		a.free--
+		a.mu.Unlock()
+		return true
+	}
+	if len(a.clean)+len(a.dirty) >= a.queue {
+		if !clean || len(a.dirty) == 0 {
+			a.mu.Unlock()
+			return false
+		}
+		last := a.dirty[len(a.dirty)-1] // make room: the newest attempt from a failing address goes
+		a.dirty = a.dirty[:len(a.dirty)-1]
+		close(last.done)
+	}
+	w := &bcryptWaiter{done: make(chan struct{})}
+	if clean {
+		a.clean = append(a.clean, w)
+	} else {
+		a.dirty = append(a.dirty, w)
+	}
+	a.mu.Unlock()
+
+	t := time.NewTimer(a.wait)
+	defer t.Stop()
+	select {
+	case <-w.done:
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if w.granted {
+		return true
+	}
+	a.clean = removeWaiter(a.clean, w)
+	a.dirty = removeWaiter(a.dirty, w)
+	return false
+}
+
+// release hands the slot to the first clean waiter, else the first dirty
+// one, else frees it.
+func (a *authenticator) release() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var w *bcryptWaiter
+	switch {
+	case len(a.clean) > 0:
+		w, a.clean = a.clean[0], a.clean[1:]
+	case len(a.dirty) > 0:
+		w, a.dirty = a.dirty[0], a.dirty[1:]
+	default:
+		a.free++
+		return
+	}
+	w.granted = true
+	close(w.done)
+}
+
+func removeWaiter(q []*bcryptWaiter, w *bcryptWaiter) []*bcryptWaiter {
+	for i, x := range q {
+		if x == w {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// waiting is how many attempts wait for a bcrypt slot (for tests).
+func (a *authenticator) waiting() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.clean) + len(a.dirty)
 }
 
 // This is a bcrypt hash of "fakepassword" (exporter-toolkit's): an unknown
@@ -190,16 +313,21 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.refused.Add(1)
 		return http.StatusTooManyRequests
 	}
+	clean := b.tokens >= failBurst
 	b.tokens--
-	a.mu.Unlock()
-
-	select {
-	case a.bcrypt <- struct{}{}:
-	case <-r.Context().Done():
+	if !a.acquireLocked(r, clean) {
+		// Refused unseen: the attempt is given back, so a scraper turned
+		// away while bcrypt is busy does not count as failing.
+		a.mu.Lock()
+		if b := a.fails[client]; b != nil {
+			b.tokens = min(failBurst, b.tokens+1)
+		}
+		a.mu.Unlock()
+		a.busy.Add(1)
 		return http.StatusServiceUnavailable
 	}
-	err := bcrypt.CompareHashAndPassword([]byte(hash), []byte(pass))
-	<-a.bcrypt
+	err := a.compare([]byte(hash), []byte(pass))
+	a.release()
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -279,6 +407,10 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case http.StatusTooManyRequests:
 			w.Header().Set("Retry-After", fmt.Sprint(int(failRefill.Seconds())))
 			http.Error(w, "too many failed logins from this address; try again later", code)
+			return
+		case http.StatusServiceUnavailable:
+			w.Header().Set("Retry-After", fmt.Sprint(bcryptRetryAfter))
+			http.Error(w, "too many logins being checked; try again later", code)
 			return
 		default:
 			w.Header().Set("WWW-Authenticate", "Basic")
@@ -410,11 +542,14 @@ func trackConnState(c net.Conn, s http.ConnState) {
 }
 
 // serveWeb serves srv on every listener, with TLS and basic auth from the
-// web config when there is one, until the server is shut down.
-func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log zerolog.Logger) error {
+// web config when there is one, until the server is shut down. Each value
+// on hup (SIGHUP) reads the web config again, as a change of the file does.
+func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, hup <-chan os.Signal, log zerolog.Logger) error {
 	useTLS := false
+	var src *webConfigSource
 	if configFile != "" {
-		src, err := newWebConfigSource(configFile, log)
+		var err error
+		src, err = newWebConfigSource(configFile, log)
 		if err != nil {
 			return err
 		}
@@ -423,7 +558,7 @@ func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log
 		if c.RateLimiterConfig.Interval != 0 {
 			h.limiter = rate.NewLimiter(rate.Every(c.RateLimiterConfig.Interval), c.RateLimiterConfig.Burst)
 		}
-		srv.Handler = h
+		srv.Handler = refuseUnservable(h) // refused before a login is checked
 		if c.TLSConfig.IsEnabled() {
 			tc, err := web.ConfigToTLSConfig(&c.TLSConfig)
 			if err != nil {
@@ -452,6 +587,24 @@ func serveWeb(listeners []net.Listener, srv *http.Server, configFile string, log
 			useTLS = true
 		}
 	}
+	stopHUP := make(chan struct{})
+	defer close(stopHUP)
+	// Started once src is set: the goroutine reads it.
+	go func() {
+		for {
+			select {
+			case <-hup:
+				if src == nil {
+					log.Info().Msg("SIGHUP received: nothing to reload without --web.config.file")
+					continue
+				}
+				log.Info().Str("file", configFile).Msg("SIGHUP received: reloading the web config")
+				src.reload("SIGHUP")
+			case <-stopHUP:
+				return
+			}
+		}
+	}()
 	errs := make(chan error, len(listeners))
 	for _, l := range listeners {
 		go func() {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 )
@@ -36,11 +37,21 @@ func startWithAuth(t *testing.T, cost int, extra ...string) *authRun {
 	if err := os.WriteFile(cfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return startWithConfig(t, cfg, extra...)
+}
+
+// startWithConfig runs the exporter with the web config cfg and a probe
+// listener, and waits until the probe says ready.
+func startWithConfig(t *testing.T, cfg string, extra ...string) *authRun {
+	t.Helper()
 	r := &authRun{addr: freeAddr(t), probe: freeAddr(t), logs: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	args := append([]string{"--simulate", "--collect-interval=1s", "--log.level=warn", "--web.listen-address=" + r.addr,
+	args := append([]string{"--simulate", "--collect-interval=1s", "--web.listen-address=" + r.addr,
 		"--web.config.file=" + cfg, "--web.probe-address=" + r.probe}, extra...)
+	if !strings.Contains(strings.Join(extra, " "), "--log.level=") {
+		args = append(args, "--log.level=warn")
+	}
 	go func() { done <- run(ctx, args, io.Discard, r.logs) }()
 	t.Cleanup(func() {
 		cancel()
@@ -327,5 +338,138 @@ func TestConnectionCap(t *testing.T) {
 	}
 	if _, peak, _ := ll.stats(); peak > limit {
 		t.Errorf("peak %d connections, cap %d", peak, limit)
+	}
+}
+
+// bcrypt work across many addresses: the queue for a bcrypt slot is
+// bounded (the rest refused at once with 503 and Retry-After), a
+// credential accepted before never waits behind bcrypt, and an address with
+// no recent failure is served before the addresses that keep failing.
+func TestAuthenticatorBcryptQueue(t *testing.T) {
+	users := map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}
+	started := make(chan string, 100)
+	release := make(chan struct{}, 100)
+	a := newAuthenticator()
+	a.free, a.queue, a.wait = 2, 4, time.Hour
+	now := time.Unix(1e9, 0)
+	a.now = func() time.Time { return now }
+	a.compare = func(hash, pass []byte) error { // blocks until released
+		started <- string(pass)
+		<-release
+		if string(hash) == "hash:"+string(pass) {
+			return nil
+		}
+		return bcrypt.ErrMismatchedHashAndPassword
+	}
+	try := func(addr, user, pass string) int {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.RemoteAddr = addr + ":1000"
+		req.SetBasicAuth(user, pass)
+		return a.check(users, req)
+	}
+	async := func(addr, user, pass string) chan int {
+		c := make(chan int, 1)
+		go func() { c <- try(addr, user, pass) }()
+		return c
+	}
+	// Liveness bound only (no latency is asserted): an attempt that
+	// should be answered at once but waits fails here instead of hanging.
+	result := func(what string, c chan int) int {
+		select {
+		case code := <-c:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: still waiting for a bcrypt slot", what)
+			return 0
+		}
+	}
+	waitFor := func(what string, cond func() bool) {
+		for i := 0; !cond(); i++ {
+			if i > 30000 {
+				t.Fatalf("never reached: %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	flood := func(i int) string { return fmt.Sprintf("10.2.0.%d", i) }
+
+	// Ten flooding addresses have each failed once; the scraper logged in.
+	for i := 1; i <= 10; i++ {
+		release <- struct{}{}
+		if code := try(flood(i), "prometheus", "wrong"); code != http.StatusUnauthorized {
+			t.Fatalf("wrong password from %s: %d", flood(i), code)
+		}
+		<-started
+	}
+	release <- struct{}{}
+	if code := try("10.9.0.1", "prometheus", "right"); code != 0 {
+		t.Fatalf("scraper's first login: %d", code)
+	}
+	<-started
+
+	// They keep trying: two hold the bcrypt slots, four wait, the rest are
+	// refused at once, and their attempt is not counted against them.
+	var flooding []chan int
+	for i := 1; i <= 2; i++ {
+		flooding = append(flooding, async(flood(i), "prometheus", "wrong"))
+		<-started
+	}
+	for i := 3; i <= 6; i++ {
+		flooding = append(flooding, async(flood(i), "prometheus", "wrong"))
+		waitFor(fmt.Sprintf("%d attempts waiting", i-2), func() bool { return a.waiting() == i-2 })
+	}
+	for i := 7; i <= 10; i++ {
+		if code := result("attempt past a full queue", async(flood(i), "prometheus", "wrong")); code != http.StatusServiceUnavailable {
+			t.Errorf("attempt from %s past a full queue: %d, want 503", flood(i), code)
+		}
+	}
+	if a.busy.Load() != 4 {
+		t.Errorf("%d attempts refused as busy, want 4", a.busy.Load())
+	}
+	a.mu.Lock()
+	if tok := a.fails[flood(8)].tokens; tok != failBurst-1 {
+		t.Errorf("an attempt refused as busy cost the address a token: %v left, want %v", tok, failBurst-1)
+	}
+	a.mu.Unlock()
+
+	// The logged-in scraper does not wait behind any of it.
+	if code := result("known credential", async("10.9.0.1", "prometheus", "right")); code != 0 {
+		t.Errorf("known credential while bcrypt is busy: %d, want 0", code)
+	}
+
+	// A scraper not logged in yet, from an address with no failure, takes
+	// the place of the newest failing attempt and gets the next slot.
+	newScraper := async("10.9.0.2", "new-scraper", "new-right")
+	if code := result("pushed-out attempt", flooding[5]); code != http.StatusServiceUnavailable {
+		t.Errorf("newest failing attempt, pushed out of the full queue: %d, want 503", code)
+	}
+	release <- struct{}{}
+	if first := <-started; first != "new-right" {
+		t.Errorf("the slot went to %q, want the new scraper's login first", first)
+	}
+	for i := 0; i < 10; i++ {
+		release <- struct{}{}
+	}
+	if code := result("new scraper", newScraper); code != 0 {
+		t.Errorf("new scraper: %d, want 0", code)
+	}
+	for i, c := range flooding[:5] {
+		if code := result("flood", c); code != http.StatusUnauthorized {
+			t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
+		}
+	}
+
+	// An attempt that gets no slot within the bound is refused; the web
+	// handler answers 503 with Retry-After.
+	a.free, a.wait = 0, time.Millisecond
+	src := &webConfigSource{checked: time.Now().Add(time.Hour), cfg: &webConfig{Config: &web.Config{}, users: users}}
+	h := &webHandler{src: src, auth: a, next: http.NotFoundHandler()}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.RemoteAddr = "10.9.0.3:1000"
+	req.SetBasicAuth("prometheus", "not-cached")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("no slot within the bound: %d, Retry-After %q; want 503 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }

@@ -89,7 +89,7 @@ func serve(ctx context.Context, stop context.CancelFunc, o *options, exp *collec
 	go func() { defer close(done); exp.Run(ctx) }()
 
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- serveWeb(ls.web, srv, *o.web.WebConfigFile, log) }()
+	go func() { serveErr <- serveWeb(ls.web, srv, *o.web.WebConfigFile, o.hup, log) }()
 	scheme := webScheme(*o.web.WebConfigFile)
 	for _, l := range ls.web {
 		u := servedURL(scheme, l.Addr())

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"image/png"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"golang.org/x/net/html"
 
@@ -227,4 +231,38 @@ func text(n *html.Node) string {
 	}
 	f(n)
 	return strings.TrimSpace(b.String())
+}
+
+// Pod names reach the terminal without their control characters: an
+// escape sequence or a carriage return in a name cannot rewrite the
+// operator's screen.
+func TestStatusSubcommandStripsControlCharacters(t *testing.T) {
+	addr := simulatedExporter(t)
+	resp, err := http.Get("http://" + addr + statusPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	hostile := strings.ReplaceAll(string(page), `"chat-api-0"`, `"chat\u001b[2J\u001b]0;owned\u0007-api\r-0\u0085"`)
+	if hostile == string(page) {
+		t.Fatal("no chat-api-0 in /status.json: the test would prove nothing")
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, hostile)
+	}))
+	defer srv.Close()
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"status", "--url=" + srv.URL}, &out, &errb); code != 0 {
+		t.Fatalf("status exit %d: %s", code, errb.String())
+	}
+	for _, r := range out.String() {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			t.Fatalf("control character %U in the output:\n%q", r, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "chat?[2J?]0;owned?-api?-0?") {
+		t.Errorf("the hostile name is not shown with its control characters replaced:\n%s", out.String())
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode"
 
 	"github.com/alecthomas/kingpin/v2"
 
@@ -72,7 +73,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *asJSON {
 		err = n.JSON(stdout)
 	} else {
-		err = n.Text(stdout)
+		var b strings.Builder
+		if err = n.Text(&b); err == nil {
+			_, err = io.WriteString(stdout, printable(b.String()))
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter status: %v\n", err)
@@ -110,4 +114,16 @@ func redact(u string) string {
 		return u
 	}
 	return p.Redacted()
+}
+
+// printable replaces the control characters in names that come from pods
+// (escape sequences, carriage returns) with '?', so that a pod name cannot
+// rewrite the operator's terminal; newlines and tabs of the table stay.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || !unicode.IsControl(r) {
+			return r
+		}
+		return '?'
+	}, s)
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/alecthomas/units"
+
 	"github.com/prometheus/exporter-toolkit/web"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
@@ -193,6 +195,13 @@ func (o *options) checkKubelet() error {
 	if o.kubeletTimeout <= 0 || o.kubeletTimeout > o.kubeletRefresh {
 		return fmt.Errorf("--kubelet.timeout=%s must be above 0 and at most --kubelet.refresh-interval (%s)", o.kubeletTimeout, o.kubeletRefresh)
 	}
+	n, err := units.ParseBase2Bytes(o.kubeletMaxBytesFlag)
+	if err != nil {
+		return fmt.Errorf("--kubelet.max-response-bytes=%s: want a size such as 6MiB or 16MiB", o.kubeletMaxBytesFlag)
+	}
+	if o.kubeletMaxBytes = n; o.kubeletMaxBytes < minKubeletMaxBytes || o.kubeletMaxBytes > maxKubeletMaxBytes {
+		return fmt.Errorf("--kubelet.max-response-bytes=%s must be between %s and %s (a refresh needs about 10 bytes of memory per byte of answer)", o.kubeletMaxBytes, units.Base2Bytes(minKubeletMaxBytes), units.Base2Bytes(maxKubeletMaxBytes))
+	}
 	if !o.kubeletEnabled {
 		return nil
 	}
@@ -237,3 +246,10 @@ func checkFileSize(path string, limit int64, why string) error {
 	}
 	return nil
 }
+
+// Bounds of --kubelet.max-response-bytes: gRPC's own 4 MiB default is
+// the least a big node needs; 1 GiB of answer would need about 10 GiB.
+const (
+	minKubeletMaxBytes = 4 << 20
+	maxKubeletMaxBytes = 1 << 30
+)

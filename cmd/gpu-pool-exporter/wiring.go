@@ -248,6 +248,7 @@ func startPodMap(ctx context.Context, wg *sync.WaitGroup, o *options, node *simn
 		socket = fake
 	}
 	client, err := podmap.NewClient(podmap.Config{Socket: socket, RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
+		MaxRecvMsgSize:     int(o.kubeletMaxBytes),
 		ExtraResourceNames: o.kubeletResources, Logger: log.With().Str("component", "podmap").Logger()})
 	if err != nil { // its settings passed validate: the failure is in setting up
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,6 +53,7 @@ type Resolver struct {
 	lastRefresh time.Time
 	reads       int64
 	refreshErr  error
+	rootErr     error
 }
 
 type entry struct {
@@ -94,6 +96,27 @@ func (r *Resolver) FileReads() int64 { return r.reads }
 // Err is the identity source's last refresh error, nil when it worked.
 func (r *Resolver) Err() error { return r.refreshErr }
 
+// RootErr says why the last Resolve could not read the proc root (gone,
+// unmounted, permission denied), nil when it could. Owners are then unknown,
+// not "outside pods": a PID that cannot be looked up is not one that exited.
+func (r *Resolver) RootErr() error { return r.rootErr }
+
+// checkRoot reads what every host /proc has, PID 1's cgroup.
+func (r *Resolver) checkRoot() error {
+	if _, err := os.Stat(filepath.Join(r.cfg.ProcRoot, "1", "cgroup")); err != nil {
+		return fmt.Errorf("cannot read the proc root %s: %w", r.cfg.ProcRoot, err)
+	}
+	return nil
+}
+
+// unreadable marks the proc root unreadable when err is not a process that
+// has gone (ENOENT, ESRCH) but a root that cannot be read.
+func (r *Resolver) unreadable(path string, err error) {
+	if r.rootErr == nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+		r.rootErr = fmt.Errorf("cannot read the proc root %s: %s: %w", r.cfg.ProcRoot, path, err)
+	}
+}
+
 // Resolve finds the owner of every PID. A PID whose /proc entry is the
 // same as last time (same inode and change time) costs one stat and no read; a
 // PID whose entry changed has its start time read, and only a new start
@@ -101,12 +124,18 @@ func (r *Resolver) Err() error { return r.refreshErr }
 func (r *Resolver) Resolve(ctx context.Context, pids []uint32) map[uint32]Owner {
 	r.gen++
 	out := make(map[uint32]Owner, len(pids))
+	if r.rootErr = r.checkRoot(); r.rootErr != nil {
+		return out
+	}
 	var unknown []*entry
 	for _, pid := range pids {
 		if _, done := out[pid]; done {
 			continue
 		}
 		e := r.lookup(pid)
+		if r.rootErr != nil {
+			return map[uint32]Owner{}
+		}
 		if e == nil {
 			out[pid] = Owner{}
 			continue
@@ -157,6 +186,7 @@ func (r *Resolver) lookup(pid uint32) *entry {
 	dir := filepath.Join(r.cfg.ProcRoot, strconv.FormatUint(uint64(pid), 10))
 	var st syscall.Stat_t
 	if err := syscall.Stat(dir, &st); err != nil {
+		r.unreadable(dir, err)
 		delete(r.cache, pid)
 		return nil
 	}
@@ -167,6 +197,7 @@ func (r *Resolver) lookup(pid uint32) *entry {
 	}
 	start, err := r.startTime(dir)
 	if err != nil {
+		r.unreadable(filepath.Join(dir, "stat"), err)
 		delete(r.cache, pid)
 		return nil
 	}
@@ -177,6 +208,7 @@ func (r *Resolver) lookup(pid uint32) *entry {
 	r.reads++
 	cg, err := os.ReadFile(filepath.Join(dir, "cgroup"))
 	if err != nil {
+		r.unreadable(filepath.Join(dir, "cgroup"), err)
 		delete(r.cache, pid)
 		return nil
 	}

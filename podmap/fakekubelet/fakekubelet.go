@@ -192,11 +192,17 @@ func (v *service) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRe
 	if err != nil {
 		return nil, err
 	}
+	return ListResponse(pods), nil
+}
+
+// ListResponse is the List answer for pods, as the server sends it (to
+// measure its encoded size).
+func ListResponse(pods []Pod) *podresourcesv1.ListPodResourcesResponse {
 	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: make([]*podresourcesv1.PodResources, 0, len(pods))}
 	for i := range pods {
 		resp.PodResources = append(resp.PodResources, toProto(&pods[i]))
 	}
-	return resp, nil
+	return resp
 }
 
 func (v *service) GetAllocatableResources(ctx context.Context, _ *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
