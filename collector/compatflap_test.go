@@ -23,8 +23,10 @@ import (
 
 // flapScenario: eight GPUs, one time-sliced by two pods, one in MIG mode,
 // fourteen faults over four minutes (hangs, a GPU lost and back, XIDs,
-// throttling, ECC, row remapping, a reset, a dead device plugin) and a pod
-// that comes and goes on the shared GPU.
+// throttling, ECC, row remapping, a reset, a dead device plugin), a pod
+// that comes and goes on the shared GPU (first by namespace, so it would
+// take the series' labels if the holder were picked afresh each sample) and,
+// from compatFlaps, a kubelet that does not answer for 40s.
 const flapScenario = `
 seed: 5
 node: {model: H100-SXM5-80GB, count: 8}
@@ -77,6 +79,9 @@ type flapNode struct {
 	client *podmap.Client
 	dcgm   *dcgm.Sampler
 	e      *collector.Exporter
+	// kubeDown: the kubelet does not answer; the exporter keeps the last
+	// holders it heard of.
+	kubeDown bool
 }
 
 func newFlapNode(t *testing.T, sc *simnode.Scenario, cc collector.CompatConfig) *flapNode {
@@ -132,8 +137,8 @@ func (fn *flapNode) step(t *testing.T, d time.Duration) map[string]*dto.MetricFa
 	fn.clk.Advance(d)
 	fn.kube.SetPods(fn.node.KubeletPods())
 	fn.kube.SetAllocatable(fn.node.KubeletAllocatable())
-	if err := fn.client.Refresh(context.Background()); err != nil {
-		t.Fatalf("kubelet refresh: %v", err)
+	if err := fn.client.Refresh(context.Background()); (err != nil) != fn.kubeDown {
+		t.Fatalf("kubelet refresh with the kubelet down %v: %v", fn.kubeDown, err)
 	}
 	since := time.Now()
 	deadline := since.Add(10 * time.Second)
@@ -178,6 +183,16 @@ func compatFlaps(t *testing.T, fn *flapNode, steps int, every time.Duration) map
 	recs := map[string]*flapRecord{}
 	wasUp := map[flapDevice]bool{}
 	for i := 0; i < steps; i++ {
+		switch i {
+		case steps / 3: // a kubelet restart that takes 40s
+			fn.kube.Stop()
+			fn.kubeDown = true
+		case steps/3 + 8:
+			if err := fn.kube.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			fn.kubeDown = false
+		}
 		mfs := fn.step(t, every)
 		up := map[flapDevice]bool{}
 		for _, m := range fltFind(mfs, "gpu_up", nil) {
