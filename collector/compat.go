@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 
@@ -80,10 +79,9 @@ type compatFamily struct {
 
 // compatDevice is what one compatibility series is rendered from.
 type compatDevice struct {
-	d     *sample.DeviceState // the device: whole GPU or MIG instance
-	g     *sample.GPUState    // its board
-	rates compatRates         // byte rates of the device, from the last two samples
-	last  *xid.DeviceLast
+	d    *sample.DeviceState // the device: whole GPU or MIG instance
+	g    *sample.GPUState    // its board
+	last *xid.DeviceLast
 }
 
 const mib = 1 << 20
@@ -97,6 +95,16 @@ func field(f sample.Field, scale float64, scope compatScope) func(c *compatDevic
 		v, ok := src.Values.Get(f)
 		return v * scale, ok
 	}
+}
+
+// rate is a byte counter's current rate as DCGM reports it, in bytes per
+// second. PCIe and NVLink belong to the board: DCGM reports them on the GPU,
+// not per MIG instance. Served whenever DCGM has the value, as
+// dcgm-exporter does: a rate made from two counter readings would be
+// missing after every gap in the samples (a GPU hung for a while) and
+// after every counter reset.
+func rate(f sample.Field) func(c *compatDevice) (float64, bool) {
+	return func(c *compatDevice) (float64, bool) { return c.g.Rates.Get(f) }
 }
 
 // whole is field for DCGM's integer fields (MiB, MHz, mJ): DCGM truncates
@@ -145,11 +153,9 @@ var compatFamilies = []*compatFamily{
 	{name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", help: "Total number of NVLink bandwidth counters for all lanes.", valueType: prometheus.CounterValue, notCount: true, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		// DCGM reports a rate here despite the counter type (in MB/s by
 		// users' measurements): NVLink bytes sent and received per second.
-		r := c.rates
-		if !r.nvlinkOK {
-			return 0, false
-		}
-		return (r.nvlinkTx + r.nvlinkRx) / 1e6, true
+		tx, ok1 := c.g.Rates.Get(sample.FieldNVLinkTxBytes)
+		rx, ok2 := c.g.Rates.Get(sample.FieldNVLinkRxBytes)
+		return (tx + rx) / 1e6, ok1 && ok2
 	}},
 	{name: "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", help: "Number of remapped rows for uncorrectable errors", valueType: prometheus.CounterValue, scope: scopeBoard, value: func(c *compatDevice) (float64, bool) {
 		h := c.g.Health.RemapUncorr
@@ -166,12 +172,8 @@ var compatFamilies = []*compatFamily{
 	{name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", help: "Ratio of time the graphics engine is active.", valueType: prometheus.GaugeValue, value: field(sample.FieldGraphicsActive, 1, scopeDevice)},
 	{name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", help: "Ratio of cycles the tensor (HMMA) pipe is active.", valueType: prometheus.GaugeValue, value: field(sample.FieldTensorActive, 1, scopeDevice)},
 	{name: "DCGM_FI_PROF_DRAM_ACTIVE", help: "Ratio of cycles the device memory interface is active sending or receiving data.", valueType: prometheus.GaugeValue, value: field(sample.FieldDRAMActive, 1, scopeDevice)},
-	{name: "DCGM_FI_PROF_PCIE_TX_BYTES", help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", valueType: prometheus.GaugeValue, value: func(c *compatDevice) (float64, bool) {
-		return c.rates.pcieTx, c.rates.pcieOK
-	}},
-	{name: "DCGM_FI_PROF_PCIE_RX_BYTES", help: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", valueType: prometheus.GaugeValue, value: func(c *compatDevice) (float64, bool) {
-		return c.rates.pcieRx, c.rates.pcieOK
-	}},
+	{name: "DCGM_FI_PROF_PCIE_TX_BYTES", help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", valueType: prometheus.GaugeValue, value: rate(sample.FieldPCIeTxBytes)},
+	{name: "DCGM_FI_PROF_PCIE_RX_BYTES", help: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", valueType: prometheus.GaugeValue, value: rate(sample.FieldPCIeRxBytes)},
 }
 
 const compatXIDName, compatXIDHelp = "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."
@@ -186,33 +188,11 @@ func CompatFamilyNames() []string {
 	return append(out, compatXIDName)
 }
 
-// compatRates are byte rates of a device: DCGM reports PCIe and NVLink
-// traffic as rates, which our own families integrate into counters; the
-// compatibility families turn them back into rates over the last sample
-// interval.
-type compatRates struct {
-	pcieTx, pcieRx     float64
-	pcieOK             bool
-	nvlinkTx, nvlinkRx float64
-	nvlinkOK           bool
-}
-
-type compatKey struct {
-	uuid string
-	gi   int
-}
-
-type compatCounters struct {
-	at                                 time.Time
-	pcieTx, pcieRx, nvlinkTx, nvlinkRx float64
-	pcieOK, nvlinkOK                   bool
-}
-
-// compatRenderer keeps the previous sample's byte counters, to turn them
-// into rates. update runs once per sample, under the exporter's render lock.
+// compatRenderer keeps what the compatibility series are labelled with
+// from one sample to the next. update runs once per sample, under the
+// exporter's render lock.
 type compatRenderer struct {
-	cfg  CompatConfig
-	prev map[compatKey]compatCounters
+	cfg CompatConfig
 	// descs are compatFamilies' descriptors, in their order, and xidDesc
 	// DCGM_FI_DEV_XID_ERRORS's: their labels follow the configuration.
 	descs   []*prometheus.Desc
@@ -231,7 +211,7 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 		cfg.HostnameLabel = HostnameLabelReleased
 	}
 	labels := compatLabelNames(cfg.HostnameLabel)
-	r := &compatRenderer{cfg: cfg, prev: map[compatKey]compatCounters{}, labelled: map[DeviceKey]Holder{}, lastLabels: map[string][][]string{}}
+	r := &compatRenderer{cfg: cfg, labelled: map[DeviceKey]Holder{}, lastLabels: map[string][][]string{}}
 	for _, f := range compatFamilies {
 		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, labels, nil))
 	}
@@ -239,50 +219,11 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 	return r
 }
 
-// update works out the byte rates of the sample's devices and the holders
-// their series name into st.
+// update works out the holders the sample's series name and the label
+// sets of the GPUs that do not answer, into st.
 func (r *compatRenderer) update(st *State) {
 	r.updateHolders(st)
 	r.updateLost(st)
-	st.compatRates = map[compatKey]compatRates{}
-	next := map[compatKey]compatCounters{}
-	visit := func(d *sample.DeviceState) {
-		k := compatKey{d.UUID, d.GPUInstance}
-		var c compatCounters
-		c.at = st.Sample.Time
-		var ok1, ok2 bool
-		c.pcieTx, ok1 = d.Values.Get(sample.FieldPCIeTxBytes)
-		c.pcieRx, ok2 = d.Values.Get(sample.FieldPCIeRxBytes)
-		c.pcieOK = ok1 && ok2
-		c.nvlinkTx, ok1 = d.Values.Get(sample.FieldNVLinkTxBytes)
-		c.nvlinkRx, ok2 = d.Values.Get(sample.FieldNVLinkRxBytes)
-		c.nvlinkOK = ok1 && ok2
-		if !c.pcieOK && !c.nvlinkOK {
-			return
-		}
-		next[k] = c
-		p, ok := r.prev[k]
-		dt := c.at.Sub(p.at).Seconds()
-		if !ok || dt <= 0 {
-			return
-		}
-		var rt compatRates
-		if c.pcieOK && p.pcieOK && c.pcieTx >= p.pcieTx && c.pcieRx >= p.pcieRx {
-			rt.pcieTx, rt.pcieRx, rt.pcieOK = (c.pcieTx-p.pcieTx)/dt, (c.pcieRx-p.pcieRx)/dt, true
-		}
-		if c.nvlinkOK && p.nvlinkOK && c.nvlinkTx >= p.nvlinkTx && c.nvlinkRx >= p.nvlinkRx {
-			rt.nvlinkTx, rt.nvlinkRx, rt.nvlinkOK = (c.nvlinkTx-p.nvlinkTx)/dt, (c.nvlinkRx-p.nvlinkRx)/dt, true
-		}
-		st.compatRates[k] = rt
-	}
-	for i := range st.Sample.GPUs {
-		g := &st.Sample.GPUs[i]
-		visit(&g.DeviceState)
-		for j := range g.MIG {
-			visit(&g.MIG[j])
-		}
-	}
-	r.prev = next
 }
 
 // updateHolders picks the holders each device's series are labelled with:
@@ -345,12 +286,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 		}
 		for _, ds := range r.deviceSeries(st, g) {
 			d := ds.d
-			c := &compatDevice{d: d, g: g, rates: st.compatRates[compatKey{d.UUID, d.GPUInstance}], last: lastXID[g.GPU]}
-			if d.IsMIG() {
-				// PCIe and NVLink belong to the board: DCGM reports them on
-				// the GPU, not per instance.
-				c.rates = st.compatRates[compatKey{g.UUID, -1}]
-			}
+			c := &compatDevice{d: d, g: g, last: lastXID[g.GPU]}
 			for _, lv := range ds.labels {
 				for i, f := range compatFamilies {
 					if v, ok := f.value(c); ok {

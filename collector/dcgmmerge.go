@@ -71,6 +71,9 @@ func setDCGM(d *sample.DeviceState, dv dcgm.DeviceValues) {
 		if v, ok := dv.Value(df); ok {
 			d.Values.Set(f, v)
 		}
+		if v, ok := dv.Rate(df); ok {
+			d.Rates.Set(f, v)
+		}
 	}
 }
 

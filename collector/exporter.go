@@ -101,8 +101,6 @@ type State struct {
 	// GPU answers with an error; a hung one does not answer).
 	LastAnswer []time.Time
 	Rendered   time.Time
-	// compatRates are the byte rates the compatibility families show.
-	compatRates map[compatKey]compatRates
 	// compatHolders are the holders each device's compatibility series are
 	// labelled with.
 	compatHolders map[DeviceKey][]Holder

@@ -62,6 +62,70 @@ var kustomizeCases = []struct {
 			wantCount(t, m, "PodMonitoring", len(m.podMonitorings), 0)
 		},
 	},
+	{
+		// The compat component (components/dcgm-exporter-compat) on the
+		// Prometheus Operator overlay: the flag, and the chart's scrape shape
+		// for it (honorLabels false, gpu_*'s holder labels restored).
+		dir:        "testdata/kustomize-compat-gpu-operator",
+		profile:    gpuOperator,
+		helmValues: []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-compat.yaml"},
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 1)
+			checkCompatArg(t, m)
+			checkSameServiceMonitor(t, m, []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-compat.yaml"})
+		},
+	},
+	{
+		dir:        "testdata/kustomize-compat-gke",
+		profile:    gke,
+		helmValues: []string{chartDir + "/values-gke.yaml", "testdata/values-compat.yaml"},
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "PodMonitoring", len(m.podMonitorings), 1)
+			wantCount(t, m, "ServiceMonitor", len(m.serviceMonitors), 0)
+			checkCompatArg(t, m)
+		},
+	},
+}
+
+// checkCompatArg: the exporter serves the compatibility families.
+func checkCompatArg(t *testing.T, m *manifests) {
+	t.Helper()
+	if args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--compat.dcgm-exporter") {
+		t.Errorf("%s: exporter args %v lack --compat.dcgm-exporter", m.name, args)
+	}
+}
+
+// checkSameServiceMonitor renders the chart with values and compares the
+// scrape shape of its ServiceMonitor (honorLabels, relabelings) with the
+// kustomization's: the two must scrape alike.
+func checkSameServiceMonitor(t *testing.T, m *manifests, values []string) {
+	t.Helper()
+	helm := tool(t, "helm", installHelm)
+	args := append([]string{"template", release, chartDir, "--namespace", namespace}, valuesArgs(values...)...)
+	out, errOut, err := helmCmd(t, helm, args...)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, errOut)
+	}
+	h := decodeManifests(t, "helm", out)
+	if len(h.serviceMonitors) != 1 || len(m.serviceMonitors) != 1 {
+		t.Fatalf("%s: %d ServiceMonitors from kustomize, %d from the chart; want one each", m.name, len(m.serviceMonitors), len(h.serviceMonitors))
+	}
+	ke, he := m.serviceMonitors[0].Spec.Endpoints, h.serviceMonitors[0].Spec.Endpoints
+	if len(ke) != 1 || len(he) != 1 {
+		t.Fatalf("%s: %d ServiceMonitor endpoints from kustomize, %d from the chart; want one each", m.name, len(ke), len(he))
+	}
+	for _, c := range []struct {
+		what           string
+		kustomize, hlm any
+	}{
+		{"honorLabels", ke[0].HonorLabels, he[0].HonorLabels},
+		{"metricRelabelings", ke[0].MetricRelabelConfigs, he[0].MetricRelabelConfigs},
+		{"relabelings", ke[0].RelabelConfigs, he[0].RelabelConfigs},
+	} {
+		if !equality.Semantic.DeepEqual(c.kustomize, c.hlm) {
+			t.Errorf("%s: ServiceMonitor %s differs from the Helm chart's:\nkustomize: %+v\nhelm:      %+v", m.name, c.what, c.kustomize, c.hlm)
+		}
+	}
 }
 
 func TestKustomize(t *testing.T) {

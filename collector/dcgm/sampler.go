@@ -66,6 +66,11 @@ type DeviceValues struct {
 	// Values: ratios 0-1, and for the PCIe/NVLink fields monotonically
 	// increasing byte counters (see PCIeTxBytes).
 	Values map[Field]float64
+	// Rates are the PCIe/NVLink fields as DCGM reports them: the current
+	// rate in bytes per second, present whenever the counter in Values is.
+	// One DCGM sample is enough for a rate, where a rate made from the
+	// counters needs two in a row.
+	Rates map[Field]float64
 	// Health maps each of HealthSystems to pass, warn or fail; whole GPUs
 	// only, nil when the health check failed or is not available.
 	Health map[string]string
@@ -82,6 +87,12 @@ func (d DeviceValues) Value(f Field) (float64, bool) {
 	return v, ok
 }
 
+// Rate returns a PCIe/NVLink field's current rate, in bytes per second.
+func (d DeviceValues) Rate(f Field) (float64, bool) {
+	v, ok := d.Rates[f]
+	return v, ok
+}
+
 type devKey struct {
 	uuid string
 	gi   int
@@ -90,6 +101,7 @@ type devKey struct {
 // fieldState tracks one field of one entity during a connection.
 type fieldState struct {
 	value float64   // ratio, or the counter total
+	rate  float64   // a counter's rate as DCGM reported it
 	ts    time.Time // DCGM's timestamp of the last value
 	fresh time.Time // local time at which ts last advanced
 	ok    bool
@@ -513,6 +525,7 @@ func (s *Sampler) merge(now time.Time, raw []RawValue) {
 			cs = new([NumFields]counterState)
 			s.counters[st.key] = cs
 		}
+		fs.rate = v
 		c := &cs[f]
 		if dt := ts.Sub(c.lastTS); !c.lastTS.IsZero() && dt > 0 && dt <= s.maxAge {
 			c.total += v * dt.Seconds()
@@ -558,6 +571,7 @@ func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool
 			UUID:        st.info.UUID,
 			GPUInstance: st.info.GPUInstance,
 			Values:      map[Field]float64{},
+			Rates:       map[Field]float64{},
 		}
 		for f := range st.fields {
 			fs := &st.fields[f]
@@ -569,6 +583,9 @@ func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool
 				continue
 			}
 			d.Values[Field(f)] = fs.value
+			if Field(f).IsCounter() {
+				d.Rates[Field(f)] = fs.rate
+			}
 		}
 		if st.info.Entity.Kind == EntityGPUInstance {
 			if len(d.Values) > 0 {

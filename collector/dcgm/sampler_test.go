@@ -371,7 +371,7 @@ func TestCounterIntegration(t *testing.T) {
 	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1}}
 	s.devs, s.byEntity = []*devState{st}, map[Entity]*devState{gpu: st}
 	t0 := time.Now()
-	step := func(sec float64, rate int64, blank bool) float64 {
+	step := func(sec float64, rate int64, blank bool) (float64, float64) {
 		ts := t0.Add(time.Duration(sec * float64(time.Second)))
 		rv := RawValue{Entity: gpu, FieldID: PCIeTxBytes.ID(), Type: FieldTypeInt64, Int: rate, Time: ts}
 		if blank {
@@ -383,28 +383,38 @@ func TestCounterIntegration(t *testing.T) {
 		if !ok {
 			t.Fatalf("t=%v: counter absent", sec)
 		}
-		return v
+		r, ok := d[0].Rate(PCIeTxBytes)
+		if !ok {
+			t.Fatalf("t=%v: rate absent beside the counter", sec)
+		}
+		return v, r
 	}
 	steps := []struct {
 		sec   float64
 		rate  int64
 		blank bool
 		want  float64
+		// wantRate: the rate beside the counter is DCGM's last one, from
+		// the first value on and across gaps.
+		wantRate float64
 	}{
-		{0, 100, false, 0},     // first value: the counter starts at 0
-		{1, 100, false, 100},   // 100 B/s for 1 s
-		{2, 300, false, 400},   // 300 B/s for 1 s
-		{2, 999, false, 400},   // same DCGM timestamp: nothing new
-		{3, 0, true, 400},      // blank: skipped (the last value stays fresh)
-		{4, 50, false, 500},    // 50 B/s over the 2 s since the last rate
-		{12, 50, false, 500},   // an 8 s gap (> max age) is not integrated
-		{13.5, 20, false, 530}, // 20 B/s for 1.5 s
+		{0, 100, false, 0, 100},    // first value: the counter starts at 0
+		{1, 100, false, 100, 100},  // 100 B/s for 1 s
+		{2, 300, false, 400, 300},  // 300 B/s for 1 s
+		{2, 999, false, 400, 300},  // same DCGM timestamp: nothing new
+		{3, 0, true, 400, 300},     // blank: skipped (the last value stays fresh)
+		{4, 50, false, 500, 50},    // 50 B/s over the 2 s since the last rate
+		{12, 70, false, 500, 70},   // an 8 s gap (> max age) is not integrated; its rate is current
+		{13.5, 20, false, 530, 20}, // 20 B/s for 1.5 s
 	}
 	prev := -1.0
 	for _, c := range steps {
-		got := step(c.sec, c.rate, c.blank)
+		got, rate := step(c.sec, c.rate, c.blank)
 		if math.Abs(got-c.want) > 1e-6 {
 			t.Errorf("t=%v: counter = %v, want %v", c.sec, got, c.want)
+		}
+		if rate != c.wantRate {
+			t.Errorf("t=%v: rate = %v, want %v", c.sec, rate, c.wantRate)
 		}
 		if got < prev {
 			t.Errorf("t=%v: counter decreased %v -> %v", c.sec, prev, got)
@@ -414,7 +424,7 @@ func TestCounterIntegration(t *testing.T) {
 	// Counters survive a reconnect (new field state, same device).
 	s.devs[0] = &devState{info: st.info, key: st.key}
 	s.byEntity[gpu] = s.devs[0]
-	if got := step(14, 10, false); got != 535 { // 10 B/s for the 0.5 s since 13.5
+	if got, _ := step(14, 10, false); got != 535 { // 10 B/s for the 0.5 s since 13.5
 		t.Errorf("after reconnect: counter = %v, want 535", got)
 	}
 }

@@ -32,6 +32,10 @@ type DeviceState struct {
 	MIGUUID         string
 	Up              bool
 	Values          Values
+	// Rates are the current per-second rates of the counter fields whose
+	// source reports rates (DCGM's PCIe and NVLink bytes), which Values
+	// holds integrated into counters: set whenever the counter is.
+	Rates Values
 	// Processes are the device's processes from NVML's process lists;
 	// Known is false unless process accounting is on.
 	Processes DeviceProcesses
