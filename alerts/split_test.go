@@ -51,10 +51,12 @@ func TestSplitFilesUpToDate(t *testing.T) {
 		ShardRulesFileName: shard, GlobalRulesFileName: global,
 		GMPShardRulesFileName: gmpShard, GMPGlobalRulesFileName: gmpGlobal,
 	} {
-		got, err := os.ReadFile(name)
-		if err != nil || string(got) != string(want) {
-			t.Errorf("%s is not what Split makes of %s: run `go run ./alerts/gen` (or deploy/sync.sh) from the repository root", name, RulesFileName)
-		}
+		t.Run(name, func(t *testing.T) {
+			got, err := os.ReadFile(name)
+			if err != nil || string(got) != string(want) {
+				t.Errorf("%s is not what Split makes of %s: run `go run ./alerts/gen` (or deploy/sync.sh) from the repository root", name, RulesFileName)
+			}
+		})
 	}
 }
 
@@ -92,9 +94,11 @@ func TestSplitIsAPartition(t *testing.T) {
 		file      string
 		got, want []Group
 	}{{ShardRulesFileName, shard.Groups, wantShard}, {GlobalRulesFileName, global.Groups, wantGlobal}} {
-		if !slices.EqualFunc(c.got, c.want, groupsEqual) {
-			t.Errorf("%s: groups %v, want %v, unchanged", c.file, (&RuleFile{Groups: c.got}).GroupNames(), (&RuleFile{Groups: c.want}).GroupNames())
-		}
+		t.Run(c.file, func(t *testing.T) {
+			if !slices.EqualFunc(c.got, c.want, groupsEqual) {
+				t.Errorf("%s: groups %v, want %v, unchanged", c.file, (&RuleFile{Groups: c.got}).GroupNames(), (&RuleFile{Groups: c.want}).GroupNames())
+			}
+		})
 	}
 }
 
