@@ -71,9 +71,11 @@ func TestSplitIsAPartition(t *testing.T) {
 		file      string
 		got, want []Group
 	}{{ShardRulesFileName, shard.Groups, wantShard}, {GlobalRulesFileName, global.Groups, wantGlobal}} {
-		if !slices.EqualFunc(c.got, c.want, groupsEqual) {
-			t.Errorf("%s: groups %v, want %v, unchanged", c.file, (&RuleFile{Groups: c.got}).GroupNames(), (&RuleFile{Groups: c.want}).GroupNames())
-		}
+		t.Run(c.file, func(t *testing.T) {
+			if !slices.EqualFunc(c.got, c.want, groupsEqual) {
+				t.Errorf("%s: groups %v, want %v, unchanged", c.file, (&RuleFile{Groups: c.got}).GroupNames(), (&RuleFile{Groups: c.want}).GroupNames())
+			}
+		})
 	}
 }
 

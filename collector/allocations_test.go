@@ -2,90 +2,18 @@ package collector_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
-
-// podNode is a simulated node with its fake kubelet and a real podmap client
-// talking gRPC over a unix socket.
-type podNode struct {
-	e      *collector.Exporter
-	node   *simnode.Node
-	kube   *fakekubelet.Server
-	client *podmap.Client
-	clk    *fixedClock
-}
-
-func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "gpe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	clk := newClock()
-	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, client := startKubelet(t, dir, node, clk.Now)
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Pods: client}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &podNode{e: e, node: node, kube: kube, client: client, clk: clk}
-}
-
-// startKubelet serves node's pods from a fake kubelet in dir and connects a
-// real podmap client to it over the unix socket; now is the client's clock
-// (nil: real time). The client has not refreshed yet.
-func startKubelet(t testing.TB, dir string, node *simnode.Node, now func() time.Time) (*fakekubelet.Server, *podmap.Client) {
-	t.Helper()
-	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	kube.SetPods(node.KubeletPods())
-	kube.SetAllocatable(node.KubeletAllocatable())
-	if err := kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	return kube, client
-}
-
-// step moves the scenario clock, updates the fake kubelet, refreshes the
-// client and takes a sample.
-func (p *podNode) step(t testing.TB, d time.Duration) *collector.Page {
-	t.Helper()
-	p.clk.Advance(d)
-	p.kube.SetPods(p.node.KubeletPods())
-	p.kube.SetAllocatable(p.node.KubeletAllocatable())
-	_ = p.client.Refresh(context.Background())
-	p.e.SampleOnce(context.Background())
-	return p.e.Page()
-}
 
 // holders lists gpu_allocation_info as "gpu/gi ns/pod/container" strings.
 func holders(p *collector.Page) []string {
@@ -145,9 +73,11 @@ func TestAllocationsOnSimulatedNode(t *testing.T) {
 		{"gpu_kubelet_allocatable_devices", []string{`resource="nvidia.com/mig-1g.10gb"`}, "2"},
 		{"gpu_exporter_collector_up", []string{`collector="podmap"`}, "1"},
 	} {
-		if v := value(t, p, c.name, c.match...); v != c.want {
-			t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
-		}
+		t.Run(fmt.Sprint(c.name, c.match), func(t *testing.T) {
+			if v := value(t, p, c.name, c.match...); v != c.want {
+				t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
+			}
+		})
 	}
 	// Per-container series only for devices held alone: not the time-sliced GPU 6.
 	if s := series(p, "gpu_container_memory_used_bytes", `gpu="6"`); len(s) != 0 {
@@ -235,17 +165,10 @@ func TestKubeletGoneKeepsDeviceMetrics(t *testing.T) {
 	if err := pn.kube.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, "pod mapping to recover after the kubelet came back", func() bool {
 		p = pn.step(t, time.Second)
-		if value(t, p, "gpu_exporter_collector_up", `collector="podmap"`) == "1" && len(holders(p)) == 11 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("pod mapping did not recover after the kubelet came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return value(t, p, "gpu_exporter_collector_up", `collector="podmap"`) == "1" && len(holders(p)) == 11
+	})
 }
 
 func TestNoKubeletCallOnScrapePath(t *testing.T) {
@@ -472,9 +395,11 @@ func TestUnhealthyIncludesRemapFailureAndPendingReset(t *testing.T) {
 	}
 	p = pn.step(t, 30*time.Second)
 	for state, want := range map[string]string{"unhealthy": "3", "free": "1", "allocated": "7"} {
-		if v := value(t, p, "gpu_devices", `state="`+state+`"`); v != want {
-			t.Errorf("gpu_devices{state=%q} = %s, want %s", state, v, want)
-		}
+		t.Run(state, func(t *testing.T) {
+			if v := value(t, p, "gpu_devices", `state="`+state+`"`); v != want {
+				t.Errorf("gpu_devices{state=%q} = %s, want %s", state, v, want)
+			}
+		})
 	}
 	if v := value(t, p, "gpu_healthy_devices"); v != "8" {
 		t.Errorf("gpu_healthy_devices = %s, want 8", v)

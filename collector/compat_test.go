@@ -3,7 +3,6 @@ package collector_test
 import (
 	"context"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
@@ -30,44 +28,16 @@ func compatNode(t *testing.T, groups collector.GroupSet) *collector.Exporter {
 // compatNodeWith is compatNode with its own compatibility configuration.
 func compatNodeWith(t *testing.T, groups collector.GroupSet, cc collector.CompatConfig) *collector.Exporter {
 	t.Helper()
-	node, err := simnode.New(nil)
-	if err != nil {
+	tn := newTestExporter(t, withRealTime(), withKubelet(), withDCGM(nil), withGroups(groups),
+		withConfig(func(c *collector.Config) { c.Compat = &cc }))
+	if err := tn.client.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "gpe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	_, client := startKubelet(t, dir, node, nil)
-	if err := client.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	ds := dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, Log: zerolog.Nop()}, node.DCGM().Open)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go ds.Run(ctx)
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds, Pods: client,
-		Groups: groups, Compat: &cc}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		e.SampleOnce(context.Background())
-		// PCIe rates need two samples with DCGM values.
-		if p := e.Page(); len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES")) > 0 {
-			return e
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no DCGM values on the compatibility page")
-		}
-		time.Sleep(30 * time.Millisecond)
-	}
+	// PCIe rates need two samples with DCGM values.
+	tn.until(t, "DCGM values on the compatibility page", func(p *collector.Page) bool {
+		return len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES")) > 0
+	})
+	return tn.e
 }
 
 func parseNum(t *testing.T, s string) float64 {
@@ -137,9 +107,11 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 		"device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15",
 		"namespace": "ml-training", "pod": "llm-pretrain-1", "container": "trainer", "pci_bus_id": "00000000:48:00.0",
 	} {
-		if lab[k] != want {
-			t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=3} %s=%q, want %q (%s)", k, lab[k], want, line)
-		}
+		t.Run(k, func(t *testing.T) {
+			if lab[k] != want {
+				t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=3} %s=%q, want %q (%s)", k, lab[k], want, line)
+			}
+		})
 	}
 	if !strings.HasPrefix(lab["UUID"], "GPU-") || lab["GPU_I_ID"] != "" {
 		t.Errorf("whole GPU: UUID=%q GPU_I_ID=%q", lab["UUID"], lab["GPU_I_ID"])
@@ -174,22 +146,12 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 // TestCompatDoesNotReadAgain: the compatibility families cost no NVML call.
 func TestCompatDoesNotReadAgain(t *testing.T) {
 	calls := func(compat bool) int64 {
-		node, err := simnode.New(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), RediscoverEvery: 1000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := collector.Config{Interval: time.Second, Log: zerolog.Nop()}
+		opts := []exporterOption{withRealTime(), withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.RediscoverEvery = 1000 })}
 		if compat {
-			cfg.Compat = &collector.CompatConfig{}
+			opts = append(opts, withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{} }))
 		}
-		e, err := collector.New(cfg, s)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tn := newTestExporter(t, opts...)
+		e, node := tn.e, tn.node
 		before := node.Calls()
 		for i := 0; i < 3; i++ {
 			e.SampleOnce(context.Background())

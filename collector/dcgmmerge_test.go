@@ -6,67 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
-
-// dcgmNode runs the DCGM sampler on real time (its staleness rules are about
-// DCGM's own timestamps) over the simulated node's fake host engine.
-type dcgmNode struct {
-	e    *collector.Exporter
-	fake *dcgm.Fake
-	ds   *dcgm.Sampler
-	node *simnode.Node
-}
-
-func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), counter *xid.Reader, setup ...func(*dcgm.Fake, *simnode.Node)) *dcgmNode {
-	t.Helper()
-	node, err := simnode.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := node.DCGM()
-	for _, f := range setup { // before the sampler's first read
-		f(fake, node)
-	}
-	if open == nil {
-		open = fake.Open
-	}
-	ds := dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, MaxBackoff: 50 * time.Millisecond, Log: zerolog.Nop()}, open)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go ds.Run(ctx)
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds, XID: counter, Groups: fullGroups()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &dcgmNode{e: e, fake: fake, ds: ds, node: node}
-}
-
-// until samples until cond holds on the page.
-func (d *dcgmNode) until(t *testing.T, what string, cond func(p *collector.Page) bool) *collector.Page {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		d.e.SampleOnce(context.Background())
-		if p := d.e.Page(); cond(p) {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
 	d := newDCGMNode(t, nil, nil)
@@ -132,21 +76,14 @@ func TestDCGMHostEngineLostAndBack(t *testing.T) {
 
 func TestNoLibDCGMFallsBackToNVML(t *testing.T) {
 	// The real opener: there is no libdcgm.so.4 on this machine.
-	node, _ := simnode.New(nil)
-	ds := dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeAuto, Interval: 20 * time.Millisecond, Log: zerolog.Nop()}, dcgm.DefaultOpen)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go ds.Run(ctx)
-	s, _ := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{Log: zerolog.Nop()})
-	e, _ := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), DCGM: ds}, s)
-	deadline := time.Now().Add(5 * time.Second)
-	for ds.Snapshot() == nil || ds.Snapshot().Mode != dcgm.ModeOff {
-		if time.Now().After(deadline) {
-			t.Fatal("auto mode without libdcgm did not settle on off")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	e.SampleOnce(ctx)
+	d := newTestExporter(t, withRealTime(), withDCGM(dcgm.DefaultOpen), withDCGMConfig(func(c *dcgm.Config) {
+		c.Mode, c.MaxMissed, c.MaxBackoff = dcgm.ModeAuto, 0, 0
+	}))
+	waitFor(t, "auto mode without libdcgm to settle on off", func() bool {
+		return d.ds.Snapshot() != nil && d.ds.Snapshot().Mode == dcgm.ModeOff
+	})
+	e := d.e
+	e.SampleOnce(context.Background())
 	p := e.Page()
 	if s := series(p, "gpu_exporter_collector_up", `collector="dcgm"`); len(s) != 0 {
 		t.Errorf("DCGM off by absence reports a collector status: %v", s)

@@ -6,32 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
-
-// newDerivedNode is a pod node whose exporter has the given derived config.
-func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
-	t.Helper()
-	pn := newPodNode(t, sc)
-	sysfs := t.TempDir()
-	if err := pn.node.WriteSysfs(sysfs); err != nil {
-		t.Fatal(err)
-	}
-	s, err := nvmlsampler.NewSampler(pn.node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Sysfs: sysfs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Derived: dc, Groups: fullGroups()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pn
-}
 
 func num(t *testing.T, p *collector.Page, name string, match ...string) float64 {
 	t.Helper()
@@ -85,9 +62,11 @@ func TestFragmentationOnSimulatedNode(t *testing.T) {
 	// a 1g.10gb task fits GPU 7's free instance, and GPU 5 (not MIG) cannot
 	// serve it, so its 1 is lost.
 	for shape, want := range map[string]float64{"1": 1.0 / 7, "2": 8.0 / 7, "4": 8.0 / 7, "8": 8.0 / 7, "mig-1g.10gb": 1} {
-		if v := num(t, p, "gpu_fragmentation_gpus", `shape="`+shape+`"`); !near(v, want) {
-			t.Errorf("F(%s) = %v, want %v", shape, v, want)
-		}
+		t.Run(shape, func(t *testing.T) {
+			if v := num(t, p, "gpu_fragmentation_gpus", `shape="`+shape+`"`); !near(v, want) {
+				t.Errorf("F(%s) = %v, want %v", shape, v, want)
+			}
+		})
 	}
 	weighted := (0.5*(1.0/7) + 0.2*(8.0/7) + 0.15*(8.0/7) + 0.1*(8.0/7) + 0.05*1) / 1.0
 	if v := num(t, p, "gpu_fragmentation_weighted_gpus"); !near(v, weighted) {
@@ -116,9 +95,11 @@ pods:
 		t.Errorf("free slices %v, want 5", v)
 	}
 	for prof, want := range map[string]float64{"1g.10gb": 5, "2g.20gb": 2, "3g.40gb": 1, "4g.40gb": 0, "7g.80gb": 0} {
-		if v := num(t, p, "gpu_mig_placeable_instances", `mig_profile="`+prof+`"`); v != want {
-			t.Errorf("placeable %s = %v, want %v", prof, v, want)
-		}
+		t.Run(prof, func(t *testing.T) {
+			if v := num(t, p, "gpu_mig_placeable_instances", `mig_profile="`+prof+`"`); v != want {
+				t.Errorf("placeable %s = %v, want %v", prof, v, want)
+			}
+		})
 	}
 	if v := num(t, p, "gpu_mig_largest_placeable_slices"); v != 3 {
 		t.Errorf("largest placeable %v slices, want 3", v)

@@ -4,13 +4,13 @@ import (
 	"compress/gzip"
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,65 +26,6 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
-
-// fixedClock starts at a fixed instant and moves only when told. Hung NVML
-// calls read it from their own goroutines, hence the lock.
-type fixedClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fixedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fixedClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newClock() *fixedClock {
-	return &fixedClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-// fullGroups serves every metric group: these tests check values, the
-// budget test (budget_test.go) checks what each profile serves.
-func fullGroups() collector.GroupSet {
-	g, err := collector.ProfileGroups(collector.ProfileFull)
-	if err != nil {
-		panic(err)
-	}
-	return g
-}
-
-// newExporter builds an exporter over a simulated node with a fixed clock.
-func newExporter(t testing.TB, sc *simnode.Scenario, clk *fixedClock, wrap func(nvmlsampler.NVML) nvmlsampler.NVML) (*collector.Exporter, *simnode.Node) {
-	t.Helper()
-	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lib nvmlsampler.NVML = node
-	if wrap != nil {
-		lib = wrap(node)
-	}
-	sysfs := t.TempDir()
-	if err := node.WriteSysfs(sysfs); err != nil {
-		t.Fatal(err)
-	}
-	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Sysfs: sysfs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: fullGroups()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, node
-}
 
 // deterministicMetrics are compared with the golden file; durations and
 // build info vary from run to run.
@@ -361,14 +302,16 @@ func TestAcceptsGzip(t *testing.T) {
 		"": false, "gzip": true, "GZIP": true, "deflate, gzip": true, "gzip;q=0": false, "gzip; q=0.5": true,
 		"br;q=1, gzip;q=0.0": false, "identity": false, "x-gzip": false,
 	} {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest("GET", "/metrics", nil)
-		req.Header.Set("Accept-Encoding", ae)
-		e := readyExporter(t)
-		e.ServeHTTP(rec, req)
-		if got := rec.Header().Get("Content-Encoding") == "gzip"; got != want {
-			t.Errorf("Accept-Encoding %q: gzip=%v, want %v", ae, got, want)
-		}
+		t.Run(fmt.Sprintf("%q", ae), func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			req.Header.Set("Accept-Encoding", ae)
+			e := readyExporter(t)
+			e.ServeHTTP(rec, req)
+			if got := rec.Header().Get("Content-Encoding") == "gzip"; got != want {
+				t.Errorf("Accept-Encoding %q: gzip=%v, want %v", ae, got, want)
+			}
+		})
 	}
 }
 

@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -23,15 +21,12 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
 )
 
 // faultyNVML wraps a nvmlsampler.NVML and fails chosen calls on chosen devices.
@@ -463,72 +458,29 @@ func (w *flakyWaiter) Close() error { return nil }
 // faultNode is a simulated node behind faultyNVML, with its fake kubelet, a
 // podmap client, an XID reader on a flaky event set and an exporter.
 type faultNode struct {
-	clk    *fixedClock
-	node   *simnode.Node
+	*testNode
 	lib    *faultyNVML
 	events *flakyEvents
-	reader *xid.Reader
-	kube   *fakekubelet.Server
-	client *podmap.Client
-	e      *collector.Exporter
 }
 
 func newFaultNode(t *testing.T, sc *simnode.Scenario) *faultNode {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "gpe-faults")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	fn := &faultNode{clk: newClock()}
-	fn.node, err = simnode.New(sc, simnode.WithClock(fn.clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fn.node.Close)
-	fn.lib = newFaultyNVML(fn.node)
-
-	fn.kube = fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	fn.kube.SetPods(fn.node.KubeletPods())
-	fn.kube.SetAllocatable(fn.node.KubeletAllocatable())
-	if err := fn.kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fn.kube.Stop)
-	fn.client, err = podmap.NewClient(podmap.Config{Socket: fn.kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second,
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.client.Close() })
-
-	fn.events = &flakyEvents{src: fn.node.XIDSource()}
-	fn.reader = xid.NewReader(fn.events, nil)
-	fn.reader.WaitTimeout = 10 * time.Millisecond
-	fn.reader.MinBackoff = 2 * time.Millisecond
-	fn.reader.MaxBackoff = 10 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = fn.reader.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Error("the XID reader did not stop within 5s")
-		}
-	})
-
-	s, err := nvmlsampler.NewSampler(fn.lib, nvmlsampler.SamplerConfig{DeviceTimeout: 2 * time.Second, Log: zerolog.Nop(), Now: fn.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: fn.clk.Now,
-		Pods: fn.client, XID: fn.reader,
-		Derived: collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fn := &faultNode{}
+	fn.testNode = newTestExporter(t, withScenario(sc), withKubelet(), withPodMapOnWallClock(),
+		withNVML(func(n nvmlsampler.NVML) nvmlsampler.NVML {
+			fn.lib = newFaultyNVML(n)
+			return fn.lib
+		}),
+		withNodeXIDSource(func(n *simnode.Node) xid.EventSource {
+			fn.events = &flakyEvents{src: n.XIDSource()}
+			return fn.events
+		}, func(r *xid.Reader) {
+			r.WaitTimeout = 10 * time.Millisecond
+			r.MinBackoff = 2 * time.Millisecond
+			r.MaxBackoff = 10 * time.Millisecond
+		}),
+		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 2 * time.Second }),
+		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}))
 	return fn
 }
 
@@ -542,14 +494,10 @@ func (fn *faultNode) step(t *testing.T, d time.Duration, wantEvents uint64) map[
 	if err := fn.client.Refresh(context.Background()); err != nil {
 		t.Fatalf("kubelet refresh: %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for fn.reader.Events() < wantEvents {
-		if time.Now().After(deadline) {
-			t.Fatalf("the XID reader saw %d events in 5s, want %d (up %v, last error %v)",
-				fn.reader.Events(), wantEvents, fn.reader.Up(), fn.reader.LastError())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, describe(func() string {
+		return fmt.Sprintf("the XID reader to see %d events: saw %d (up %v, last error %v)",
+			wantEvents, fn.reader.Events(), fn.reader.Up(), fn.reader.LastError())
+	}), func() bool { return fn.reader.Events() >= wantEvents })
 	fn.e.SampleOnce(context.Background())
 	rec := httptest.NewRecorder()
 	fn.e.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -840,13 +788,9 @@ func TestFaultsKeepDevicesAndCounters(t *testing.T) {
 	// 4. The XID event set breaks: the reader re-creates it, and counts
 	// neither restart nor re-open.
 	fn.events.breakSet()
-	deadline := time.Now().Add(5 * time.Second)
-	for fn.events.failedWaits() < 3 || fn.reader.Up() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the broken event set saw %d failed waits in 5s (reader up %v)", fn.events.failedWaits(), fn.reader.Up())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, describe(func() string {
+		return fmt.Sprintf("3 failed waits on the broken event set and the reader down: %d failed waits (reader up %v)", fn.events.failedWaits(), fn.reader.Up())
+	}), func() bool { return fn.events.failedWaits() >= 3 && !fn.reader.Up() })
 	mfs = step("event set broken")
 	if v := fltValue(fltOne(t, mfs, "gpu_exporter_collector_up", map[string]string{"collector": "xid"})); v != 0 {
 		t.Errorf("xid collector up = %v while its event set fails", v)
@@ -855,13 +799,9 @@ func TestFaultsKeepDevicesAndCounters(t *testing.T) {
 		t.Errorf("%v XID errors counted while the set is broken, want the 2 counted before", got)
 	}
 	fn.events.repair()
-	deadline = time.Now().Add(5 * time.Second)
-	for !fn.reader.Up() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the XID reader did not recover within 5s: %v", fn.reader.LastError())
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, describe(func() string {
+		return fmt.Sprintf("the XID reader to recover (last error %v)", fn.reader.LastError())
+	}), fn.reader.Up)
 	if fn.reader.Recreated() < 1 {
 		t.Errorf("the event set was re-created %d times", fn.reader.Recreated())
 	}

@@ -2,6 +2,7 @@ package collector_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -95,9 +96,11 @@ faults:
 		{"gpu_recovery_action_code", []string{`gpu="2"`}, "0"}, // none
 		{"gpu_nvlink_active_links", []string{`gpu="0"`}, "18"},
 	} {
-		if v := value(t, p, c.name, c.match...); v != c.want {
-			t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
-		}
+		t.Run(fmt.Sprint(c.name, c.match), func(t *testing.T) {
+			if v := value(t, p, c.name, c.match...); v != c.want {
+				t.Errorf("%s%v = %s, want %s", c.name, c.match, v, c.want)
+			}
+		})
 	}
 	// Retired pages are not supported on Hopper: skipped, not zero.
 	if s := series(p, "gpu_retired_pages"); len(s) != 0 {
@@ -161,19 +164,8 @@ faults:
   - {at: 10s, until: 50s, gpu: 1, hang: true}
 `)
 	clk := newClock()
-	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: 50 * time.Millisecond, Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Now: clk.Now, Groups: fullGroups()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newTestExporter(t, withScenario(sc), withClock(clk), withGroups(fullGroups()),
+		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 50 * time.Millisecond })).e
 	e.SampleOnce(context.Background())
 	if ok, why := e.Ready(); !ok {
 		t.Fatalf("not ready before the hang: %s", why)
@@ -207,17 +199,10 @@ faults:
 		t.Error("/readyz still ready with a GPU hanging for 20s")
 	}
 	clk.Advance(30 * time.Second) // the hang ends
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitFor(t, "GPU 1 to recover after the hang ended", func() bool {
 		e.SampleOnce(context.Background())
-		if v := value(t, e.Page(), "gpu_up", `gpu="1"`, `gpu_instance=""`); v == "1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("GPU 1 did not recover after the hang ended")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return value(t, e.Page(), "gpu_up", `gpu="1"`, `gpu_instance=""`) == "1"
+	})
 	if ok, why := e.Ready(); !ok {
 		t.Errorf("not ready after recovery: %s", why)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
@@ -51,28 +50,17 @@ func (f frozenDCGM) Snapshot() *dcgm.Snapshot { return f.s }
 // UUIDs are those of every default simulated node.
 func dcgmSnapshot(t *testing.T) *dcgm.Snapshot {
 	t.Helper()
-	node, err := simnode.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	ds := dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, MaxBackoff: 50 * time.Millisecond, Log: zerolog.Nop()}, node.DCGM().Open)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go ds.Run(ctx)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		snap := ds.Snapshot()
+	ds := newTestExporter(t, withRealTime(), withDCGM(nil)).ds
+	var snap *dcgm.Snapshot
+	waitFor(t, "DCGM values from the simulated host engine", func() bool {
+		snap = ds.Snapshot()
 		if snap.Up && len(snap.Devices) > 0 {
-			if v, ok := snap.Devices[0].Value(dcgm.PCIeTxBytes); ok && v > 0 {
-				return snap
-			}
+			v, ok := snap.Devices[0].Value(dcgm.PCIeTxBytes)
+			return ok && v > 0
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no DCGM values from the simulated host engine within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
+	return snap
 }
 
 func profileGroups(t *testing.T, profile string, nodeSummary bool) collector.GroupSet {
@@ -103,16 +91,7 @@ func TestNodeSummaryFoldsTheSameSample(t *testing.T) {
 			t.Cleanup(node.Close)
 			snap := dcgmSnapshot(t)
 			newE := func(fold bool) *collector.Exporter {
-				s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-				if err != nil {
-					t.Fatal(err)
-				}
-				e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now,
-					DCGM: frozenDCGM{snap}, Groups: profileGroups(t, profile, fold)}, s)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return e
+				return newTestExporter(t, withNode(node), withClock(clk), withDCGMSource(frozenDCGM{snap}), withGroups(profileGroups(t, profile, fold))).e
 			}
 			perGPU, folded := newE(false), newE(true)
 			for step := 0; step < 3; step++ {
@@ -279,25 +258,16 @@ func (d *replayDevice) GetPcieReplayCounter() (int, nvml.Return) {
 // when it comes back from a reset with a lower count, that count adds on.
 func TestNodeSummaryCounterKeepsALostGPU(t *testing.T) {
 	clk := newClock()
-	node, err := simnode.New(nil, simnode.WithClock(clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(node.Close)
-	lib := &replayNVML{faultyNVML: newFaultyNVML(node), counts: map[int]int{}}
-	for g := 0; g < 8; g++ {
-		lib.set(g, 10*g)
-	}
-	lib.set(3, 1000)
-	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now,
-		Groups: profileGroups(t, collector.ProfileLean, true)}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var lib *replayNVML
+	e := newTestExporter(t, withClock(clk), withGroups(profileGroups(t, collector.ProfileLean, true)),
+		withNVML(func(node nvmlsampler.NVML) nvmlsampler.NVML {
+			lib = &replayNVML{faultyNVML: newFaultyNVML(node), counts: map[int]int{}}
+			for g := 0; g < 8; g++ {
+				lib.set(g, 10*g)
+			}
+			lib.set(3, 1000)
+			return lib
+		})).e
 	replays := func() string {
 		clk.Advance(5 * time.Second)
 		e.SampleOnce(context.Background())

@@ -2,16 +2,9 @@ package collector_test
 
 import (
 	"context"
-	"os"
 	"testing"
-	"time"
-
-	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
 
 // migHolders and wholeHolders are pods of the default scenario.
@@ -21,52 +14,22 @@ var (
 )
 
 // newPodNodeWithDCGM is the default node with its fake kubelet and, if
-// withDCGM, its fake DCGM host engine, on real time (DCGM's staleness rules
+// dcgmOn, its fake DCGM host engine, on real time (DCGM's staleness rules
 // use its own timestamps).
-func newPodNodeWithDCGM(t *testing.T, withDCGM bool) func() *collector.Page {
+func newPodNodeWithDCGM(t *testing.T, dcgmOn bool) func() *collector.Page {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "gpe")
-	if err != nil {
-		t.Fatal(err)
+	opts := []exporterOption{withRealTime(), withKubelet(), withGroups(fullGroups())}
+	if dcgmOn {
+		opts = append(opts, withDCGM(nil))
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	node, err := simnode.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, client := startKubelet(t, dir, node, nil)
-	if err := client.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	cfg := collector.Config{Interval: time.Second, Log: zerolog.Nop(), Pods: client, Groups: fullGroups()}
-	if withDCGM {
-		ds := dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, MaxBackoff: 50 * time.Millisecond, Log: zerolog.Nop()}, node.DCGM().Open)
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		go ds.Run(ctx)
-		cfg.DCGM = ds
-	}
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(cfg, s)
-	if err != nil {
+	tn := newTestExporter(t, opts...)
+	if err := tn.client.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return func() *collector.Page {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			e.SampleOnce(context.Background())
-			p := e.Page()
-			if !withDCGM || len(series(p, "gpu_sm_active_ratio", `gpu="7"`, `gpu_instance="0"`)) > 0 {
-				return p
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("no DCGM values after 10s")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		return tn.until(t, "DCGM values", func(p *collector.Page) bool {
+			return !dcgmOn || len(series(p, "gpu_sm_active_ratio", `gpu="7"`, `gpu_instance="0"`)) > 0
+		})
 	}
 }
 

@@ -16,46 +16,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs/fakehost"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
-
-// newProcNode is a pod node with per-process accounting over the simulated
-// host's generated /proc and /var/log/containers, and a one-minute idle window.
-func newProcNode(t testing.TB, sc *simnode.Scenario) (*podNode, *procs.Resolver) {
-	t.Helper()
-	pn := newPodNode(t, sc)
-	node, err := simnode.New(pn.node.Scenario, simnode.WithClock(pn.clk.Now), simnode.WithHostDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(node.Close)
-	pn.node = node
-	root, err := node.HostProc()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logDir, _ := node.HostLogDir()
-	ld, err := procs.NewLogDir(logDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := procs.NewResolver(procs.Config{ProcRoot: root, Identities: ld, Now: pn.clk.Now})
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Processes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Pods: pn.client, Processes: r,
-		Derived: collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pn, r
-}
 
 func within(got, want, rel float64) bool {
 	return math.Abs(got-want) <= rel*math.Max(1, math.Abs(want))
@@ -290,27 +256,13 @@ func cpuTime() time.Duration {
 // NVML reports is there. The exporter says so once, and every process
 // counts as outside pods rather than being credited to anyone.
 func TestProcRootNotTheHosts(t *testing.T) {
-	pn := newPodNode(t, nil)
-	node, err := simnode.New(pn.node.Scenario, simnode.WithClock(pn.clk.Now), simnode.WithHostDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(node.Close)
-	pn.node = node
 	other, err := fakehost.New(t.TempDir()) // PID 1 only
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs syncBuf
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Processes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.New(&logs), Now: pn.clk.Now, Pods: pn.client,
-		Processes: procs.NewResolver(procs.Config{ProcRoot: other.ProcRoot})}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pn := newTestExporter(t, withHostDir(), withKubelet(), withProcessResolver(procs.NewResolver(procs.Config{ProcRoot: other.ProcRoot})),
+		withConfig(func(c *collector.Config) { c.Log = zerolog.New(&logs) }))
 	var p *collector.Page
 	for i := 0; i < 3; i++ {
 		p = pn.step(t, 5*time.Second)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
@@ -33,31 +32,14 @@ faults:
 	if !ok {
 		t.Fatal("the simulated node has no XID source")
 	}
-	reader := xid.NewReader(src, nil)
-	reader.WaitTimeout = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = reader.Run(ctx) }()
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tn := newTestExporter(t, withNode(node), withClock(clk), withXIDSource(src))
+	e, ctx := tn.e, context.Background()
 	e.SampleOnce(ctx)
 	if got := series(e.Page(), "gpu_xid_errors_total"); len(got) != 0 {
 		t.Fatalf("XIDs before any fault: %v", got)
 	}
 	clk.Advance(20 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for reader.Events() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("reader saw %d events, want 3", reader.Events())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	tn.waitXIDEvents(t, 3)
 	for i := 0; i < 4; i++ { // the lost GPU needs a few samples to be rediscovered as lost
 		e.SampleOnce(ctx)
 		clk.Advance(time.Second)
@@ -101,29 +83,11 @@ faults:
 // xidExporter runs an exporter over node with an XID reader of src.
 func xidExporter(t *testing.T, node *simnode.Node, src xid.EventSource, clk *fixedClock, events uint64) *collector.Page {
 	t.Helper()
-	reader := xid.NewReader(src, nil)
-	reader.WaitTimeout = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() { _ = reader.Run(ctx) }()
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Groups: fullGroups()}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tn := newTestExporter(t, withNode(node), withClock(clk), withXIDSource(src), withGroups(fullGroups()))
 	clk.Advance(20 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for reader.Events() < events {
-		if time.Now().After(deadline) {
-			t.Fatalf("reader saw %d events, want %d", reader.Events(), events)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	e.SampleOnce(ctx)
-	return e.Page()
+	tn.waitXIDEvents(t, events)
+	tn.e.SampleOnce(context.Background())
+	return tn.e.Page()
 }
 
 // An XID NVML attributes to a MIG device (its event
@@ -169,7 +133,7 @@ func (s *eccSource) Open() (xid.Waiter, error) { return s, nil }
 func (s *eccSource) Close() error              { return nil }
 func (s *eccSource) Wait(timeout time.Duration) (xid.Event, error) {
 	if len(s.events) == 0 {
-		time.Sleep(timeout)
+		time.Sleep(timeout) // a real event set blocks for the timeout when idle; do not spin the reader
 		return xid.Event{}, xid.ErrTimeout
 	}
 	e := s.events[0]
@@ -193,8 +157,10 @@ func TestECCEventsExported(t *testing.T) {
 	}}
 	p := xidExporter(t, node, src, clk, 3)
 	for _, c := range []struct{ gpu, typ, want string }{{"1", "single_bit", "2"}, {"1", "double_bit", "1"}, {"0", "single_bit", "0"}} {
-		if v := value(t, p, "gpu_ecc_error_events_total", `gpu="`+c.gpu+`"`, `type="`+c.typ+`"`); v != c.want {
-			t.Errorf("GPU %s %s ECC events = %s, want %s", c.gpu, c.typ, v, c.want)
-		}
+		t.Run("gpu"+c.gpu+"/"+c.typ, func(t *testing.T) {
+			if v := value(t, p, "gpu_ecc_error_events_total", `gpu="`+c.gpu+`"`, `type="`+c.typ+`"`); v != c.want {
+				t.Errorf("GPU %s %s ECC events = %s, want %s", c.gpu, c.typ, v, c.want)
+			}
+		})
 	}
 }

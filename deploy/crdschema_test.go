@@ -173,10 +173,12 @@ spec:
 		{"enum", strings.Replace(podMonitoring, "interval: 30s", "interval: 30s\n      scheme: ftp", 1), "scheme"},
 		{"CEL rule", strings.Replace(podMonitoring, "interval: 30s", "interval: 10s\n      timeout: 20s", 1), "timeout"},
 	} {
-		errs := pm.validate([]byte(tc.doc))
-		if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), tc.want) {
-			t.Errorf("%s: errors %v, want one about %s", tc.name, errs, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			errs := pm.validate([]byte(tc.doc))
+			if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), tc.want) {
+				t.Errorf("%s: errors %v, want one about %s", tc.name, errs, tc.want)
+			}
+		})
 	}
 	const rules = `apiVersion: monitoring.googleapis.com/v1
 kind: ClusterRules

@@ -366,9 +366,11 @@ func checkSecured(t *testing.T, m *manifests) {
 		mounts[vm.Name] = vm.MountPath
 	}
 	for name, want := range map[string]string{"web-config": "/etc/gpu-pool-exporter/web", "tls": "/etc/gpu-pool-exporter/tls", "idle-prices": "/etc/gpu-pool-exporter/prices"} {
-		if mounts[name] != want {
-			t.Errorf("%s: volume %s mounted at %q, want %s", m.name, name, mounts[name], want)
-		}
+		t.Run(name, func(t *testing.T) {
+			if mounts[name] != want {
+				t.Errorf("%s: volume %s mounted at %q, want %s", m.name, name, mounts[name], want)
+			}
+		})
 	}
 	for _, v := range ds.Spec.Template.Spec.Volumes {
 		if v.Name == "tls" && (v.Secret == nil || v.Secret.SecretName != "gpu-pool-exporter-tls") {
@@ -380,9 +382,11 @@ func checkSecured(t *testing.T, m *manifests) {
 	// and no form of the password anywhere in the DaemonSet (anyone who can
 	// read pods can read it).
 	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		if p.HTTPGet.Scheme != corev1.URISchemeHTTP || p.HTTPGet.Port.String() != "probe" || len(p.HTTPGet.HTTPHeaders) != 0 {
-			t.Errorf("%s: %s probe %+v, want plain HTTP on the probe port without headers", m.name, name, p.HTTPGet)
-		}
+		t.Run(name, func(t *testing.T) {
+			if p.HTTPGet.Scheme != corev1.URISchemeHTTP || p.HTTPGet.Port.String() != "probe" || len(p.HTTPGet.HTTPHeaders) != 0 {
+				t.Errorf("%s: %s probe %+v, want plain HTTP on the probe port without headers", m.name, name, p.HTTPGet)
+			}
+		})
 	}
 	dsJSON, err := json.Marshal(ds)
 	if err != nil {

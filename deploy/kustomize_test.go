@@ -233,8 +233,10 @@ func checkSamePod(t *testing.T, where string, kds *appsv1.DaemonSet, values []st
 		{"runtimeClassName", ks.RuntimeClassName, hs.RuntimeClassName},
 		{"updateStrategy", kds.Spec.UpdateStrategy, hds.Spec.UpdateStrategy},
 	} {
-		if !equality.Semantic.DeepEqual(c.kustomize, c.hlm) {
-			t.Errorf("%s: %s differs from the Helm chart's:\nkustomize: %+v\nhelm:      %+v", where, c.what, c.kustomize, c.hlm)
-		}
+		t.Run(c.what, func(t *testing.T) {
+			if !equality.Semantic.DeepEqual(c.kustomize, c.hlm) {
+				t.Errorf("%s: %s differs from the Helm chart's:\nkustomize: %+v\nhelm:      %+v", where, c.what, c.kustomize, c.hlm)
+			}
+		})
 	}
 }

@@ -92,23 +92,6 @@ func runClient(t testing.TB, c *Client) {
 	})
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, cond func(*Snapshot) bool, c *Client) *Snapshot {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := c.Snapshot()
-		if cond(s) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last snapshot: Up=%v Errors=%d Err=%v holdings=%d",
-				what, s.Up, s.Errors, s.Err, len(s.Holdings))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestNewClientDefaults(t *testing.T) {
 	c, err := NewClient(Config{})
 	if err != nil {
@@ -271,10 +254,7 @@ func TestSnapshotNeverCallsKubelet(t *testing.T) {
 	// Snapshot does not block even while a refresh hangs in the kubelet.
 	srv.SetDelay(300 * time.Millisecond)
 	go func() { _ = c.Refresh(context.Background()) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Calls() == before && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitUntil(t, "the refresh to reach the kubelet", func() bool { return srv.Calls() != before })
 	start := time.Now()
 	c.Snapshot()
 	if d := time.Since(start); d > 100*time.Millisecond {

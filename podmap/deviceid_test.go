@@ -182,13 +182,15 @@ func TestRefPredicates(t *testing.T) {
 		{"nvidia0/gi1/vgpu0", true, true},
 	}
 	for _, tt := range tests {
-		r, err := ParseDeviceID(tt.id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.IsMIG() != tt.mig || r.IsShared() != tt.shared {
-			t.Errorf("%s: IsMIG=%v IsShared=%v, want %v %v", tt.id, r.IsMIG(), r.IsShared(), tt.mig, tt.shared)
-		}
+		t.Run(tt.id, func(t *testing.T) {
+			r, err := ParseDeviceID(tt.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.IsMIG() != tt.mig || r.IsShared() != tt.shared {
+				t.Errorf("%s: IsMIG=%v IsShared=%v, want %v %v", tt.id, r.IsMIG(), r.IsShared(), tt.mig, tt.shared)
+			}
+		})
 	}
 }
 

@@ -26,9 +26,11 @@ func TestIsGPUResource(t *testing.T) {
 		"acme.io/vgpu-a":                true,
 		"acme.io/vgpu":                  false,
 	} {
-		if got := IsGPUResource(name, extra); got != want {
-			t.Errorf("IsGPUResource(%q) = %v, want %v", name, got, want)
-		}
+		t.Run(name, func(t *testing.T) {
+			if got := IsGPUResource(name, extra); got != want {
+				t.Errorf("IsGPUResource(%q) = %v, want %v", name, got, want)
+			}
+		})
 	}
 	if IsGPUResource("example.com/gpu", nil) {
 		t.Error("extra name matched without being configured")

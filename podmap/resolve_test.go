@@ -161,9 +161,11 @@ func TestNormaliseMIGProfile(t *testing.T) {
 	for in, want := range map[string]string{
 		"1g.10gb": "1g10gb", "1g.10gb+me": "1g10gb-me", "4G.95GB": "4g95gb", "1g.24gb+gfx": "1g24gb-gfx", "": "", "..": "",
 	} {
-		if got := normaliseMIGProfile(in); got != want {
-			t.Errorf("normaliseMIGProfile(%q) = %q, want %q", in, got, want)
-		}
+		t.Run(fmt.Sprintf("%q", in), func(t *testing.T) {
+			if got := normaliseMIGProfile(in); got != want {
+				t.Errorf("normaliseMIGProfile(%q) = %q, want %q", in, got, want)
+			}
+		})
 	}
 }
 
@@ -422,13 +424,15 @@ func TestResolveDRAByPlacement(t *testing.T) {
 		{"gpu-0-mig-1g10gb-me-47-7", 14, true},
 		{"gpu-0-mig-1g10gb-me-20-7", 0, false},
 	} {
-		ref, err := ParseDRADevice(tc.name, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ok := inv.Resolve(ref)
-		if ok != tc.ok || (ok && got.GPUInstance != tc.gi) {
-			t.Errorf("%s: GPU instance %d, %v; want %d, %v", tc.name, got.GPUInstance, ok, tc.gi, tc.ok)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			ref, err := ParseDRADevice(tc.name, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := inv.Resolve(ref)
+			if ok != tc.ok || (ok && got.GPUInstance != tc.gi) {
+				t.Errorf("%s: GPU instance %d, %v; want %d, %v", tc.name, got.GPUInstance, ok, tc.gi, tc.ok)
+			}
+		})
 	}
 }

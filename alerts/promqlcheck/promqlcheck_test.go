@@ -180,10 +180,12 @@ func TestCheckerCatchesMistakes(t *testing.T) {
 		`{__name__=~"gpu_.*"}`:                                                                "has no metric name",
 		`kube_pod_status_phase{phase="Pending"} * on (pod) gpu_nope{job="gpu-pool-exporter"}`: "unknown metric gpu_nope",
 	} {
-		ps := c.problems(expr, true)
-		if len(ps) == 0 || !strings.Contains(strings.Join(ps, "; "), want) {
-			t.Errorf("%s: problems %q, want one saying %q", expr, ps, want)
-		}
+		t.Run(want, func(t *testing.T) {
+			ps := c.problems(expr, true)
+			if len(ps) == 0 || !strings.Contains(strings.Join(ps, "; "), want) {
+				t.Errorf("%s: problems %q, want one saying %q", expr, ps, want)
+			}
+		})
 	}
 	if ps := c.problems(`sum by (node) (gpu_up{job="gpu-pool-exporter"}) * on (node) group_left (nodepool) node:gpu_nodepool:info and on () up`, true); len(ps) > 0 {
 		t.Errorf("a good expression has problems: %q", ps)

@@ -23,21 +23,18 @@ func simulatedPage(t *testing.T, args ...string) string {
 	r := startExporter(t, append([]string{"--simulate", "--collect-interval=1s"}, args...)...)
 	defer r.stop(t)
 	addr := r.addr
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		body := waitFor(t, "http://"+addr+"/metrics", 200)
-		if strings.Contains(body, `gpu_exporter_collector_up{collector="podmap"} 1`) &&
+	var body string
+	if !pollUntil(20*time.Second, func() bool {
+		body = waitFor(t, "http://"+addr+"/metrics", 200)
+		return strings.Contains(body, `gpu_exporter_collector_up{collector="podmap"} 1`) &&
 			strings.Contains(body, `gpu_exporter_collector_up{collector="dcgm"} 1`) &&
 			strings.Contains(body, "\ngpu_allocation_info{") &&
 			// byte rates need two samples
-			(!slices.Contains(args, "--compat.dcgm-exporter") || strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES{")) {
-			return body
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the page never had DCGM and the pod map up; log:\n%s", r.logs.String())
-		}
-		time.Sleep(200 * time.Millisecond)
+			(!slices.Contains(args, "--compat.dcgm-exporter") || strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES{"))
+	}) {
+		t.Fatalf("the page never had DCGM and the pod map up; log:\n%s", r.logs.String())
 	}
+	return body
 }
 
 // seriesPerGPU counts a page's series (every sample line) and its GPUs.
@@ -100,49 +97,51 @@ func TestSeriesBudget(t *testing.T) {
 		{collector.ProfileDefault, collector.DefaultBudgetPerGPU},
 		{collector.ProfileLean, collector.LeanBudgetPerGPU},
 	} {
-		body := simulatedPage(t, "--collector.profile="+tc.profile)
-		n, gpus := seriesPerGPU(t, body)
-		per := float64(n) / float64(gpus)
-		t.Logf("%s profile: %d series, %d GPUs, %.1f series per GPU (budget %d)", tc.profile, n, gpus, per, tc.budget)
-		if per > float64(tc.budget) {
+		t.Run(tc.profile, func(t *testing.T) {
+			body := simulatedPage(t, "--collector.profile="+tc.profile)
+			n, gpus := seriesPerGPU(t, body)
+			per := float64(n) / float64(gpus)
+			t.Logf("%s profile: %d series, %d GPUs, %.1f series per GPU (budget %d)", tc.profile, n, gpus, per, tc.budget)
+			if per > float64(tc.budget) {
+				fs := families(body)
+				var top []string
+				for f, c := range fs {
+					top = append(top, f+":"+itoa(c))
+				}
+				sort.Strings(top)
+				t.Errorf("%s profile serves %.1f series per GPU, over its budget of %d: %s", tc.profile, per, tc.budget, strings.Join(top, " "))
+			}
 			fs := families(body)
-			var top []string
-			for f, c := range fs {
-				top = append(top, f+":"+itoa(c))
+			for name, where := range used {
+				if recorded[name] || !strings.HasPrefix(name, "gpu_") {
+					continue
+				}
+				if _, ok := absentOnSimulatedNode[name]; ok {
+					continue
+				}
+				if fs[name] == 0 {
+					t.Errorf("%s profile: %s is not on the page, but %s uses it", tc.profile, name, where[0])
+				}
 			}
-			sort.Strings(top)
-			t.Errorf("%s profile serves %.1f series per GPU, over its budget of %d: %s", tc.profile, per, tc.budget, strings.Join(top, " "))
-		}
-		fs := families(body)
-		for name, where := range used {
-			if recorded[name] || !strings.HasPrefix(name, "gpu_") {
-				continue
+			if tc.profile == collector.ProfileLean && !strings.Contains(body, `gpu_clock_event_active{gpu="0",reason="all"`) {
+				t.Errorf("lean profile: no gpu_clock_event_active{reason=\"all\"}, which GPUThrottled matches")
 			}
-			if _, ok := absentOnSimulatedNode[name]; ok {
-				continue
+			// node_summary: lean serves the folded families once per node,
+			// default once per GPU.
+			for name, how := range collector.NodeSummaryFolds() {
+				// `sum of error="corrected"`: only those series fold.
+				_, only, _ := strings.Cut(how, " of ")
+				node := regexp.MustCompile(`(?m)^` + name + `\{[^}]*gpu="all"`).MatchString(body)
+				perGPU := false
+				for _, l := range regexp.MustCompile(`(?m)^`+name+`\{[^}]*gpu="0"[^}]*\}`).FindAllString(body, -1) {
+					perGPU = perGPU || strings.Contains(l, only)
+				}
+				if lean := tc.profile == collector.ProfileLean; node != lean || perGPU == lean {
+					t.Errorf("%s profile: %s has a node series: %v, a series of GPU 0: %v", tc.profile, name, node, perGPU)
+				}
 			}
-			if fs[name] == 0 {
-				t.Errorf("%s profile: %s is not on the page, but %s uses it", tc.profile, name, where[0])
-			}
-		}
-		if tc.profile == collector.ProfileLean && !strings.Contains(body, `gpu_clock_event_active{gpu="0",reason="all"`) {
-			t.Errorf("lean profile: no gpu_clock_event_active{reason=\"all\"}, which GPUThrottled matches")
-		}
-		// node_summary: lean serves the folded families once per node,
-		// default once per GPU.
-		for name, how := range collector.NodeSummaryFolds() {
-			// `sum of error="corrected"`: only those series fold.
-			_, only, _ := strings.Cut(how, " of ")
-			node := regexp.MustCompile(`(?m)^` + name + `\{[^}]*gpu="all"`).MatchString(body)
-			perGPU := false
-			for _, l := range regexp.MustCompile(`(?m)^`+name+`\{[^}]*gpu="0"[^}]*\}`).FindAllString(body, -1) {
-				perGPU = perGPU || strings.Contains(l, only)
-			}
-			if lean := tc.profile == collector.ProfileLean; node != lean || perGPU == lean {
-				t.Errorf("%s profile: %s has a node series: %v, a series of GPU 0: %v", tc.profile, name, node, perGPU)
-			}
-		}
-		promtoolCheckMetrics(t, tc.profile+" page", body, nil)
+			promtoolCheckMetrics(t, tc.profile+" page", body, nil)
+		})
 	}
 	// The full profile and the compatibility page have no budget: log them
 	// for docs/profiles.md.

@@ -47,14 +47,14 @@ func startExporter(t *testing.T, args ...string) *exporterRun {
 	args = append(args, "--web.listen-address="+r.addr)
 	go func() { r.done <- run(ctx, args, io.Discard, r.logs) }()
 	t.Cleanup(func() { r.stop(t) })
-	deadline := time.Now().Add(20 * time.Second)
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	for {
-		resp, err := c.Get("http://" + r.addr + "/readyz")
-		if err == nil {
+	var err error
+	if !pollUntil(20*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = c.Get("http://" + r.addr + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return r
+				return true
 			}
 		}
 		select {
@@ -63,11 +63,11 @@ func startExporter(t *testing.T, args ...string) *exporterRun {
 			t.Fatalf("run exited with %d before it was ready; log:\n%s", code, r.logs.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 within 20s (last error %v); log:\n%s", err, r.logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("/readyz not 200 within 20s (last error %v); log:\n%s", err, r.logs.String())
 	}
+	return r
 }
 
 // stop cancels run() (what SIGTERM does) and waits, bounded, for exit 0.
@@ -215,7 +215,7 @@ func scrape(client *http.Client, url, mode string, check *bodyChecker) (time.Dur
 			if err != nil {
 				return 0, err
 			}
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a slow reader on purpose: the pause is the point
 		}
 	default:
 		if body, err = io.ReadAll(resp.Body); err != nil {
@@ -320,19 +320,12 @@ func TestLoadConcurrentScrapers(t *testing.T) {
 	// Shut down and check that nothing is left running.
 	tr.CloseIdleConnections()
 	r.stop(t)
-	deadline := time.Now().Add(10 * time.Second)
 	const slack = 4 // os/signal's watcher starts once per process and stays
-	for {
-		n := runtime.NumGoroutine()
-		if n <= baseline+slack {
-			t.Logf("goroutines: %d before, %d after", baseline, n)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("goroutine leak: %d before the exporter started, %d 10s after it stopped:\n%s", baseline, n, goroutineDump())
-		}
-		time.Sleep(50 * time.Millisecond)
+	var n int
+	if !pollUntil(10*time.Second, func() bool { n = runtime.NumGoroutine(); return n <= baseline+slack }) {
+		t.Fatalf("goroutine leak: %d before the exporter started, %d 10s after it stopped:\n%s", baseline, n, goroutineDump())
 	}
+	t.Logf("goroutines: %d before, %d after", baseline, n)
 }
 
 // slowConn opens a connection whose receive window is tiny (small receive

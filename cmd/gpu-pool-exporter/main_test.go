@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,15 +58,17 @@ func TestBadScenarioFails(t *testing.T) {
 		{"faults:\n  - {gpu: 0, remap: {correctable: -2}}\n", "field faults[0].remap.correctable: -2 remapped rows"},
 		{"# " + strings.Repeat("x", 5<<20), "the limit is 4194304 bytes (4 MiB)"},
 	} {
-		f := filepath.Join(dir, "s.yaml")
-		if err := os.WriteFile(f, []byte(tc.yaml), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		var errb bytes.Buffer
-		code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
-		if code == exitOK || !strings.Contains(errb.String(), tc.want) {
-			t.Errorf("scenario %.40q: exit %d, stderr %q; want a failure saying %q", tc.yaml, code, errb.String(), tc.want)
-		}
+		t.Run(tc.want, func(t *testing.T) {
+			f := filepath.Join(dir, "s.yaml")
+			if err := os.WriteFile(f, []byte(tc.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var errb bytes.Buffer
+			code := run(context.Background(), []string{"--simulate.scenario=" + f, "--web.listen-address=" + freeAddr(t)}, io.Discard, &errb)
+			if code == exitOK || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("scenario %.40q: exit %d, stderr %q; want a failure saying %q", tc.yaml, code, errb.String(), tc.want)
+			}
+		})
 	}
 }
 
@@ -123,14 +125,16 @@ func TestBadFlagsExit2(t *testing.T) {
 		{[]string{"--kubelet.pod-resources-socket=/" + strings.Repeat("x", 200)}, "check --kubelet.pod-resources-socket"},
 		{[]string{"--procs.cri-socket=/run/%zz.sock"}, "--procs.cri-socket=/run/%zz.sock"},
 	} {
-		var out, errb bytes.Buffer
-		code := run(context.Background(), tc.args, &out, &errb)
-		if code != exitUsage {
-			t.Errorf("%v: exit %d, want 2", tc.args, code)
-		}
-		if !strings.Contains(errb.String(), tc.want) {
-			t.Errorf("%v: stderr %q does not say %q", tc.args, errb.String(), tc.want)
-		}
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run(context.Background(), tc.args, &out, &errb)
+			if code != exitUsage {
+				t.Errorf("%v: exit %d, want 2", tc.args, code)
+			}
+			if !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("%v: stderr %q does not say %q", tc.args, errb.String(), tc.want)
+			}
+		})
 	}
 }
 
@@ -264,17 +268,19 @@ func TestInputErrorsExit2(t *testing.T) {
 		{"port taken", []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, exitError, "already in use"},
 		{"no nvml", []string{"--nvml.library=" + filepath.Join(dir, "libnvidia-ml.so.1")}, exitError, "--nvml.library"},
 	} {
-		var errb bytes.Buffer
-		args := tc.args
-		if tc.name != "port taken" {
-			args = append(args, "--web.listen-address="+freeAddr(t))
-		}
-		if code := run(context.Background(), args, io.Discard, &errb); code != tc.code {
-			t.Errorf("%s: exit %d, want %d; stderr: %s", tc.name, code, tc.code, errb.String())
-		}
-		if !strings.Contains(errb.String(), tc.want) {
-			t.Errorf("%s: stderr %q does not say %q", tc.name, errb.String(), tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			var errb bytes.Buffer
+			args := tc.args
+			if tc.name != "port taken" {
+				args = append(args, "--web.listen-address="+freeAddr(t))
+			}
+			if code := run(context.Background(), args, io.Discard, &errb); code != tc.code {
+				t.Errorf("%s: exit %d, want %d; stderr: %s", tc.name, code, tc.code, errb.String())
+			}
+			if !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("%s: stderr %q does not say %q", tc.name, errb.String(), tc.want)
+			}
+		})
 	}
 }
 
@@ -375,11 +381,12 @@ func TestStartupLogsServedURL(t *testing.T) {
 	re := regexp.MustCompile(`serving /metrics .*url=(http://127\.0\.0\.1:[1-9][0-9]*/)`)
 	ansi := regexp.MustCompile(`\x1b\[[0-9;]*m`)
 	var url string
-	for deadline := time.Now().Add(15 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	pollUntil(waitTimeout, func() bool {
 		if m := re.FindStringSubmatch(ansi.ReplaceAllString(errb.String(), "")); m != nil {
 			url = m[1]
 		}
-	}
+		return url != ""
+	})
 	if url == "" {
 		t.Fatalf("no served URL in the console log:\n%s", errb.String())
 	}
@@ -397,13 +404,15 @@ func TestServedURL(t *testing.T) {
 		"127.0.0.1:9950": "http://127.0.0.1:9950/",
 		"[::1]:9947":     "http://[::1]:9947/",
 	} {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := servedURL("http", a); got != want {
-			t.Errorf("%s: %s, want %s", addr, got, want)
-		}
+		t.Run(addr, func(t *testing.T) {
+			a, err := net.ResolveTCPAddr("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := servedURL("http", a); got != want {
+				t.Errorf("%s: %s, want %s", addr, got, want)
+			}
+		})
 	}
 }
 
@@ -414,9 +423,7 @@ func TestLogDurationsHaveUnits(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"--simulate", "--web.listen-address=127.0.0.1:0", "--collect-interval=2s"}, io.Discard, &errb)
 	}()
-	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(errb.String(), "starting gpu-pool-exporter") && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
+	pollUntil(waitTimeout, func() bool { return strings.Contains(errb.String(), "starting gpu-pool-exporter") })
 	cancel()
 	<-done
 	if !strings.Contains(errb.String(), `"interval":"2s"`) {
@@ -446,32 +453,15 @@ func TestBuildVersion(t *testing.T) {
 		{"(devel)", map[string]string{"vcs.revision": "fbbfe069609af8cf58b3", "vcs.modified": "false"}, "devel-fbbfe069609a"},
 		{"(devel)", nil, "devel"},
 	} {
-		bi := &debug.BuildInfo{Main: debug.Module{Path: "github.com/gpu-pool-exporter/gpu-pool-exporter", Version: tc.main}}
-		for k, v := range tc.settings {
-			bi.Settings = append(bi.Settings, debug.BuildSetting{Key: k, Value: v})
-		}
-		if got := buildVersion(bi); got != tc.want {
-			t.Errorf("%s %v: %q, want %q", tc.main, tc.settings, got, tc.want)
-		}
-	}
-}
-
-func waitFor(t *testing.T, url string, status int) string {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == status {
-				return string(b)
+		t.Run(tc.want, func(t *testing.T) {
+			bi := &debug.BuildInfo{Main: debug.Module{Path: "github.com/gpu-pool-exporter/gpu-pool-exporter", Version: tc.main}}
+			for k, v := range tc.settings {
+				bi.Settings = append(bi.Settings, debug.BuildSetting{Key: k, Value: v})
 			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer %d in time (last error %v)", url, status, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+			if got := buildVersion(bi); got != tc.want {
+				t.Errorf("%s %v: %q, want %q", tc.main, tc.settings, got, tc.want)
+			}
+		})
 	}
 }
 
@@ -560,12 +550,14 @@ func TestNodeSummaryFlags(t *testing.T) {
 		{[]string{"--collector.node_summary"}, true},
 		{[]string{"--collector.profile=full", "--collector.node_summary"}, true},
 	} {
-		o, code, err := parseFlags(tc.args, io.Discard, io.Discard)
-		if err != nil || code != exitOK {
-			t.Fatalf("%v: exit %d, %v", tc.args, code, err)
-		}
-		if got := o.groups.On(collector.GroupNodeSummary); got != tc.want {
-			t.Errorf("%v: node_summary on: %v, want %v", tc.args, got, tc.want)
-		}
+		t.Run(fmt.Sprint(tc.args), func(t *testing.T) {
+			o, code, err := parseFlags(tc.args, io.Discard, io.Discard)
+			if err != nil || code != exitOK {
+				t.Fatalf("%v: exit %d, %v", tc.args, code, err)
+			}
+			if got := o.groups.On(collector.GroupNodeSummary); got != tc.want {
+				t.Errorf("%v: node_summary on: %v, want %v", tc.args, got, tc.want)
+			}
+		})
 	}
 }

@@ -102,9 +102,11 @@ func TestProbeListenerNeedsNoSecret(t *testing.T) {
 		{"http://" + r.addr + "/metrics", "prometheus", 200},
 		{"http://" + r.addr + "/debug/pprof/", "prometheus", 200},
 	} {
-		if code, body := get(t, c, tc.url, tc.user, "s3cret-scrape"); code != tc.want {
-			t.Errorf("GET %s (user %q): %d, want %d: %.200s", tc.url, tc.user, code, tc.want, body)
-		}
+		t.Run(strings.NewReplacer(r.probe, "probe", r.addr, "web", "http://", "").Replace(tc.url)+" user="+tc.user, func(t *testing.T) {
+			if code, body := get(t, c, tc.url, tc.user, "s3cret-scrape"); code != tc.want {
+				t.Errorf("GET %s (user %q): %d, want %d: %.200s", tc.url, tc.user, code, tc.want, body)
+			}
+		})
 	}
 }
 
@@ -114,10 +116,12 @@ func TestProbeAddressFlag(t *testing.T) {
 		{[]string{"--web.probe-address=:9948", "--web.listen-address=:9948"}},
 		{[]string{"--web.max-connections=3"}},
 	} {
-		var errb strings.Builder
-		if code := run(context.Background(), tc.args, io.Discard, &errb); code != exitUsage || !strings.Contains(errb.String(), strings.SplitN(tc.args[0], "=", 2)[0]) {
-			t.Errorf("%v: exit %d, %q", tc.args, code, errb.String())
-		}
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var errb strings.Builder
+			if code := run(context.Background(), tc.args, io.Discard, &errb); code != exitUsage || !strings.Contains(errb.String(), strings.SplitN(tc.args[0], "=", 2)[0]) {
+				t.Errorf("%v: exit %d, %q", tc.args, code, errb.String())
+			}
+		})
 	}
 }
 
@@ -166,7 +170,7 @@ func TestWrongPasswordFloodDoesNotStarveScraper(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitUntil(t, "the flood to reach the limiter", func() bool { return refused.Load() > 0 })
 	var during []time.Duration
 	for i := 0; i < 20; i++ {
 		during = append(during, scrape())
@@ -284,13 +288,7 @@ func TestConnectionCap(t *testing.T) {
 		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
 		slow = append(slow, c)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, _, ev := ll.stats(); ev >= 4*limit || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	pollUntil(10*time.Second, func() bool { _, _, ev := ll.stats(); return ev >= 4*limit })
 	open, peak, evicts := ll.stats()
 	if peak > limit || open > limit {
 		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
@@ -307,7 +305,8 @@ func TestConnectionCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	time.Sleep(50 * time.Millisecond) // accepted, not yet asked anything
+	// Accepted (at the cap, so one slow client gave way), not yet asked anything.
+	waitUntil(t, "the scraper's connection to be accepted", func() bool { _, _, ev := ll.stats(); return ev > evicts })
 	for i := 0; i < 2*limit; i++ {
 		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
@@ -316,7 +315,7 @@ func TestConnectionCap(t *testing.T) {
 		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n"))
 		slow = append(slow, c)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitUntil(t, "the slow clients to be accepted", func() bool { _, _, ev := ll.stats(); return ev >= evicts+1+2*limit })
 	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
 	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {

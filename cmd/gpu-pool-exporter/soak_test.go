@@ -194,7 +194,8 @@ func TestSoakPodChurn(t *testing.T) {
 		return mfs
 	}
 
-	// Warm up: two samples with pods, then the heap baseline.
+	// Warm up: two samples with pods, then the heap baseline. Time passes on
+	// purpose: the baseline is the heap of a running exporter, not a state.
 	time.Sleep(2 * time.Second)
 	scrapeOnce()
 	heapStart := heapInUse()
@@ -263,7 +264,7 @@ func TestSoakPodChurn(t *testing.T) {
 		if t.Failed() {
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the scrape cadence of the soak
 	}
 	heapEnd := heapInUse()
 	heapMax = max(heapMax, heapEnd)

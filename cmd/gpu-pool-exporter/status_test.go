@@ -28,9 +28,9 @@ func simulatedExporter(t *testing.T) string {
 	r := startExporter(t, "--simulate", "--collect-interval=1s", "--idle.window=10s",
 		"--kubelet.refresh-interval=1s", "--nvml.device-timeout=500ms")
 	addr := r.addr
-	deadline := time.Now().Add(40 * time.Second)
-	for {
-		body := waitFor(t, "http://"+addr+statusPath, 200)
+	var body string
+	if !pollUntil(40*time.Second, func() bool {
+		body = waitFor(t, "http://"+addr+statusPath, 200)
 		n, err := status.Decode(strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -39,16 +39,16 @@ func simulatedExporter(t *testing.T) string {
 			for _, u := range g.Units {
 				for _, h := range u.Holders {
 					if h.Pod == "chat-api-2" && h.Idle {
-						return addr
+						return true
 					}
 				}
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("chat-api-2 never went idle; last status:\n%s\nlog:\n%s", body, r.logs.String())
-		}
-		time.Sleep(500 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("chat-api-2 never went idle; last status:\n%s\nlog:\n%s", body, r.logs.String())
 	}
+	return addr
 }
 
 // chatRows are the three pods time-slicing GPU 6.
@@ -103,10 +103,12 @@ func TestStatusSubcommandErrors(t *testing.T) {
 		{[]string{"status", "--url=" + freeAddr(t), "--timeout=2s"}, exitError, "cannot reach the exporter"},
 		{[]string{"status", "--bogus"}, exitUsage, "unknown long flag"},
 	} {
-		var out, errb bytes.Buffer
-		if code := run(context.Background(), c.args, &out, &errb); code != c.code || !strings.Contains(errb.String(), c.want) {
-			t.Errorf("%v: exit %d, %q; want exit %d and %q", c.args, code, errb.String(), c.code, c.want)
-		}
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), c.args, &out, &errb); code != c.code || !strings.Contains(errb.String(), c.want) {
+				t.Errorf("%v: exit %d, %q; want exit %d and %q", c.args, code, errb.String(), c.code, c.want)
+			}
+		})
 	}
 }
 

@@ -84,16 +84,13 @@ func TestTLSAndBasicAuth(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		code, body := get("prometheus", "s3cret-scrape")
-		if code == 200 && strings.Contains(body, "gpu_memory_used_bytes") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no authenticated HTTPS scrape: %d %s\nlog:\n%s", code, body, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+	var code int
+	var body string
+	if !pollUntil(15*time.Second, func() bool {
+		code, body = get("prometheus", "s3cret-scrape")
+		return code == 200 && strings.Contains(body, "gpu_memory_used_bytes")
+	}) {
+		t.Fatalf("no authenticated HTTPS scrape: %d %s\nlog:\n%s", code, body, logs.String())
 	}
 	if code, _ := get("", ""); code != http.StatusUnauthorized {
 		t.Errorf("no credentials: status %d, want 401", code)
@@ -190,12 +187,8 @@ func TestWebConfigRotation(t *testing.T) {
 	}
 	eventually := func(what string, f func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !f() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 15s", what)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if !pollUntil(15*time.Second, f) {
+			t.Fatalf("%s: not within 15s", what)
 		}
 	}
 	eventually("first certificate and password", func() bool { return status(pool1, "first") == 200 })

@@ -47,9 +47,11 @@ func TestConstantsMatchGoDCGM(t *testing.T) {
 		"int64":         {int64(FieldTypeInt64), int64(godcgm.DCGM_FT_INT64)},
 		"string":        {int64(FieldTypeString), int64(godcgm.DCGM_FT_STRING)},
 	} {
-		if pair[0] != pair[1] {
-			t.Errorf("%s: %d, go-dcgm %d", name, pair[0], pair[1])
-		}
+		t.Run(name, func(t *testing.T) {
+			if pair[0] != pair[1] {
+				t.Errorf("%s: %d, go-dcgm %d", name, pair[0], pair[1])
+			}
+		})
 	}
 	if FP64Blank != godcgm.DCGM_FT_FP64_BLANK || FP64NotSupported != godcgm.DCGM_FT_FP64_NOT_SUPPORTED {
 		t.Error("FP64 sentinels differ from go-dcgm's")
@@ -105,9 +107,11 @@ func TestConnectionLossByReturnCode(t *testing.T) {
 		{errors.New("This request is serviced by a module of DCGM that is not currently loaded"), false},
 		{errors.New("something else"), false},
 	} {
-		if got := isConnectionError(tc.err); got != tc.lost {
-			t.Errorf("isConnectionError(%q) = %v, want %v", tc.err, got, tc.lost)
-		}
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			if got := isConnectionError(tc.err); got != tc.lost {
+				t.Errorf("isConnectionError(%q) = %v, want %v", tc.err, got, tc.lost)
+			}
+		})
 	}
 	if code, ok := returnCode(errors.New("Error watching fields: Host engine connection invalid/disconnected")); !ok || code != godcgm.DCGM_ST_CONNECTION_NOT_VALID {
 		t.Errorf("return code %d, %v; want DCGM_ST_CONNECTION_NOT_VALID", code, ok)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -18,18 +19,6 @@ const (
 	uuid0 = "GPU-00000000-0000-0000-0000-000000000000"
 	uuid1 = "GPU-11111111-1111-1111-1111-111111111111"
 )
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // start runs s in the background and returns a stop function that cancels
 // it and checks that Run returns promptly.
@@ -75,10 +64,12 @@ func upWith(s *Sampler, cond func(*Snapshot) bool) func() bool {
 
 func TestParseMode(t *testing.T) {
 	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "Embedded": ModeEmbedded, " standalone ": ModeStandalone, "OFF": ModeOff} {
-		got, err := ParseMode(in)
-		if err != nil || got != want {
-			t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
-		}
+		t.Run(fmt.Sprintf("%q", in), func(t *testing.T) {
+			got, err := ParseMode(in)
+			if err != nil || got != want {
+				t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
+			}
+		})
 	}
 	if _, err := ParseMode("remote"); err == nil {
 		t.Error("ParseMode(remote): want error")
@@ -94,10 +85,12 @@ func TestStandaloneAddress(t *testing.T) {
 		{"[::1]:5555", "[::1]:5555", "0"},
 		{"unix:///run/dcgm.sock", "/run/dcgm.sock", "1"},
 	} {
-		addr, sock, err := standaloneAddress(c.in)
-		if err != nil || addr != c.addr || sock != c.sock {
-			t.Errorf("standaloneAddress(%q) = %q, %q, %v; want %q, %q", c.in, addr, sock, err, c.addr, c.sock)
-		}
+		t.Run(fmt.Sprintf("%q", c.in), func(t *testing.T) {
+			addr, sock, err := standaloneAddress(c.in)
+			if err != nil || addr != c.addr || sock != c.sock {
+				t.Errorf("standaloneAddress(%q) = %q, %q, %v; want %q, %q", c.in, addr, sock, err, c.addr, c.sock)
+			}
+		})
 	}
 }
 

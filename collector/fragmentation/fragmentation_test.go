@@ -1,6 +1,7 @@
 package fragmentation
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -436,9 +437,11 @@ func TestSlotMask(t *testing.T) {
 		{60, 4, 0xf << 60},
 	}
 	for _, tc := range tests {
-		if got := slotMask(tc.start, tc.size); got != tc.want {
-			t.Errorf("slotMask(%d, %d) = %#x, want %#x", tc.start, tc.size, got, tc.want)
-		}
+		t.Run(fmt.Sprintf("start%d/size%d", tc.start, tc.size), func(t *testing.T) {
+			if got := slotMask(tc.start, tc.size); got != tc.want {
+				t.Errorf("slotMask(%d, %d) = %#x, want %#x", tc.start, tc.size, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package fragmentation
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -26,15 +27,17 @@ func TestNewIdleTrackerValidation(t *testing.T) {
 		{IdleConfig{0.05, -time.Minute}, "idle window -1m0s is too short"},
 	}
 	for _, tc := range tests {
-		tr, err := NewIdleTracker(tc.cfg)
-		switch {
-		case tc.wantErr == "" && err != nil:
-			t.Errorf("NewIdleTracker(%+v): %v", tc.cfg, err)
-		case tc.wantErr == "" && tr == nil:
-			t.Errorf("NewIdleTracker(%+v): nil tracker", tc.cfg)
-		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-			t.Errorf("NewIdleTracker(%+v) error = %v, want it to contain %q", tc.cfg, err, tc.wantErr)
-		}
+		t.Run(fmt.Sprintf("threshold=%v/window=%v", tc.cfg.Threshold, tc.cfg.Window), func(t *testing.T) {
+			tr, err := NewIdleTracker(tc.cfg)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("NewIdleTracker(%+v): %v", tc.cfg, err)
+			case tc.wantErr == "" && tr == nil:
+				t.Errorf("NewIdleTracker(%+v): nil tracker", tc.cfg)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("NewIdleTracker(%+v) error = %v, want it to contain %q", tc.cfg, err, tc.wantErr)
+			}
+		})
 	}
 }
 
@@ -234,9 +237,11 @@ func TestIdleDevices(t *testing.T) {
 		{"MIG", []IdleStatus{s(0, 1, "a", true), s(0, 2, "b", true), s(0, -1, "c", true), s(0, 2, "d", true)}, 3},
 	}
 	for _, tc := range tests {
-		if got := IdleDevices(tc.in); got != tc.want {
-			t.Errorf("%s: IdleDevices = %d, want %d", tc.name, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := IdleDevices(tc.in); got != tc.want {
+				t.Errorf("%s: IdleDevices = %d, want %d", tc.name, got, tc.want)
+			}
+		})
 	}
 }
 

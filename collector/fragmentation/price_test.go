@@ -138,10 +138,12 @@ func TestParsePriceFlagErrors(t *testing.T) {
 		{"a=1,A=2", `price entry 2 ("A=2"): model "a" already priced`},
 	}
 	for _, tc := range tests {
-		_, err := ParsePriceFlag(tc.in)
-		if err == nil || !strings.Contains(err.Error(), tc.contains) || !strings.Contains(err.Error(), "; want ") {
-			t.Errorf("ParsePriceFlag(%q) error = %v, want it to contain %q and what is wanted", tc.in, err, tc.contains)
-		}
+		t.Run(fmt.Sprintf("%q", tc.in), func(t *testing.T) {
+			_, err := ParsePriceFlag(tc.in)
+			if err == nil || !strings.Contains(err.Error(), tc.contains) || !strings.Contains(err.Error(), "; want ") {
+				t.Errorf("ParsePriceFlag(%q) error = %v, want it to contain %q and what is wanted", tc.in, err, tc.contains)
+			}
+		})
 	}
 }
 
@@ -174,10 +176,12 @@ func TestLookup(t *testing.T) {
 		{"---", 99, true}, // exact match still works
 	}
 	for _, tc := range tests {
-		got, ok := p.Lookup(tc.model)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("Lookup(%q) = %v, %v; want %v, %v", tc.model, got, ok, tc.want, tc.ok)
-		}
+		t.Run(fmt.Sprintf("%q", tc.model), func(t *testing.T) {
+			got, ok := p.Lookup(tc.model)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("Lookup(%q) = %v, %v; want %v, %v", tc.model, got, ok, tc.want, tc.ok)
+			}
+		})
 	}
 	// Ties between equally specific keys go to the smaller key, whatever
 	// the map order: "A100 40GB" < "A100 SXM4".
@@ -236,9 +240,11 @@ func TestSliceShare(t *testing.T) {
 		{7, 1, 0, 0},
 	}
 	for _, tc := range tests {
-		if got := SliceShare(tc.price, tc.slices, tc.total); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("SliceShare(%v, %d, %d) = %v, want %v", tc.price, tc.slices, tc.total, got, tc.want)
-		}
+		t.Run(fmt.Sprintf("%v/%d-of-%d", tc.price, tc.slices, tc.total), func(t *testing.T) {
+			if got := SliceShare(tc.price, tc.slices, tc.total); math.Abs(got-tc.want) > 1e-12 {
+				t.Errorf("SliceShare(%v, %d, %d) = %v, want %v", tc.price, tc.slices, tc.total, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package fragmentation
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -48,14 +49,16 @@ func TestParseShapes(t *testing.T) {
 		{"1024:1", []Shape{{Name: "1024", GPUs: 1024, Weight: 1}}},
 	}
 	for _, tc := range tests {
-		got, err := ParseShapes(tc.in)
-		if err != nil {
-			t.Errorf("ParseShapes(%q): %v", tc.in, err)
-			continue
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("ParseShapes(%q) = %+v, want %+v", tc.in, got, tc.want)
-		}
+		t.Run(fmt.Sprintf("%q", tc.in), func(t *testing.T) {
+			got, err := ParseShapes(tc.in)
+			if err != nil {
+				t.Errorf("ParseShapes(%q): %v", tc.in, err)
+				return
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("ParseShapes(%q) = %+v, want %+v", tc.in, got, tc.want)
+			}
+		})
 	}
 }
 
@@ -91,20 +94,22 @@ func TestParseShapesErrors(t *testing.T) {
 		{"1:1e308,2:1e308", []string{"weights sum to +Inf"}},
 	}
 	for _, tc := range tests {
-		_, err := ParseShapes(tc.in)
-		if err == nil {
-			t.Errorf("ParseShapes(%q): no error", tc.in)
-			continue
-		}
-		msg := err.Error()
-		for _, c := range tc.contains {
-			if !strings.Contains(msg, c) {
-				t.Errorf("ParseShapes(%q) error %q does not contain %q", tc.in, msg, c)
+		t.Run(fmt.Sprintf("%q", tc.in), func(t *testing.T) {
+			_, err := ParseShapes(tc.in)
+			if err == nil {
+				t.Errorf("ParseShapes(%q): no error", tc.in)
+				return
 			}
-		}
-		if !strings.Contains(msg, "want") {
-			t.Errorf("ParseShapes(%q) error %q does not say what is wanted", tc.in, msg)
-		}
+			msg := err.Error()
+			for _, c := range tc.contains {
+				if !strings.Contains(msg, c) {
+					t.Errorf("ParseShapes(%q) error %q does not contain %q", tc.in, msg, c)
+				}
+			}
+			if !strings.Contains(msg, "want") {
+				t.Errorf("ParseShapes(%q) error %q does not say what is wanted", tc.in, msg)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package nvmlsampler
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -90,13 +91,15 @@ func TestMIGProfileNamesAreNVIDIAs(t *testing.T) {
 		{gpus.H100_SXM5_80GB, nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, "1g.20gb"},
 		{gpus.H100_SXM5_80GB, nvml.GPU_INSTANCE_PROFILE_7_SLICE, "7g.80gb"},
 	} {
-		info, ok := tc.cfg.MIGProfiles.GpuInstanceProfiles[tc.id]
-		if !ok {
-			t.Fatalf("%s has no profile %d", tc.cfg.Name, tc.id)
-		}
-		if got := MIGProfileName(tc.id, info, tc.cfg.MemoryMB<<20); got != tc.want {
-			t.Errorf("%s profile %d: %s, want %s", tc.cfg.Name, tc.id, got, tc.want)
-		}
+		t.Run(fmt.Sprintf("%s/%s", tc.cfg.Name, tc.want), func(t *testing.T) {
+			info, ok := tc.cfg.MIGProfiles.GpuInstanceProfiles[tc.id]
+			if !ok {
+				t.Fatalf("%s has no profile %d", tc.cfg.Name, tc.id)
+			}
+			if got := MIGProfileName(tc.id, info, tc.cfg.MemoryMB<<20); got != tc.want {
+				t.Errorf("%s profile %d: %s, want %s", tc.cfg.Name, tc.id, got, tc.want)
+			}
+		})
 	}
 	// The suffixes of the newer profiles (nvml.h's GPU_INSTANCE_PROFILE_*).
 	info := nvml.GpuInstanceProfileInfo{SliceCount: 1, MemorySizeMB: 9856}
@@ -105,9 +108,11 @@ func TestMIGProfileNamesAreNVIDIAs(t *testing.T) {
 		nvml.GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME: "1g.10gb+me.all",
 		nvml.GPU_INSTANCE_PROFILE_1_SLICE_GFX:    "1g.10gb+gfx",
 	} {
-		if got := MIGProfileName(id, info, 81559<<20); got != want {
-			t.Errorf("profile %d: %s, want %s", id, got, want)
-		}
+		t.Run(want, func(t *testing.T) {
+			if got := MIGProfileName(id, info, 81559<<20); got != want {
+				t.Errorf("profile %d: %s, want %s", id, got, want)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package nvmlsampler
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,10 +17,12 @@ func TestSysfsPCIAddress(t *testing.T) {
 		"zz:18:00.0":       "",
 		"0000:../../x":     "",
 	} {
-		got, ok := sysfsPCIAddress(in)
-		if got != want || ok != (want != "") {
-			t.Errorf("sysfsPCIAddress(%q) = %q, %v; want %q", in, got, ok, want)
-		}
+		t.Run(fmt.Sprintf("%q", in), func(t *testing.T) {
+			got, ok := sysfsPCIAddress(in)
+			if got != want || ok != (want != "") {
+				t.Errorf("sysfsPCIAddress(%q) = %q, %v; want %q", in, got, ok, want)
+			}
+		})
 	}
 }
 

@@ -80,10 +80,12 @@ func TestParseLogName(t *testing.T) {
 		{"_inference_server-" + idA + ".log", "", procs.Identity{}, false},
 	}
 	for _, c := range cases {
-		id, ident, ok := procs.ParseLogName(c.name)
-		if ok != c.wantOK || id != c.id || ident != c.ident {
-			t.Errorf("ParseLogName(%q) = %q %+v %v, want %q %+v %v", c.name, id, ident, ok, c.id, c.ident, c.wantOK)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			id, ident, ok := procs.ParseLogName(c.name)
+			if ok != c.wantOK || id != c.id || ident != c.ident {
+				t.Errorf("ParseLogName(%q) = %q %+v %v, want %q %+v %v", c.name, id, ident, ok, c.id, c.ident, c.wantOK)
+			}
+		})
 	}
 }
 

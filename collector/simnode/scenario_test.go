@@ -70,20 +70,22 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 		{"cuda", "node:\n  cudaDriverVersion: twelve\n", "bad.yaml:2: field node.cudaDriverVersion: \"twelve\" is not a CUDA version"},
 		{"yaml syntax", "node: [\n", "bad.yaml"},
 	} {
-		_, err := ParseScenario("bad.yaml", []byte(tc.yaml))
-		if tc.want == "" {
-			if err != nil && !strings.Contains(tc.name, "no MIG") {
-				t.Errorf("%s: unexpected error %v", tc.name, err)
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseScenario("bad.yaml", []byte(tc.yaml))
+			if tc.want == "" {
+				if err != nil && !strings.Contains(tc.name, "no MIG") {
+					t.Errorf("%s: unexpected error %v", tc.name, err)
+				}
+				return
 			}
-			continue
-		}
-		if err == nil {
-			t.Errorf("%s: accepted", tc.name)
-			continue
-		}
-		if !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %q does not contain %q", tc.name, err, tc.want)
-		}
+			if err == nil {
+				t.Errorf("%s: accepted", tc.name)
+				return
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: error %q does not contain %q", tc.name, err, tc.want)
+			}
+		})
 	}
 }
 
@@ -229,12 +231,14 @@ func TestResetAndECCFaultChecks(t *testing.T) {
 		{"faults:\n  - {gpu: 0, reset: true, lost: true}\n", "exactly one of"},
 		{"faults:\n  - {gpu: 0, ecc: {corrected: 18000000000000000000}}\n", "field faults[0].ecc.corrected: 18000000000000000000 errors: at most 1000000000000"},
 	} {
-		_, err := ParseScenario("f.yaml", []byte(tc.yaml))
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q: %v", tc.yaml, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
-		}
+		t.Run(tc.yaml, func(t *testing.T) {
+			_, err := ParseScenario("f.yaml", []byte(tc.yaml))
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("%q: %v", tc.yaml, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
+			}
+		})
 	}
 }

@@ -76,8 +76,10 @@ func TestHTMLEscapesAndJSONRoundTrip(t *testing.T) {
 
 func TestDuration(t *testing.T) {
 	for sec, want := range map[float64]string{5: "5s", 125: "2m", 3900: "1h05m", 200000: "2d7h"} {
-		if got := status.Duration(sec); got != want {
-			t.Errorf("Duration(%v) = %q, want %q", sec, got, want)
-		}
+		t.Run(want, func(t *testing.T) {
+			if got := status.Duration(sec); got != want {
+				t.Errorf("Duration(%v) = %q, want %q", sec, got, want)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package xid
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"testing"
@@ -40,22 +41,26 @@ func TestLookupCategoryAndAction(t *testing.T) {
 		}{code, CategoryNVLink, ActionCheckNVLink})
 	}
 	for _, c := range cases {
-		e := Lookup(c.code)
-		if e.Code != c.code || e.Category != c.category || e.Action != c.action {
-			t.Errorf("Lookup(%d) = %+v, want category %q action %q", c.code, e, c.category, c.action)
-		}
-		if e.Name == "" || e.Name == Lookup(-1).Name {
-			t.Errorf("Lookup(%d) has no description: %+v", c.code, e)
-		}
+		t.Run(fmt.Sprintf("xid%d", c.code), func(t *testing.T) {
+			e := Lookup(c.code)
+			if e.Code != c.code || e.Category != c.category || e.Action != c.action {
+				t.Errorf("Lookup(%d) = %+v, want category %q action %q", c.code, e, c.category, c.action)
+			}
+			if e.Name == "" || e.Name == Lookup(-1).Name {
+				t.Errorf("Lookup(%d) has no description: %+v", c.code, e)
+			}
+		})
 	}
 }
 
 func TestLookupUnknown(t *testing.T) {
 	for _, code := range []int{0, -1, 999, 1, 100000, 1 << 40} {
-		e := Lookup(code)
-		if e.Code != code || e.Category != CategoryUnknown || e.Action != ActionCheckLogs || e.Name == "" {
-			t.Errorf("Lookup(%d) = %+v, want an unknown entry", code, e)
-		}
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			e := Lookup(code)
+			if e.Code != code || e.Category != CategoryUnknown || e.Action != ActionCheckLogs || e.Name == "" {
+				t.Errorf("Lookup(%d) = %+v, want an unknown entry", code, e)
+			}
+		})
 	}
 }
 

@@ -92,17 +92,6 @@ func eccEvent(gpu int, typ uint64) step {
 	return step{ev: Event{GPU: gpu, Type: typ}}
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func fastReader(src EventSource) *Reader {
 	r := NewReader(src, nil)
 	r.WaitTimeout = 10 * time.Millisecond
@@ -418,7 +407,7 @@ func TestReaderOverNVMLSource(t *testing.T) {
 							return nvml.EventData{}, nvml.ERROR_UNKNOWN
 						}
 					}
-					time.Sleep(time.Duration(ms) * time.Millisecond)
+					time.Sleep(time.Duration(ms) * time.Millisecond) // like NVML: an idle set blocks for the whole timeout
 					return nvml.EventData{}, nvml.ERROR_TIMEOUT
 				},
 				FreeFunc: func() nvml.Return { return nvml.SUCCESS },

@@ -46,11 +46,7 @@ func TestRealNVMLEventSet(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for !r.Up() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if !r.Up() {
+	if !pollUntil(r.Up) {
 		t.Errorf("Reader not up: %v", r.LastError())
 	}
 	cancel()

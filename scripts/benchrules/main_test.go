@@ -161,9 +161,11 @@ func TestKSMResource(t *testing.T) {
 		"nvidia.com/gpu.shared":  "nvidia_com_gpu_shared",
 		"nvidia.com/mig-1g.10gb": "nvidia_com_mig_1g_10gb",
 	} {
-		if got := ksmResource(in); got != want {
-			t.Errorf("ksmResource(%q) = %q, want %q", in, got, want)
-		}
+		t.Run(in, func(t *testing.T) {
+			if got := ksmResource(in); got != want {
+				t.Errorf("ksmResource(%q) = %q, want %q", in, got, want)
+			}
+		})
 	}
 }
 

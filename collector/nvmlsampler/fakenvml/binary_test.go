@@ -283,7 +283,9 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := startExporter(t, br, path)
-			// Three samples: the first reads the slow-moving health too.
+			// Let three samples pass (the first reads the slow-moving
+			// health too): some families need a second sample, and the
+			// exporter exposes no sample count to wait on.
 			time.Sleep(3 * time.Second)
 			f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return f["gpu_nvlink_active_links"] != nil }, "health families")
 			var missing []string

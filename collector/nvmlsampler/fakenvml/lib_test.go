@@ -340,10 +340,12 @@ func TestH100PlacementsInMemorySlices(t *testing.T) {
 		{nvml.GPU_INSTANCE_PROFILE_7_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 8}}},
 		{nvml.GPU_INSTANCE_PROFILE_3_SLICE, []nvml.GpuInstancePlacement{{Start: 0, Size: 4}, {Start: 4, Size: 4}}},
 	} {
-		info := must[nvml.GpuInstanceProfileInfo](t, "profile")(d.GetGpuInstanceProfileInfo(tc.profile))
-		if pl := must[[]nvml.GpuInstancePlacement](t, "placements")(d.GetGpuInstancePossiblePlacements(&info)); !slices.Equal(pl, tc.want) {
-			t.Errorf("H100 profile %d (%d slices) placed at %v, want %v", tc.profile, info.SliceCount, pl, tc.want)
-		}
+		t.Run(fmt.Sprintf("profile%d", tc.profile), func(t *testing.T) {
+			info := must[nvml.GpuInstanceProfileInfo](t, "profile")(d.GetGpuInstanceProfileInfo(tc.profile))
+			if pl := must[[]nvml.GpuInstancePlacement](t, "placements")(d.GetGpuInstancePossiblePlacements(&info)); !slices.Equal(pl, tc.want) {
+				t.Errorf("H100 profile %d (%d slices) placed at %v, want %v", tc.profile, info.SliceCount, pl, tc.want)
+			}
+		})
 	}
 	gis := must[[]nvml.GpuInstance](t, "instances")(d.GetGpuInstances(fakenvml.Ptr(must[nvml.GpuInstanceProfileInfo](t, "7g")(d.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_7_SLICE)))))
 	if len(gis) != 1 {

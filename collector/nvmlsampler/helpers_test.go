@@ -1,0 +1,22 @@
+package nvmlsampler_test
+
+import (
+	"testing"
+	"time"
+)
+
+// waitTimeout bounds every wait on a state: generous, as the machine is
+// shared; a wait that passes returns as soon as the state holds.
+const waitTimeout = 10 * time.Second
+
+// waitUntil polls cond until it holds, failing the test after waitTimeout.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", waitTimeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
