@@ -447,8 +447,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 
 nvmlReturn_t nvmlShutdown(void) {
     pthread_mutex_lock(&mu);
-    if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
     trace(__func__, -1, -1);
+    if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
     initCount--;
     RETURN(NVML_SUCCESS);
 }
