@@ -271,9 +271,9 @@ type gpuWorker struct {
 	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	// gone is the answer of a call that says the driver went away
 	// (UNINITIALIZED, DRIVER_NOT_LOADED) in the latest read, else nil.
-	gone error
-	result     sample.GPUState
-	identMu    sync.Mutex // guards ident for staleState while a read is stuck
+	gone    error
+	result  sample.GPUState
+	identMu sync.Mutex // guards ident for staleState while a read is stuck
 }
 
 // staleState is the GPU's identity with Up=false and no values.
