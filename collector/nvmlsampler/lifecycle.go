@@ -31,6 +31,9 @@ type lifecycle struct {
 	// sampler; the release takes it, so that the library is never shut
 	// down under a call in flight.
 	inUse sync.RWMutex
+	// registering, when set, counts the event registrations still in a
+	// call (they run on their own, past Open's deadline).
+	registering func() int
 }
 
 func (l *lifecycle) init(now time.Time) {
@@ -210,8 +213,9 @@ func (s *Sampler) lost(err error) {
 func (l *lifecycle) release(lib NVML, busy bool) {
 	l.mu.Lock()
 	initRunning := l.initCh != nil
+	registering := l.registering
 	l.mu.Unlock()
-	if busy || initRunning {
+	if busy || initRunning || (registering != nil && registering() > 0) {
 		return
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -253,6 +257,11 @@ func (s *Sampler) XIDSource() (xid.EventSource, bool) {
 	}
 	if _, real := s.lib.(*realNVML); !real {
 		return src, true // a simulated library has no life cycle
+	}
+	if n, ok := src.(*xid.NVMLEventSource); ok {
+		s.life.mu.Lock()
+		s.life.registering = n.Registering
+		s.life.mu.Unlock()
 	}
 	return &gatedSource{src: src, life: &s.life}, true
 }

@@ -591,6 +591,14 @@ wait:
 	return w, nil
 }
 
+// Registering returns how many device registrations have not returned (a
+// GPU whose calls hang); the library must not be shut down under them.
+func (s *NVMLEventSource) Registering() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inFlight)
+}
+
 // start registers device i on the waiter's set in its own goroutine,
 // unless an earlier registration of that device has not returned: a hung
 // GPU holds one goroutine, never one per attempt.
