@@ -57,6 +57,8 @@ var (
 	xidRegisteredDesc = prometheus.NewDesc("gpu_xid_events_registered",
 		"1 if the GPU is registered on NVML's event set, so that its XIDs are seen; 0 if not (its registration failed or hangs, or no set is open). NVML keeps no history: an XID raised while 0 is lost.",
 		[]string{"gpu", "uuid"}, nil)
+	xidUnregisteredDesc = prometheus.NewDesc("gpu_exporter_xid_unregistered_gpus",
+		"GPUs not registered on NVML's event set now: their XIDs are not seen (gpu_xid_events_registered, in the details group, and the landing page say which). All of them while no set is open.", nil, nil)
 	xidUncoveredDesc = prometheus.NewDesc("gpu_exporter_xid_uncovered_seconds_total",
 		"Seconds since the exporter started during which no NVML event set was open: XIDs raised then were not seen. Tells \"no XID\" from \"not listening\".", nil, nil)
 	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
@@ -166,9 +168,17 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(nvmlInitializedDesc, prometheus.GaugeValue, b2f(s.NVML.Down == ""))
 	ch <- prometheus.MustNewConstMetric(nvmlInitsDesc, prometheus.CounterValue, float64(s.NVML.Inits))
 	if st.XIDOn {
+		unregistered := 0
 		for _, c := range st.XIDCoverage {
 			ch <- prometheus.MustNewConstMetric(xidRegisteredDesc, prometheus.GaugeValue, b2f(c.Registered), strconv.Itoa(c.GPU), c.UUID)
+			if !c.Registered {
+				unregistered++
+			}
 		}
+		if st.XIDCoverage == nil && !st.XIDUp {
+			unregistered = len(s.GPUs) // no set open, and the source cannot say more
+		}
+		ch <- prometheus.MustNewConstMetric(xidUnregisteredDesc, prometheus.GaugeValue, float64(unregistered))
 		ch <- prometheus.MustNewConstMetric(xidUncoveredDesc, prometheus.CounterValue, st.XIDUncoveredSeconds)
 	}
 	ch <- prometheus.MustNewConstMetric(sampleAgeDesc, prometheus.GaugeValue, st.Rendered.Sub(oldest).Seconds())
