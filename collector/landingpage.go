@@ -77,14 +77,20 @@ func xidEventsLine(st *State) string {
 		return "no event set open: XIDs are not seen"
 	}
 	var missing []string
+	unsupported := 0
 	for _, c := range st.XIDCoverage {
-		if !c.Registered {
+		switch {
+		case c.Unsupported:
+			unsupported++
+		case !c.Registered:
 			missing = append(missing, strconv.Itoa(c.GPU))
 		}
 	}
 	switch {
 	case len(st.XIDCoverage) == 0:
 		return "no event set open: XIDs are not seen"
+	case len(missing) == 0 && unsupported > 0:
+		return fmt.Sprintf("%d of %d GPUs registered; the others support no XID events", len(st.XIDCoverage)-unsupported, len(st.XIDCoverage))
 	case len(missing) == 0:
 		return fmt.Sprintf("all %d GPUs registered", len(st.XIDCoverage))
 	case len(missing) == len(st.XIDCoverage):

@@ -171,7 +171,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		unregistered := 0
 		for _, c := range st.XIDCoverage {
 			ch <- prometheus.MustNewConstMetric(xidRegisteredDesc, prometheus.GaugeValue, b2f(c.Registered), strconv.Itoa(c.GPU), c.UUID)
-			if !c.Registered {
+			if !c.Registered && !c.Unsupported {
 				unregistered++
 			}
 		}

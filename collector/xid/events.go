@@ -50,6 +50,9 @@ type Coverage struct {
 	GPU        int
 	UUID       string
 	Registered bool
+	// Unsupported: the GPU supports none of the watched event types; it is
+	// not registered, and never will be.
+	Unsupported bool
 }
 
 // CoverageReporter is a Waiter that knows which GPUs its set covers.
@@ -655,8 +658,14 @@ func (w *nvmlWaiter) register(i int) {
 	w.mu.Lock()
 	w.slots[i].GPU, w.slots[i].UUID = gpu, uuid
 	w.mu.Unlock()
+	unsupported := func() {
+		w.mu.Lock()
+		w.slots[i].Unsupported = true
+		w.mu.Unlock()
+	}
 	supported, ret := d.GetSupportedEventTypes()
 	if ret == nvml.ERROR_NOT_SUPPORTED {
+		unsupported()
 		return
 	}
 	if ret != nvml.SUCCESS {
@@ -665,6 +674,7 @@ func (w *nvmlWaiter) register(i int) {
 	}
 	types := supported & WatchedEventTypes
 	if types == 0 {
+		unsupported()
 		return
 	}
 	w.mu.Lock()
@@ -714,7 +724,7 @@ func (w *nvmlWaiter) RetryMissing() {
 	w.mu.Lock()
 	var missing []int
 	for i, c := range w.slots {
-		if !c.Registered {
+		if !c.Registered && !c.Unsupported {
 			missing = append(missing, i)
 		}
 	}

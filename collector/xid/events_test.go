@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -333,6 +334,12 @@ func TestNVMLEventSource(t *testing.T) {
 	}
 	if len(gpus[2].RegisterEventsCalls()) != 0 {
 		t.Error("GPU 2 (NOT_SUPPORTED) was registered")
+	}
+	cov := w.(CoverageReporter).Covered()
+	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true}, {GPU: 1, UUID: "GPU-1", Registered: true},
+		{GPU: 2, UUID: "GPU-2", Unsupported: true}, {GPU: 3, UUID: "GPU-3"}}
+	if !slices.Equal(cov, wantCov) {
+		t.Errorf("coverage %+v, want %+v", cov, wantCov)
 	}
 
 	ev, err := w.Wait(1500 * time.Millisecond)
