@@ -62,6 +62,10 @@ type Config struct {
 	Processes *procs.Resolver
 	// Status names the exporter on the landing page.
 	Status StatusInfo
+	// NVMLRestartAfter is how long NVML may stay unusable (nvmlInit not
+	// returning or failing, the driver gone) before /healthz fails, so that
+	// the kubelet restarts the pod; 0 never fails it.
+	NVMLRestartAfter time.Duration
 }
 
 // StatusInfo is what the landing page says about the exporter itself.
@@ -84,6 +88,12 @@ type State struct {
 	Allocations *Allocations
 	XIDs        []xid.Count
 	XIDLast     []xid.DeviceLast
+	// XIDOn: an XID reader runs (XIDUp: its set works). XIDCoverage says
+	// which GPUs are registered for events (nil where the source cannot
+	// tell); XIDUncoveredSeconds is how long no event set was open.
+	XIDOn, XIDUp        bool
+	XIDCoverage         []xid.Coverage
+	XIDUncoveredSeconds float64
 	// XIDInstances are the XIDs NVML attributed to MIG instances.
 	XIDInstances []xid.InstanceCount
 	// ECCEvents are the ECC error events per GPU, by sample GPU position.
@@ -246,7 +256,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	}
 	st := &State{
 		Sample:      s,
-		Collectors:  []CollectorStatus{{Name: "nvml", Up: anyUp(s), Duration: s.Duration}},
+		Collectors:  []CollectorStatus{{Name: "nvml", Up: anyUp(s) && s.NVML.Down == "", Duration: s.Duration}},
 		LastGood:    append([]time.Time(nil), e.lastGood...),
 		LastAnswer:  append([]time.Time(nil), e.lastAns...),
 		Rendered:    now,
@@ -292,6 +302,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
 		}
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
+		st.XIDOn, st.XIDUp = true, r.Up()
+		st.XIDCoverage = r.Coverage()
+		st.XIDUncoveredSeconds = r.UncoveredSeconds()
 	}
 	if e.compat != nil {
 		e.compat.update(st)
@@ -378,6 +391,9 @@ func (e *Exporter) Ready() (bool, string) {
 	if r := e.renderErr.Load(); r != nil && r.err != nil {
 		return false, "the last render failed, serving an older page: " + r.err.Error()
 	}
+	if d := p.State.Sample.NVML.Down; d != "" {
+		return false, "NVML is not usable: " + d
+	}
 	now := e.cfg.Now()
 	if age := now.Sub(p.State.Sample.Time); age > e.cfg.StaleAfter {
 		return false, fmt.Sprintf("last sample is %s old (stale after %s)", age.Round(time.Millisecond), e.cfg.StaleAfter)
@@ -386,6 +402,21 @@ func (e *Exporter) Ready() (bool, string) {
 		if age := now.Sub(t); age > e.cfg.StaleAfter {
 			return false, fmt.Sprintf("GPU %d has not answered for %s (stale after %s)", i, age.Round(time.Second), e.cfg.StaleAfter)
 		}
+	}
+	return true, "ok"
+}
+
+// Alive reports whether the process is of any use: false once NVML has been
+// unusable for longer than NVMLRestartAfter, so that the liveness probe
+// (/healthz) fails and the kubelet restarts the pod. It reads the
+// sampler's state, not the page.
+func (e *Exporter) Alive() (bool, string) {
+	st := e.sampler.Status()
+	if st.Down == "" || e.cfg.NVMLRestartAfter <= 0 || st.DownSince.IsZero() {
+		return true, "ok"
+	}
+	if d := e.cfg.Now().Sub(st.DownSince); d > e.cfg.NVMLRestartAfter {
+		return false, fmt.Sprintf("NVML has been unusable for %s (restart after %s): %s", d.Round(time.Second), e.cfg.NVMLRestartAfter, st.Down)
 	}
 	return true, "ok"
 }

@@ -273,9 +273,9 @@ func init() {
 		}
 	}
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
-		collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
-	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
-	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc)
+		collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc, nvmlInitsDesc)
+	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc)
+	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc, xidUncoveredDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, eccLastIncreaseDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
 	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, eccEventsDesc)

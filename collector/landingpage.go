@@ -16,6 +16,11 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 	s := st.Sample
 	n := &status.Node{Version: info.Version, Node: info.Node, Simulated: info.Simulated, SampleTime: s.Time,
 		Driver: s.Driver.DriverVersion, CUDA: s.Driver.CUDADriverVersion, Processes: "off", PodMap: "off", GPUs: []status.GPU{}}
+	n.NVML = "ok"
+	if s.NVML.Down != "" {
+		n.NVML = s.NVML.Down
+	}
+	n.XIDEvents = xidEventsLine(st)
 	if podMap {
 		n.PodMap = "on"
 		if st.Allocations == nil || !st.Allocations.Up {
@@ -61,6 +66,40 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 		n.GPUs = append(n.GPUs, sg)
 	}
 	return n
+}
+
+// xidEventsLine says which GPUs' XIDs are seen.
+func xidEventsLine(st *State) string {
+	if !st.XIDOn {
+		return "off"
+	}
+	if st.XIDCoverage == nil {
+		if st.XIDUp {
+			return "listening"
+		}
+		return "no event set open: XIDs are not seen"
+	}
+	var missing []string
+	unsupported := 0
+	for _, c := range st.XIDCoverage {
+		switch {
+		case c.Unsupported:
+			unsupported++
+		case !c.Registered:
+			missing = append(missing, strconv.Itoa(c.GPU))
+		}
+	}
+	switch {
+	case len(st.XIDCoverage) == 0:
+		return "no event set open: XIDs are not seen"
+	case len(missing) == 0 && unsupported > 0:
+		return fmt.Sprintf("%d of %d GPUs registered; the others support no XID events", len(st.XIDCoverage)-unsupported, len(st.XIDCoverage))
+	case len(missing) == 0:
+		return fmt.Sprintf("all %d GPUs registered", len(st.XIDCoverage))
+	case len(missing) == len(st.XIDCoverage):
+		return "no GPU registered: XIDs are not seen"
+	}
+	return "not registered (XIDs not seen): GPU " + strings.Join(missing, ", ")
 }
 
 func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, idle map[fragmentation.HolderKey]fragmentation.IdleStatus) status.Unit {

@@ -50,6 +50,17 @@ var (
 		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
 	lastXIDDesc = prometheus.NewDesc("gpu_last_xid_timestamp_seconds",
 		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"}, nil)
+	nvmlInitializedDesc = prometheus.NewDesc("gpu_exporter_nvml_initialized",
+		"1 while NVML is initialised and usable; 0 while the exporter waits for nvmlInit or the driver went away (reloaded, upgraded, unloaded). The landing page and /readyz say why.", nil, nil)
+	nvmlInitsDesc = prometheus.NewDesc("gpu_exporter_nvml_inits_total",
+		"Successful nvmlInit calls: more than one means NVML was initialised again after the driver went away.", nil, nil)
+	xidRegisteredDesc = prometheus.NewDesc("gpu_xid_events_registered",
+		"1 if the GPU is registered on NVML's event set, so that its XIDs are seen; 0 if not (its registration failed or hangs, or no set is open). NVML keeps no history: an XID raised while 0 is lost.",
+		[]string{"gpu", "uuid"}, nil)
+	xidUnregisteredDesc = prometheus.NewDesc("gpu_exporter_xid_unregistered_gpus",
+		"GPUs not registered on NVML's event set now: their XIDs are not seen (gpu_xid_events_registered, in the details group, and the landing page say which). All of them while no set is open.", nil, nil)
+	xidUncoveredDesc = prometheus.NewDesc("gpu_exporter_xid_uncovered_seconds_total",
+		"Seconds since the exporter started during which no NVML event set was open: XIDs raised then were not seen. Tells \"no XID\" from \"not listening\".", nil, nil)
 	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
 		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil, nil)
 )
@@ -154,6 +165,22 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(collectorDurationDesc, prometheus.GaugeValue, c.Duration.Seconds(), c.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(lastSampleDesc, prometheus.GaugeValue, float64(s.Time.UnixNano())/1e9)
+	ch <- prometheus.MustNewConstMetric(nvmlInitializedDesc, prometheus.GaugeValue, b2f(s.NVML.Down == ""))
+	ch <- prometheus.MustNewConstMetric(nvmlInitsDesc, prometheus.CounterValue, float64(s.NVML.Inits))
+	if st.XIDOn {
+		unregistered := 0
+		for _, c := range st.XIDCoverage {
+			ch <- prometheus.MustNewConstMetric(xidRegisteredDesc, prometheus.GaugeValue, b2f(c.Registered), strconv.Itoa(c.GPU), c.UUID)
+			if !c.Registered && !c.Unsupported {
+				unregistered++
+			}
+		}
+		if st.XIDCoverage == nil && !st.XIDUp {
+			unregistered = len(s.GPUs) // no set open, and the source cannot say more
+		}
+		ch <- prometheus.MustNewConstMetric(xidUnregisteredDesc, prometheus.GaugeValue, float64(unregistered))
+		ch <- prometheus.MustNewConstMetric(xidUncoveredDesc, prometheus.CounterValue, st.XIDUncoveredSeconds)
+	}
 	ch <- prometheus.MustNewConstMetric(sampleAgeDesc, prometheus.GaugeValue, st.Rendered.Sub(oldest).Seconds())
 }
 

@@ -245,7 +245,17 @@ func checkGPUNodeAffinity(t *testing.T, where string, a *corev1.Affinity) {
 	}
 	var gkeTerm, nfdTerm bool
 	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
-		if len(term.MatchExpressions) != 1 || len(term.MatchFields) != 0 {
+		if len(term.MatchExpressions) == 0 || len(term.MatchFields) != 0 {
+			continue
+		}
+		// Beyond the selecting expression, only the step-aside during a GPU
+		// Operator driver upgrade (TestStepsAsideForDriverUpgrade).
+		stepAside := true
+		for _, x := range term.MatchExpressions[1:] {
+			stepAside = stepAside && strings.HasPrefix(x.Key, "nvidia.com/gpu.deploy.") && x.Operator == corev1.NodeSelectorOpNotIn &&
+				slices.Equal(x.Values, []string{"paused-for-driver-upgrade"})
+		}
+		if !stepAside {
 			continue
 		}
 		e := term.MatchExpressions[0]

@@ -29,6 +29,8 @@ type options struct {
 	interval         time.Duration
 	deviceTimeout    time.Duration
 	deviceTimeoutSet bool
+	nvmlInitTimeout  time.Duration
+	nvmlRestartAfter time.Duration
 	nvmlLibrary      string
 	sysfs            string
 	simulate         bool
@@ -149,6 +151,8 @@ func newApp(stdout, stderr io.Writer) *kingpin.Application {
 func addSamplingFlags(app *kingpin.Application, o *options) {
 	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (1s to 5m).").Default("5s")).DurationVar(&o.interval)
 	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&o.deviceTimeoutSet)).DurationVar(&o.deviceTimeout)
+	named(app.Flag("nvml.init-timeout", "How long nvmlInit may take before the exporter says, in its log and on its page, that it is waiting for the driver (the exporter serves meanwhile; /readyz stays not ready).").Default("10s")).DurationVar(&o.nvmlInitTimeout)
+	named(app.Flag("nvml.restart-after", "How long NVML may stay unusable (nvmlInit not returning or failing, the driver reloaded or unloaded and not back) before /healthz fails, so that the kubelet restarts the pod; 0 never fails it.").Default("10m")).DurationVar(&o.nvmlRestartAfter)
 	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
 	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&o.sysfs)
 	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)

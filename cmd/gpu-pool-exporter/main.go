@@ -123,7 +123,11 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 		return 0, err
 	}
 	defer closeResolver()
-	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, Log: log, Processes: resolver != nil, Sysfs: sysfs})
+	// NVML is initialised once, by the sampler, in the background: the
+	// listeners above serve /healthz at once and /readyz says what the
+	// exporter waits for.
+	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, InitTimeout: o.nvmlInitTimeout,
+		Log: log, Processes: resolver != nil, Sysfs: sysfs})
 	if err != nil {
 		return 0, err
 	}
@@ -135,7 +139,7 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	cfg, err := collectorConfig(runCtx, &wg, o, lib, node, derived, resolver, log)
+	cfg, err := collectorConfig(runCtx, &wg, o, sampler, node, derived, resolver, log)
 	if err != nil {
 		return 0, err
 	}
@@ -143,8 +147,7 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	d := sampler.Driver()
-	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).
+	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 	return serve(runCtx, cancel, o, exp, ls, log), nil
 }

@@ -65,6 +65,12 @@ func (o *options) checkSampling() error {
 	if o.deviceTimeout <= 0 || o.deviceTimeout > o.interval {
 		return fmt.Errorf("--nvml.device-timeout=%s must be above 0 and at most --collect-interval (%s)", o.deviceTimeout, o.interval)
 	}
+	if o.nvmlInitTimeout <= 0 {
+		return fmt.Errorf("--nvml.init-timeout=%s must be above 0", o.nvmlInitTimeout)
+	}
+	if o.nvmlRestartAfter < 0 {
+		return fmt.Errorf("--nvml.restart-after=%s must be 0 (never) or above", o.nvmlRestartAfter)
+	}
 	if o.simulateFile != "" {
 		o.simulate = true
 	}

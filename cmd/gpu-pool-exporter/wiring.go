@@ -186,10 +186,11 @@ func simulatedSysfs(node *simnode.Node) string {
 // collectorConfig is the exporter's configuration. It starts the sources
 // that run beside the sampler (XID events, DCGM, the pod map), each until
 // ctx is done and counted in wg.
-func collectorConfig(ctx context.Context, wg *sync.WaitGroup, o *options, lib nvmlsampler.NVML, node *simnode.Node,
+func collectorConfig(ctx context.Context, wg *sync.WaitGroup, o *options, sampler *nvmlsampler.Sampler, node *simnode.Node,
 	derived collector.DerivedConfig, resolver *procs.Resolver, log zerolog.Logger) (collector.Config, error) {
 	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
-		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver}
+		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver,
+		NVMLRestartAfter: o.nvmlRestartAfter}
 	if o.compatDCGM {
 		host := o.nodeName
 		if host == "" {
@@ -197,7 +198,7 @@ func collectorConfig(ctx context.Context, wg *sync.WaitGroup, o *options, lib nv
 		}
 		cfg.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
 	}
-	if src, ok := nvmlsampler.XIDSource(lib); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
+	if src, ok := sampler.XIDSource(); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
 		cfg.XID = startXID(ctx, wg, src, log)
 	}
 	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {

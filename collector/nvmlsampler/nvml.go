@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
@@ -73,29 +74,27 @@ func NewNVML(libraryPath string) (NVML, error) {
 	if libraryPath != "" {
 		opts = append(opts, nvml.WithLibraryPath(libraryPath))
 	}
-	lib := nvml.New(opts...)
-	// Init panics in go-nvml when the library is missing on some versions;
-	// Lookup first gives a clean error.
-	if err := lookupLibrary(lib); err != nil {
+	// Only load the library here: nvmlInit runs once, in the background
+	// (the sampler's life cycle). An Init, Shutdown, Init at start costs
+	// two driver round trips and, without persistence mode, tears every
+	// GPU down and brings it up again.
+	if err := loadable(libraryPath); err != nil {
 		return nil, err
 	}
-	return &realNVML{lib: lib}, nil
+	return &realNVML{lib: nvml.New(opts...)}, nil
 }
 
-func lookupLibrary(lib nvml.Interface) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrNoNVML, r)
-		}
-	}()
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
-			return ErrNoNVML
-		}
-		return fmt.Errorf("NVML init failed: %v", ret.Error())
+// loadable opens and closes the library with the dynamic loader, as
+// go-nvml will, without calling into it.
+func loadable(path string) error {
+	if path == "" {
+		path = "libnvidia-ml.so.1"
 	}
-	_ = lib.Shutdown()
-	return nil
+	lib := dl.New(path, dl.RTLD_LAZY|dl.RTLD_GLOBAL)
+	if err := lib.Open(); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoNVML, err)
+	}
+	return lib.Close()
 }
 
 type realNVML struct{ lib nvml.Interface }

@@ -2,6 +2,7 @@ package nvmlsampler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,6 +22,15 @@ type SamplerConfig struct {
 	// NVML calls take longer is reported down for that sample; its calls go on
 	// in the background and the GPU is not asked again until they return.
 	DeviceTimeout time.Duration
+	// InitTimeout is how long nvmlInit may run before the exporter says, in
+	// its log and on its page, that it is waiting for the driver. An NVML
+	// call cannot be cancelled: the call goes on, and the exporter serves
+	// its page (and /healthz) meanwhile. Zero means DefaultInitTimeout.
+	InitTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait between nvmlInit attempts
+	// that failed (no driver loaded, a driver reload under way); zero means
+	// DefaultMinBackoff and DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
 	// RediscoverEvery re-reads each GPU's static facts and MIG layout every N
 	// samples (MIG can be reconfigured while the exporter runs).
 	RediscoverEvery int
@@ -35,20 +45,52 @@ type SamplerConfig struct {
 	Processes bool
 }
 
+// Life-cycle defaults.
+const (
+	DefaultInitTimeout = 10 * time.Second
+	DefaultMinBackoff  = time.Second
+	DefaultMaxBackoff  = time.Minute
+)
+
 // Sampler reads every GPU through NVML. Each GPU is read by its own
 // goroutine so that one hanging or lost GPU never delays the others.
+//
+// NVML is initialised once, in the background, by the first samples (see
+// lifecycle.go): the exporter serves before nvmlInit returns. When the
+// driver goes away under it (every call answers UNINITIALIZED or
+// DRIVER_NOT_LOADED), the sampler releases the library and initialises it
+// again with backoff, discovering the GPUs and their MIG layout afresh.
 type Sampler struct {
-	lib     NVML
-	cfg     SamplerConfig
+	lib  NVML
+	cfg  SamplerConfig
+	life lifecycle
+
+	// Touched only by Sample (one at a time) and, under mu, read by
+	// Driver and Status.
+	mu      sync.Mutex
 	driver  sample.DriverInfo
 	probes  probes
 	workers []*gpuWorker
 }
 
-// NewSampler initialises NVML and discovers the GPUs.
+// NewSampler returns a sampler of lib. It starts nvmlInit in the background
+// and returns at once; the samples say what they are waiting for until it
+// returns. It fails only on a configuration it cannot use.
 func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
+	if lib == nil {
+		return nil, fmt.Errorf("NVML sampler: no library")
+	}
 	if cfg.DeviceTimeout <= 0 {
 		cfg.DeviceTimeout = 2 * time.Second
+	}
+	if cfg.InitTimeout <= 0 {
+		cfg.InitTimeout = DefaultInitTimeout
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.RediscoverEvery <= 0 {
 		cfg.RediscoverEvery = 12
@@ -59,29 +101,34 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 	if cfg.Sysfs == "" {
 		cfg.Sysfs = DefaultSysfs
 	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		if ret == nvml.ERROR_LIBRARY_NOT_FOUND {
-			return nil, ErrNoNVML
-		}
-		return nil, fmt.Errorf("NVML init: %w", ret)
-	}
-	s := &Sampler{lib: lib, cfg: cfg, probes: probe(lib)}
-	s.driver.DriverVersion, _ = lib.SystemGetDriverVersion()
-	s.driver.NVMLVersion, _ = lib.SystemGetNVMLVersion()
-	s.driver.DriverVersion, s.driver.NVMLVersion = validUTF8(s.driver.DriverVersion), validUTF8(s.driver.NVMLVersion)
+	s := &Sampler{lib: lib, cfg: cfg}
+	s.life.init(cfg.Now())
+	s.life.startInit(lib, time.Now())
+	return s, nil
+}
+
+// discover reads the driver stack and the GPUs after a successful
+// nvmlInit. Discovery has a deadline: a GPU whose calls hang must not keep
+// the others from being read. Such a GPU is reported hung, by index, until
+// its discovery returns.
+func (s *Sampler) discover() error {
+	lib, cfg := s.lib, s.cfg
+	p := probe(lib)
+	var d sample.DriverInfo
+	d.DriverVersion, _ = lib.SystemGetDriverVersion()
+	d.NVMLVersion, _ = lib.SystemGetNVMLVersion()
+	d.DriverVersion, d.NVMLVersion = validUTF8(d.DriverVersion), validUTF8(d.NVMLVersion)
 	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
-		s.driver.CUDADriverVersion = cudaVersionString(v)
+		d.CUDADriverVersion = cudaVersionString(v)
 	}
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %w", ret)
+		return fmt.Errorf("NVML device count: %w", ret)
 	}
-	// Discovery has a deadline: a GPU whose calls hang must not keep the
-	// exporter (and its HTTP listener) from starting. Such a GPU is reported
-	// hung, by index, until its discovery returns.
 	done := make(chan struct{}, n)
+	workers := make([]*gpuWorker, 0, n)
 	for i := 0; i < n; i++ {
-		w := &gpuWorker{index: i, lib: lib, probes: s.probes, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
+		w := &gpuWorker{index: i, lib: lib, probes: p, sysfs: cfg.Sysfs, log: cfg.Log.With().Int("gpu", i).Logger(), rediscoverEvery: cfg.RediscoverEvery, processes: cfg.Processes}
 		w.setIdent(sample.DeviceState{GPU: i, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
 		w.busy.Store(true)
 		go func() {
@@ -89,43 +136,62 @@ func NewSampler(lib NVML, cfg SamplerConfig) (*Sampler, error) {
 			w.busy.Store(false)
 			done <- struct{}{}
 		}()
-		s.workers = append(s.workers, w)
+		workers = append(workers, w)
 	}
+	s.mu.Lock()
+	s.driver, s.probes, s.workers = d, p, workers
+	s.mu.Unlock()
 	timer := time.NewTimer(cfg.DeviceTimeout)
 	defer timer.Stop()
 	for pending := n; pending > 0; pending-- {
 		select {
 		case <-done:
 		case <-timer.C:
-			cfg.Log.Warn().Dur("timeout", cfg.DeviceTimeout).Int("gpus", pending).Msg("GPU discovery did not finish in time; starting anyway, those GPUs are reported down until they answer")
-			return s, nil
+			cfg.Log.Warn().Dur("timeout", cfg.DeviceTimeout).Int("gpus", pending).Msg("GPU discovery did not finish in time; going on, those GPUs are reported down until they answer")
+			return nil
 		}
 	}
-	return s, nil
+	return nil
 }
 
-// Driver returns the driver stack read at start.
-func (s *Sampler) Driver() sample.DriverInfo { return s.driver }
+// Driver returns the driver stack read at the latest nvmlInit.
+func (s *Sampler) Driver() sample.DriverInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.driver
+}
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
 // library down under a call in flight is asking for a crash at exit.
 func (s *Sampler) Close() {
-	for _, w := range s.workers {
+	s.mu.Lock()
+	workers := s.workers
+	s.mu.Unlock()
+	for _, w := range workers {
 		if w.busy.Load() {
 			return
 		}
 	}
-	_ = s.lib.Shutdown()
+	s.life.release(s.lib, false)
 }
 
-// Sample reads every GPU, waiting at most DeviceTimeout for each.
+// Sample reads every GPU, waiting at most DeviceTimeout for each. While
+// NVML is not usable it reports every GPU it knew down and says why.
 func (s *Sampler) Sample(ctx context.Context) *sample.NodeSample {
 	start := time.Now()
-	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]sample.GPUState, len(s.workers))}
-	done := make(chan struct{}, len(s.workers))
+	if !s.life.usable() && !s.ensureInit(ctx) {
+		out := s.downSample()
+		out.Duration = time.Since(start)
+		return out
+	}
+	s.mu.Lock()
+	workers := s.workers
+	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]sample.GPUState, len(workers))}
+	s.mu.Unlock()
+	done := make(chan struct{}, len(workers))
 	pending := 0
-	filled := make([]bool, len(s.workers))
-	for i, w := range s.workers {
+	filled := make([]bool, len(workers))
+	for i, w := range workers {
 		if !w.busy.CompareAndSwap(false, true) {
 			// Still stuck in an earlier sample: report it down, ask nothing.
 			out.GPUs[i], filled[i] = w.hungState(), true
@@ -151,7 +217,8 @@ wait:
 			break wait
 		}
 	}
-	for i, w := range s.workers {
+	var gone error
+	for i, w := range workers {
 		if filled[i] {
 			continue
 		}
@@ -161,7 +228,14 @@ wait:
 			continue
 		}
 		out.GPUs[i] = w.result
+		if w.gone != nil {
+			gone = w.gone
+		}
 	}
+	if gone != nil {
+		s.lost(gone)
+	}
+	out.NVML = s.life.status()
 	out.Duration = time.Since(start)
 	return out
 }
@@ -195,8 +269,11 @@ type gpuWorker struct {
 	lostLogged bool
 	processes  bool
 	lastSeen   uint64 // newest per-process utilization sample read, in µs
-	result     sample.GPUState
-	identMu    sync.Mutex // guards ident for staleState while a read is stuck
+	// gone is the answer of a call that says the driver went away
+	// (UNINITIALIZED, DRIVER_NOT_LOADED) in the latest read, else nil.
+	gone    error
+	result  sample.GPUState
+	identMu sync.Mutex // guards ident for staleState while a read is stuck
 }
 
 // staleState is the GPU's identity with Up=false and no values.
@@ -228,6 +305,9 @@ func (w *gpuWorker) discover() {
 	prev := w.ident
 	h, ret := w.lib.DeviceGetHandleByIndex(w.index)
 	if ret != nvml.SUCCESS {
+		if driverGone(ret) {
+			w.gone = ret
+		}
 		w.handle = nil
 		if prev.UUID == "" {
 			w.setIdent(sample.DeviceState{GPU: w.index, GPUInstance: -1, ComputeInstance: -1, Minor: -1}, nil, nil, nil)
@@ -383,6 +463,7 @@ func (w *gpuWorker) migChanged() bool {
 // read samples the GPU and its MIG instances. It runs in its own goroutine.
 func (w *gpuWorker) read() sample.GPUState {
 	w.samples++
+	w.gone = nil
 	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 || w.migChanged() {
 		w.discover()
 	}
@@ -398,6 +479,10 @@ func (w *gpuWorker) read() sample.GPUState {
 	up, err := readDevice(w.handle, w.probes, &g.DeviceState, &g.Health, w.prevHealth, full, w.nvlinkSeen)
 	g.Up = up
 	if !up {
+		var ret nvml.Return
+		if errors.As(err, &ret) && driverGone(ret) {
+			w.gone = ret
+		}
 		w.failures++
 		if !w.lostLogged {
 			w.log.Error().Err(err).Str("uuid", g.UUID).Msg("GPU does not answer NVML; reporting gpu_up 0 until it does")

@@ -8,6 +8,21 @@ type NodeSample struct {
 	Duration time.Duration
 	Driver   DriverInfo
 	GPUs     []GPUState
+	// NVML is the library's state: whether it can be read at all.
+	NVML NVMLStatus
+}
+
+// NVMLStatus says whether NVML could be read in a sample, and if not why.
+type NVMLStatus struct {
+	// Down says why NVML cannot be read (waiting for nvmlInit, the driver
+	// went away); "" when it can.
+	Down string
+	// DownSince is when NVML became unusable (the process start for a first
+	// nvmlInit that has not returned); zero when it is usable.
+	DownSince time.Time
+	// Inits counts the successful nvmlInit calls: more than one means the
+	// library was initialised again after a driver reload.
+	Inits int
 }
 
 // DriverInfo is the node's driver stack.

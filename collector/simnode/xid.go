@@ -57,3 +57,13 @@ func (s *xidSource) Wait(timeout time.Duration) (xid.Event, error) {
 		}
 	}
 }
+
+// Covered reports every simulated GPU registered: the simulated set never
+// leaves a GPU out.
+func (s *xidSource) Covered() []xid.Coverage {
+	out := make([]xid.Coverage, 0, len(s.n.devices))
+	for _, d := range s.n.devices {
+		out = append(out, xid.Coverage{GPU: d.index, UUID: d.mock.UUID, Registered: true})
+	}
+	return out
+}

@@ -146,6 +146,12 @@ func (n *Node) Text(w io.Writer) error {
 	}
 	fmt.Fprintf(w, ", driver %s, CUDA %s, sample %s, process accounting %s, pod map %s\n",
 		orDash(n.Driver), orDash(n.CUDA), n.SampleTime.UTC().Format(time.RFC3339), orDash(n.Processes), orDash(n.PodMap))
+	if n.NVML != "" && n.NVML != "ok" {
+		fmt.Fprintf(w, "NVML: %s\n", n.NVML)
+	}
+	if n.XIDEvents != "" {
+		fmt.Fprintf(w, "XID events: %s\n", n.XIDEvents)
+	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tUNIT\tREPLICA\tNAMESPACE/POD/CONTAINER\tVRAM\tACTIVITY\tIDLE\tHEALTH")
 	for _, r := range n.Rows() {
@@ -178,6 +184,7 @@ tr.gpu-first td{border-top:2px solid #888}
 <p>gpu-pool-exporter {{.N.Version}}{{if .N.Simulated}} &mdash; <b>simulated GPU node</b>{{end}}.
 Driver {{.N.Driver}}, CUDA {{.N.CUDA}}. Sample taken <time datetime="{{.Time}}">{{.Time}}</time>;
 process accounting: <span id="process-accounting">{{.N.Processes}}</span>; pod map: <span id="pod-map">{{.N.PodMap}}</span>.</p>
+{{with .N.NVML}}<p>NVML: <span id="nvml"{{if ne . "ok"}} class="bad"{{end}}>{{.}}</span>{{with $.N.XIDEvents}}; XID events: <span id="xid-events">{{.}}</span>{{end}}.</p>{{end}}
 <p><a href="metrics">/metrics</a> &middot; <a href="status.json">/status.json</a> (this table, for <code>gpu-pool-exporter status</code>) &middot; <a href="healthz">/healthz</a> &middot; <a href="readyz">/readyz</a>. This page is rendered once per sample.</p>
 <table id="holders">
 <thead><tr><th>GPU</th><th>Unit</th><th>Replica</th><th>Namespace/pod/container</th><th>VRAM</th><th>Activity</th><th>Idle</th><th>Health</th></tr></thead>

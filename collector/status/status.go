@@ -27,7 +27,13 @@ type Node struct {
 	// PodMap says whether the kubelet's pod map is current: "on", "off" or
 	// "down".
 	PodMap string `json:"pod_map"`
-	GPUs   []GPU  `json:"gpus"`
+	// NVML says whether NVML is usable: "ok", or why not (waiting for
+	// nvmlInit, the driver went away).
+	NVML string `json:"nvml,omitempty"`
+	// XIDEvents says which GPUs' XIDs are seen: "off", "all N GPUs
+	// registered", or which are not.
+	XIDEvents string `json:"xid_events,omitempty"`
+	GPUs      []GPU  `json:"gpus"`
 }
 
 // GPU is one physical GPU.

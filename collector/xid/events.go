@@ -16,6 +16,11 @@ import (
 // not a failure.
 var ErrTimeout = errors.New("xid: no event before the timeout")
 
+// ErrNotReady is what an EventSource's Open returns while the library
+// cannot be used yet (nvmlInit has not returned, or the driver went away):
+// the Reader tries again shortly, without counting a failure.
+var ErrNotReady = errors.New("xid: NVML is not initialised yet")
+
 // ErrNoDevices is returned by an EventSource whose Open could register no
 // device for any event type it watches.
 var ErrNoDevices = errors.New("xid: no device supports Xid or ECC events")
@@ -37,6 +42,28 @@ type Waiter interface {
 	Wait(timeout time.Duration) (Event, error)
 	// Close frees the set.
 	Close() error
+}
+
+// Coverage says whether one GPU is registered on the open event set: an
+// XID of a GPU that is not registered is never seen.
+type Coverage struct {
+	GPU        int
+	UUID       string
+	Registered bool
+	// Unsupported: the GPU supports none of the watched event types; it is
+	// not registered, and never will be.
+	Unsupported bool
+}
+
+// CoverageReporter is a Waiter that knows which GPUs its set covers.
+type CoverageReporter interface {
+	Covered() []Coverage
+}
+
+// MissingRetrier is a Waiter that can try again to register the GPUs left
+// out of its set (a GPU that hung or failed at Open), on the same set.
+type MissingRetrier interface {
+	RetryMissing()
 }
 
 // Event is one device event.
@@ -85,6 +112,9 @@ const (
 	DefaultWaitTimeout = time.Second
 	DefaultMinBackoff  = time.Second
 	DefaultMaxBackoff  = time.Minute
+	// DefaultRetryMissing is how often GPUs left out of the set are tried
+	// again.
+	DefaultRetryMissing = 10 * time.Second
 )
 
 // Reader reads events from an EventSource in its own goroutine (Run) and
@@ -106,6 +136,11 @@ type Reader struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Logf, when set, is told about failures and recoveries.
 	Logf func(format string, args ...any)
+	// RetryMissing is how often GPUs left out of the set are registered
+	// again; zero means DefaultRetryMissing.
+	RetryMissing time.Duration
+	// Now replaces time.Now in tests.
+	Now func() time.Time
 
 	src     EventSource
 	counter *Counter
@@ -119,6 +154,10 @@ type Reader struct {
 	ecc       map[int]*eccCount
 	instances map[instanceKey]*series
 	lastErr   error
+	// Coverage: the GPUs of the latest set, and the time with no set open.
+	covered        []Coverage
+	uncovered      time.Duration
+	uncoveredSince time.Time // zero while a set is open
 }
 
 type instanceKey struct {
@@ -149,6 +188,58 @@ func NewReader(src EventSource, counter *Counter) *Reader {
 		counter = NewCounter()
 	}
 	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}}
+}
+
+// Coverage returns, per GPU of the latest event set, whether it is
+// registered now; every GPU is unregistered while no set is open.
+func (r *Reader) Coverage() []Coverage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := append([]Coverage(nil), r.covered...)
+	if !r.uncoveredSince.IsZero() {
+		for i := range out {
+			out[i].Registered = false
+		}
+	}
+	return out
+}
+
+// UncoveredSeconds returns how long, since Run started, no event set was
+// open: XIDs raised then were lost (NVML keeps no history).
+func (r *Reader) UncoveredSeconds() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.uncovered
+	if !r.uncoveredSince.IsZero() {
+		d += r.now().Sub(r.uncoveredSince)
+	}
+	return d.Seconds()
+}
+
+func (r *Reader) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// setOpen records that a set is open (w non-nil) or none is.
+func (r *Reader) setOpen(w Waiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	switch {
+	case w != nil && !r.uncoveredSince.IsZero():
+		r.uncovered += now.Sub(r.uncoveredSince)
+		r.uncoveredSince = time.Time{}
+	case w == nil && r.uncoveredSince.IsZero():
+		r.uncoveredSince = now
+	}
+	if c, ok := w.(CoverageReporter); ok {
+		r.covered = c.Covered()
+	} else if w != nil {
+		r.covered = nil // the source cannot tell
+	}
 }
 
 // Counter returns the Counter the Reader counts Xids into.
@@ -214,6 +305,11 @@ func (r *Reader) InstanceCounts() []InstanceCount {
 
 // Run reads events until ctx ends, then closes the set and returns ctx's
 // error. It returns within about WaitTimeout of ctx ending.
+//
+// A set that fails is replaced by a new one created before the old one is
+// closed, and the old one's queued events are read first: NVML delivers no
+// event raised while no set is registered, so a gap between sets loses
+// XIDs.
 func (r *Reader) Run(ctx context.Context) error {
 	waitTimeout := r.WaitTimeout
 	if waitTimeout <= 0 {
@@ -226,25 +322,37 @@ func (r *Reader) Run(ctx context.Context) error {
 	if maxB < minB {
 		maxB = max(DefaultMaxBackoff, minB)
 	}
+	retryEvery := r.RetryMissing
+	if retryEvery <= 0 {
+		retryEvery = DefaultRetryMissing
+	}
 	defer r.up.Store(false)
 
 	backoff := minB
 	opened := false // whether Open ever succeeded
 	var w Waiter
+	r.setOpen(nil)
 	closeSet := func() {
 		if w != nil {
 			if err := w.Close(); err != nil {
 				r.logf("xid: closing the event set: %v", err)
 			}
 			w = nil
+			r.setOpen(nil)
 		}
 	}
 	defer closeSet()
+	lastRetry := time.Now()
 
 	for ctx.Err() == nil {
 		if w == nil {
 			var err error
 			w, err = r.src.Open()
+			if errors.Is(err, ErrNotReady) {
+				w = nil
+				sleep(ctx, min(minB, waitTimeout))
+				continue
+			}
 			if err != nil {
 				w = nil
 				r.fail(fmt.Errorf("opening the event set: %w", err))
@@ -257,6 +365,14 @@ func (r *Reader) Run(ctx context.Context) error {
 				r.logf("xid: event set re-created")
 			}
 			opened = true
+			r.setOpen(w)
+			lastRetry = time.Now()
+		}
+		if time.Since(lastRetry) >= retryEvery {
+			lastRetry = time.Now()
+			if m, ok := w.(MissingRetrier); ok {
+				m.RetryMissing()
+			}
 		}
 
 		ev, err := w.Wait(waitTimeout)
@@ -270,12 +386,38 @@ func (r *Reader) Run(ctx context.Context) error {
 			backoff = minB
 		default:
 			r.fail(fmt.Errorf("waiting for events: %w", err))
+			if nw, oerr := r.src.Open(); oerr == nil {
+				r.drain(w)
+				if cerr := w.Close(); cerr != nil {
+					r.logf("xid: closing the event set: %v", cerr)
+				}
+				w = nw
+				r.recreated.Add(1)
+				r.logf("xid: event set re-created")
+				r.setOpen(w)
+				continue
+			} else if !errors.Is(oerr, ErrNotReady) {
+				r.fail(fmt.Errorf("opening the event set: %w", oerr))
+			}
 			closeSet()
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, maxB)
 		}
+		r.setOpen(w) // registrations that finished late
 	}
 	return ctx.Err()
+}
+
+// drain reads the events a failed set still holds, until it answers
+// anything else.
+func (r *Reader) drain(w Waiter) {
+	for i := 0; i < 10000; i++ {
+		ev, err := w.Wait(time.Millisecond)
+		if err != nil {
+			return
+		}
+		r.handle(ev)
+	}
 }
 
 func (r *Reader) fail(err error) {
@@ -372,16 +514,27 @@ type NVMLEventSource struct {
 	devices []NVMLDevice
 	// Logf, when set, is told about devices skipped at Open.
 	Logf func(format string, args ...any)
+	// RegisterTimeout bounds how long Open waits for the GPUs to register;
+	// zero means DefaultRegisterTimeout.
+	RegisterTimeout time.Duration
+
+	mu       sync.Mutex
+	inFlight map[int]bool // GPUs (by position) whose registration has not returned
 }
+
+// DefaultRegisterTimeout bounds the registration of all GPUs at Open.
+const DefaultRegisterTimeout = 2 * time.Second
 
 // NewNVMLEventSource returns an EventSource on lib. With devices nil, every
 // Open enumerates all devices afresh (DeviceGetCount, DeviceGetHandleByIndex);
 // otherwise it registers the given devices. On each device it registers the
 // WatchedEventTypes the device supports: a device that supports none of them
 // (NOT_SUPPORTED) is skipped, and so is one that fails (for example a GPU
-// lost from the bus), so one bad GPU does not stop the others; the skipped
-// device is tried again when the set is next re-created. Open fails only
-// when the set cannot be created or no device could be registered.
+// lost from the bus), so one bad GPU does not stop the others. Devices are
+// registered in parallel, under RegisterTimeout: one whose calls hang is
+// left out, joins the set when its registration returns, and is tried again
+// by RetryMissing. Open fails only when the set cannot be created or no
+// device could be registered.
 func NewNVMLEventSource(lib NVMLLibrary, devices []NVMLDevice) *NVMLEventSource {
 	return &NVMLEventSource{lib: lib, devices: devices}
 }
@@ -394,63 +547,152 @@ type registered struct {
 
 // Open creates an NVML event set and registers the devices on it.
 func (s *NVMLEventSource) Open() (Waiter, error) {
-	devices := s.devices
-	if devices == nil {
-		n, ret := s.lib.DeviceGetCount()
-		if ret != nvml.SUCCESS {
+	n := len(s.devices)
+	if s.devices == nil {
+		var ret nvml.Return
+		if n, ret = s.lib.DeviceGetCount(); ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("counting devices: %w", ret)
 		}
-		for i := 0; i < n; i++ {
-			d, ret := s.lib.DeviceGetHandleByIndex(i)
-			if ret != nvml.SUCCESS || d == nil {
-				s.logf("xid: skipping GPU %d: getting its handle: %v", i, ret)
-				continue
-			}
-			devices = append(devices, d)
-		}
 	}
-
 	set, ret := s.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
 	}
-	var regs []registered
-	for _, d := range devices {
-		gpu, ret := d.GetIndex()
-		if ret != nvml.SUCCESS {
-			s.logf("xid: skipping a device: getting its index: %v", ret)
-			continue
-		}
-		uuid, ret := d.GetUUID()
-		if ret != nvml.SUCCESS {
-			s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
-			continue
-		}
-		supported, ret := d.GetSupportedEventTypes()
-		if ret == nvml.ERROR_NOT_SUPPORTED {
-			continue
-		}
-		if ret != nvml.SUCCESS {
-			s.logf("xid: skipping GPU %d: getting its event types: %v", gpu, ret)
-			continue
-		}
-		types := supported & WatchedEventTypes
-		if types == 0 {
-			continue
-		}
-		if ret := d.RegisterEvents(types, set); ret != nvml.SUCCESS {
-			if ret != nvml.ERROR_NOT_SUPPORTED {
-				s.logf("xid: skipping GPU %d: registering events: %v", gpu, ret)
-			}
-			continue
-		}
-		regs = append(regs, registered{dev: d, gpu: gpu, uuid: uuid})
+	w := &nvmlWaiter{set: set, src: s, slots: make([]Coverage, n)}
+	for i := range w.slots {
+		w.slots[i] = Coverage{GPU: i}
 	}
-	if len(regs) == 0 {
+	done := make(chan struct{}, n)
+	pending := 0
+	for i := 0; i < n; i++ {
+		if w.start(i, done) {
+			pending++
+		}
+	}
+	timeout := s.RegisterTimeout
+	if timeout <= 0 {
+		timeout = DefaultRegisterTimeout
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+wait:
+	for ; pending > 0; pending-- {
+		select {
+		case <-done:
+		case <-t.C:
+			s.logf("xid: %d GPU(s) did not register for events within %s: their XIDs are not seen until they do (gpu_xid_events_registered)", pending, timeout)
+			break wait
+		}
+	}
+	w.mu.Lock()
+	none := len(w.regs) == 0
+	w.mu.Unlock()
+	if none && pending == 0 {
 		_ = set.Free()
 		return nil, ErrNoDevices
 	}
-	return &nvmlWaiter{set: set, regs: regs}, nil
+	return w, nil
+}
+
+// Registering returns how many device registrations have not returned (a
+// GPU whose calls hang); the library must not be shut down under them.
+func (s *NVMLEventSource) Registering() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inFlight)
+}
+
+// start registers device i on the waiter's set in its own goroutine,
+// unless an earlier registration of that device has not returned: a hung
+// GPU holds one goroutine, never one per attempt.
+func (w *nvmlWaiter) start(i int, done chan<- struct{}) bool {
+	s := w.src
+	s.mu.Lock()
+	if s.inFlight == nil {
+		s.inFlight = map[int]bool{}
+	}
+	if s.inFlight[i] {
+		s.mu.Unlock()
+		return false
+	}
+	s.inFlight[i] = true
+	s.mu.Unlock()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.inFlight, i)
+			s.mu.Unlock()
+			if done != nil {
+				done <- struct{}{}
+			}
+		}()
+		w.register(i)
+	}()
+	return true
+}
+
+// register adds device i to the set, or says why not.
+func (w *nvmlWaiter) register(i int) {
+	s := w.src
+	var d NVMLDevice
+	if s.devices != nil {
+		d = s.devices[i]
+	} else {
+		h, ret := s.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS || h == nil {
+			s.logf("xid: skipping GPU %d: getting its handle: %v", i, ret)
+			return
+		}
+		d = h
+	}
+	gpu, ret := d.GetIndex()
+	if ret != nvml.SUCCESS {
+		s.logf("xid: skipping a device: getting its index: %v", ret)
+		return
+	}
+	uuid, ret := d.GetUUID()
+	if ret != nvml.SUCCESS {
+		s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
+		return
+	}
+	w.mu.Lock()
+	w.slots[i].GPU, w.slots[i].UUID = gpu, uuid
+	w.mu.Unlock()
+	unsupported := func() {
+		w.mu.Lock()
+		w.slots[i].Unsupported = true
+		w.mu.Unlock()
+	}
+	supported, ret := d.GetSupportedEventTypes()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		unsupported()
+		return
+	}
+	if ret != nvml.SUCCESS {
+		s.logf("xid: skipping GPU %d: getting its event types: %v", gpu, ret)
+		return
+	}
+	types := supported & WatchedEventTypes
+	if types == 0 {
+		unsupported()
+		return
+	}
+	w.mu.Lock()
+	closed := w.closed
+	w.mu.Unlock()
+	if closed {
+		return
+	}
+	if ret := d.RegisterEvents(types, w.set); ret != nvml.SUCCESS {
+		if ret != nvml.ERROR_NOT_SUPPORTED {
+			s.logf("xid: skipping GPU %d: registering events: %v", gpu, ret)
+		}
+		return
+	}
+	w.mu.Lock()
+	w.regs = append(w.regs, registered{dev: d, gpu: gpu, uuid: uuid})
+	w.slots[i].Registered = true
+	w.mu.Unlock()
 }
 
 func (s *NVMLEventSource) logf(format string, args ...any) {
@@ -460,8 +702,36 @@ func (s *NVMLEventSource) logf(format string, args ...any) {
 }
 
 type nvmlWaiter struct {
-	set  nvml.EventSet
-	regs []registered
+	set nvml.EventSet
+	src *NVMLEventSource
+
+	mu     sync.Mutex // guards regs, slots and closed: registrations finish late
+	regs   []registered
+	slots  []Coverage // by device position
+	closed bool
+}
+
+// Covered says which devices are registered on the set.
+func (w *nvmlWaiter) Covered() []Coverage {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Coverage(nil), w.slots...)
+}
+
+// RetryMissing registers again, on the same set, the devices left out
+// (failed or hung at Open), without waiting for them.
+func (w *nvmlWaiter) RetryMissing() {
+	w.mu.Lock()
+	var missing []int
+	for i, c := range w.slots {
+		if !c.Registered && !c.Unsupported {
+			missing = append(missing, i)
+		}
+	}
+	w.mu.Unlock()
+	for _, i := range missing {
+		w.start(i, nil)
+	}
 }
 
 // Wait blocks in NVML for up to timeout (rounded up to a millisecond).
@@ -483,7 +753,10 @@ func (w *nvmlWaiter) Wait(timeout time.Duration) (Event, error) {
 	}
 	ev := Event{GPU: -1, Type: data.EventType, Data: data.EventData, Time: time.Now(),
 		Instance: eventInstance(data.GpuInstanceId, data.ComputeInstanceId)}
-	if r, ok := w.lookup(data.Device); ok {
+	w.mu.Lock()
+	r, ok := w.lookup(data.Device)
+	w.mu.Unlock()
+	if ok {
 		ev.GPU, ev.UUID = r.gpu, r.uuid
 	}
 	return ev, nil
@@ -526,6 +799,9 @@ func sameHandle(a, b any) (same bool) {
 
 // Close frees the NVML event set.
 func (w *nvmlWaiter) Close() error {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
 	if ret := w.set.Free(); ret != nvml.SUCCESS {
 		return fmt.Errorf("freeing the NVML event set: %w", ret)
 	}

@@ -3,6 +3,8 @@ package xid
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ type fakeSource struct {
 	used     int
 	closes   int
 	timeouts []time.Duration
+	order    []string // "open N" and "close N", N the set's number
 }
 
 type step struct {
@@ -42,7 +45,8 @@ func (s *fakeSource) Open() (Waiter, error) {
 		steps = s.scripts[s.used]
 	}
 	s.used++
-	return &fakeWaiter{src: s, steps: steps}, nil
+	s.order = append(s.order, fmt.Sprintf("open %d", s.used))
+	return &fakeWaiter{src: s, steps: steps, n: s.used}, nil
 }
 
 func (s *fakeSource) stats() (opens, closes int) {
@@ -55,6 +59,7 @@ type fakeWaiter struct {
 	src    *fakeSource
 	steps  []step
 	closed bool
+	n      int
 }
 
 func (w *fakeWaiter) Wait(timeout time.Duration) (Event, error) {
@@ -79,6 +84,7 @@ func (w *fakeWaiter) Close() error {
 	}
 	w.closed = true
 	w.src.mu.Lock()
+	w.src.order = append(w.src.order, fmt.Sprintf("close %d", w.n))
 	w.src.closes++
 	w.src.mu.Unlock()
 	return nil
@@ -181,7 +187,8 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 	}
 	src.mu.Lock()
 	for _, to := range src.timeouts {
-		if to != r.WaitTimeout {
+		// A failed set is drained with the shortest wait before it is closed.
+		if to != r.WaitTimeout && to != time.Millisecond {
 			t.Errorf("Wait timeout %v, want %v", to, r.WaitTimeout)
 			break
 		}
@@ -317,6 +324,12 @@ func TestNVMLEventSource(t *testing.T) {
 	if len(gpus[2].RegisterEventsCalls()) != 0 {
 		t.Error("GPU 2 (NOT_SUPPORTED) was registered")
 	}
+	cov := w.(CoverageReporter).Covered()
+	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true}, {GPU: 1, UUID: "GPU-1", Registered: true},
+		{GPU: 2, UUID: "GPU-2", Unsupported: true}, {GPU: 3, UUID: "GPU-3"}}
+	if !slices.Equal(cov, wantCov) {
+		t.Errorf("coverage %+v, want %+v", cov, wantCov)
+	}
 
 	ev, err := w.Wait(1500 * time.Millisecond)
 	if err != nil {
@@ -424,4 +437,83 @@ func TestReaderOverNVMLSource(t *testing.T) {
 	if len(snap) != 1 || snap[0].UUID != "GPU-0" || snap[0].Entry.Action != ActionRestartApp {
 		t.Errorf("Snapshot = %+v", snap)
 	}
+}
+
+// A set that fails is replaced by a new one opened before the old one is
+// closed (NVML delivers no event raised while no set is registered), and
+// what the old set still holds is read before it is closed.
+func TestReaderReplacesABrokenSetBeforeClosingIt(t *testing.T) {
+	lost := errors.New("GPU is lost")
+	src := &fakeSource{scripts: [][]step{
+		{xidEvent(0, 13), {err: lost}, xidEvent(0, 31), xidEvent(1, 43)},
+		{xidEvent(0, 48)},
+	}}
+	r := fastReader(src)
+	r.MinBackoff = time.Hour // a close-then-back-off would never re-open in time
+	r.MaxBackoff = time.Hour
+	cancel := start(t, r)
+	eventually(t, "the old set's queued events and the new set's counted", func() bool {
+		c := r.Counter()
+		return total(c, 0, 13) == 1 && total(c, 0, 31) == 1 && total(c, 1, 43) == 1 && total(c, 0, 48) == 1
+	})
+	if err := cancel(); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run returned %v", err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if len(src.order) < 3 || src.order[0] != "open 1" || src.order[1] != "open 2" || src.order[2] != "close 1" {
+		t.Errorf("sets opened and closed in the order %v, want open 1, open 2, close 1", src.order)
+	}
+	if r.Recreated() != 1 {
+		t.Errorf("Recreated = %d, want 1", r.Recreated())
+	}
+}
+
+// Coverage and the time without a set: every GPU unregistered while no set
+// is open, and the time counted.
+func TestReaderCoverage(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	src := &fakeSource{openErrs: map[int]error{0: errors.New("no driver yet")}, scripts: [][]step{{}}}
+	r := fastReader(coveredSource{src})
+	r.Now = clock
+	cancel := start(t, r)
+	eventually(t, "a set open", func() bool { return r.Up() })
+	mu.Lock()
+	now = now.Add(5 * time.Second)
+	mu.Unlock()
+	if got := r.UncoveredSeconds(); got != 0 {
+		t.Errorf("UncoveredSeconds = %v with a set open since the clock's start, want 0", got)
+	}
+	cov := r.Coverage()
+	if len(cov) != 2 || !cov[0].Registered || cov[1].Registered {
+		t.Errorf("Coverage = %+v, want GPU 0 registered, GPU 1 not", cov)
+	}
+	_ = cancel()
+	mu.Lock()
+	now = now.Add(7 * time.Second)
+	mu.Unlock()
+	if got := r.UncoveredSeconds(); got != 7 {
+		t.Errorf("UncoveredSeconds = %v, 7 s after the set closed, want 7", got)
+	}
+	if cov := r.Coverage(); len(cov) != 2 || cov[0].Registered {
+		t.Errorf("Coverage with no set open = %+v, want every GPU unregistered", cov)
+	}
+}
+
+type coveredSource struct{ *fakeSource }
+
+func (c coveredSource) Open() (Waiter, error) {
+	w, err := c.fakeSource.Open()
+	if err != nil {
+		return nil, err
+	}
+	return coveredWaiter{w}, nil
+}
+
+type coveredWaiter struct{ Waiter }
+
+func (coveredWaiter) Covered() []Coverage {
+	return []Coverage{{GPU: 0, UUID: "GPU-a", Registered: true}, {GPU: 1, UUID: "GPU-b"}}
 }

@@ -89,6 +89,15 @@ func startExporter(t testing.TB, variant, nodePath string, extra ...string) *exp
 
 func startExporterEnv(t testing.TB, variant, nodePath string, env []string, extra ...string) *exporter {
 	t.Helper()
+	e := launchExporter(t, variant, nodePath, env, extra...)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return f["gpu_up"] != nil }, "a page with gpu_up")
+	return e
+}
+
+// launchExporter runs the binary and returns once it listens, whatever
+// NVML does.
+func launchExporter(t testing.TB, variant, nodePath string, env []string, extra ...string) *exporter {
+	t.Helper()
 	bin := exporterBinary(t)
 	lib := library(t, variant)
 	// Every metric group: these tests check what NVML gives, not budgets.
@@ -128,7 +137,6 @@ func startExporterEnv(t testing.TB, variant, nodePath string, env []string, extr
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%s: the exporter did not start listening:\n%s", variant, e.stderr.String())
 	}
-	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return f["gpu_up"] != nil }, "a page with gpu_up")
 	return e
 }
 
@@ -395,6 +403,12 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 	}
 	trace := filepath.Join(t.TempDir(), "trace")
 	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	// NVML delivers no event raised before a set is registered.
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		v0, _ := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": "0"})
+		v1, _ := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"})
+		return v0 == 1 && v1 == 1
+	}, "both GPUs registered for events")
 	node.Events = []fakenvml.Event{
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
 		{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},

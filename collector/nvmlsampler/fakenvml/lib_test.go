@@ -563,3 +563,89 @@ func TestFakeServesEverySymbolTheExporterCalls(t *testing.T) {
 		}
 	}
 }
+
+// The fake behaves as the driver where code is easily written to expect
+// otherwise: events with no set registered are lost, a lost GPU breaks the
+// sets it is registered in, and a driver reload uninitialises the library.
+func TestDriverLifeCycle(t *testing.T) {
+	t.Run("events raised with no set registered are lost", func(t *testing.T) {
+		node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 1, fakenvml.Full)
+		lib := open(t, node)
+		node.Events = []fakenvml.Event{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 79}}
+		write(t, node)
+		must[int](t, "count")(lib.DeviceGetCount()) // the library sees the event: nobody listens
+		set := must[nvml.EventSet](t, "event set")(lib.EventSetCreate())
+		defer func() { _ = set.Free() }()
+		d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+		if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+			t.Fatal(ret)
+		}
+		if e, ret := set.Wait(50); ret != nvml.ERROR_TIMEOUT {
+			t.Errorf("an event raised before registration was delivered: %+v %v", e, ret)
+		}
+		node.Events = append(node.Events, fakenvml.Event{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 48})
+		write(t, node)
+		if e := must[nvml.EventData](t, "wait")(set.Wait(5000)); e.EventData != 48 {
+			t.Errorf("event %d, want 48", e.EventData)
+		}
+	})
+	t.Run("a lost GPU makes the wait answer GPU_IS_LOST", func(t *testing.T) {
+		node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 2, fakenvml.Full)
+		lib := open(t, node)
+		set := must[nvml.EventSet](t, "event set")(lib.EventSetCreate())
+		defer func() { _ = set.Free() }()
+		for i := 0; i < 2; i++ {
+			d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(i))
+			if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+				t.Fatal(ret)
+			}
+		}
+		node.Events = []fakenvml.Event{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13}}
+		node.GPUs[1].Lost = true
+		write(t, node)
+		if e := must[nvml.EventData](t, "wait")(set.Wait(5000)); e.EventData != 13 {
+			t.Errorf("queued event %d, want 13", e.EventData)
+		}
+		if _, ret := set.Wait(50); ret != nvml.ERROR_GPU_IS_LOST {
+			t.Errorf("wait on a set holding a lost GPU: %v, want GPU_IS_LOST", ret)
+		}
+	})
+	t.Run("a driver reload answers UNINITIALIZED until Init", func(t *testing.T) {
+		node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 1, fakenvml.Full)
+		lib := open(t, node)
+		set := must[nvml.EventSet](t, "event set")(lib.EventSetCreate())
+		node.DriverGeneration = 2
+		write(t, node)
+		if _, ret := lib.DeviceGetCount(); ret != nvml.ERROR_UNINITIALIZED {
+			t.Errorf("count after a reload: %v, want UNINITIALIZED", ret)
+		}
+		if _, ret := set.Wait(10); ret != nvml.ERROR_UNINITIALIZED {
+			t.Errorf("wait after a reload: %v, want UNINITIALIZED", ret)
+		}
+		node.DriverUnloaded = true
+		write(t, node)
+		if ret := lib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+			t.Errorf("Init with the module unloaded: %v, want DRIVER_NOT_LOADED", ret)
+		}
+		node.DriverUnloaded = false
+		write(t, node)
+		if ret := lib.Init(); ret != nvml.SUCCESS {
+			t.Fatalf("Init after the reload: %v", ret)
+		}
+		if n := must[int](t, "count")(lib.DeviceGetCount()); n != 1 {
+			t.Errorf("count %d", n)
+		}
+	})
+	t.Run("a driver-wide stall blocks every device", func(t *testing.T) {
+		node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 2, fakenvml.Full)
+		lib := open(t, node)
+		d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(1))
+		node.Blocks = map[string]time.Duration{"all": 300 * time.Millisecond}
+		write(t, node)
+		start := time.Now()
+		must[nvml.Memory](t, "memory")(d.GetMemoryInfo())
+		if time.Since(start) < 300*time.Millisecond {
+			t.Errorf("a call on GPU 1 did not wait for the driver-wide block")
+		}
+	})
+}

@@ -44,14 +44,26 @@ type Node struct {
 	// answer INVALID_ARGUMENT (0: every field is known).
 	FieldMax uint32
 	GPUs     []GPU
-	// Events are delivered in order, once, to an event set registered for
-	// their GPU and type.
+	// Events are raised when the library first reads them (on its next
+	// call, from any thread): every event set registered for their GPU and
+	// type at that moment gets a copy, in order; with no such set an event
+	// is lost, as on a real driver.
 	Events []Event
 	// Returns forces the answer of a function that takes no device
 	// (e.g. "nvmlInit_v2": nvml.ERROR_DRIVER_NOT_LOADED).
 	Returns map[string]nvml.Return
-	// Blocks makes functions block for a while, or Forever.
+	// Blocks makes functions block for a while, or Forever; "all" blocks
+	// every call on every device (a GPU hung in the kernel driver holding
+	// a driver-wide lock).
 	Blocks map[string]time.Duration
+	// DriverGeneration names the loaded driver: changing it under a
+	// running process is a driver reload (an upgrade, a crashed driver
+	// container): every call answers UNINITIALIZED and every event set is
+	// gone until nvmlInit is called again.
+	DriverGeneration int
+	// DriverUnloaded: no kernel module. nvmlInit answers
+	// DRIVER_NOT_LOADED; an initialised library is torn down as on a reload.
+	DriverUnloaded bool
 }
 
 // Event is an NVML event: an XID, or an ECC error.
@@ -241,6 +253,12 @@ func (n *Node) Encode() ([]byte, error) {
 		m.set("field_max", n.FieldMax)
 	}
 	behaviour(m, "", n.Returns, n.Blocks)
+	if n.DriverGeneration != 0 {
+		m.set("driver_generation", n.DriverGeneration)
+	}
+	if n.DriverUnloaded {
+		m.set("driver_unloaded", 1)
+	}
 	for i, e := range n.Events {
 		s := fmt.Sprintf("%d %d %d", e.GPU, e.Type, e.Data)
 		if e.GPUInstance != nil {

@@ -17,7 +17,22 @@
 //   P ret.<symbol>=CODE   that function answers CODE (NOT_SUPPORTED, NO_PERMISSION, ...)
 //   P block.<symbol>=MS   that function blocks MS milliseconds, or "forever"
 //                         (until the key is removed from the file)
-//   P block.all=...       every function on the device blocks
+//   P block.all=...       every function on the device blocks; without a
+//                         prefix, every function on every device (a GPU hung
+//                         in the kernel driver holding a driver-wide lock)
+//
+// Driver life cycle (global keys):
+//   driver_generation=N   the loaded driver; when it changes under an
+//                         initialised library (a reload, an upgrade) every
+//                         call answers UNINITIALIZED and every event set is
+//                         gone until nvmlInit is called again
+//   driver_unloaded=1     no kernel module: nvmlInit answers
+//                         DRIVER_NOT_LOADED, an initialised library is
+//                         torn down as on a reload
+// Events are raised when the library first sees them in the file (on the
+// next call of any thread): each set registered for the GPU and type at
+// that moment gets its own copy; with no such set the event is lost, as
+// NVML keeps no history.
 // Which symbols exist is decided at link time by a version script (one per
 // driver branch): a missing symbol is really missing, and dlsym fails.
 #define _GNU_SOURCE
@@ -57,7 +72,9 @@ static int initCount;
 static char nodePath[4096];
 static struct stat nodeStat;
 static FILE *traceFile;
-static unsigned long long nextEvent; // index of the next event.N to deliver
+static unsigned long long nextEvent; // index of the next event.N to raise
+static unsigned long long initGeneration; // driver_generation when nvmlInit succeeded
+static void afterLoad(void);
 
 static int kvcmp(const void *a, const void *b) {
     return strcmp(((const struct kvent *)a)->key, ((const struct kvent *)b)->key);
@@ -140,7 +157,11 @@ static void reload(void) {
     if (st.st_ino == nodeStat.st_ino && st.st_size == nodeStat.st_size &&
         st.st_mtim.tv_sec == nodeStat.st_mtim.tv_sec && st.st_mtim.tv_nsec == nodeStat.st_mtim.tv_nsec)
         return;
-    if (load(nodePath) != 0) nodeStat = st; // said once; keep the old node until the file changes again
+    if (load(nodePath) != 0) {
+        nodeStat = st; // said once; keep the old node until the file changes again
+        return;
+    }
+    afterLoad();
 }
 
 static const char *get(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -232,10 +253,15 @@ struct nvmlComputeInstance_st {
     unsigned magic;
     int gpu, gi, id;
 };
+#define MAX_QUEUED 256
 struct nvmlEventSet_st {
     unsigned magic;
     int used;
     unsigned long long mask[MAX_GPUS];
+    // Events raised while the set was registered, not yet waited for.
+    unsigned long long queue[MAX_QUEUED][5];
+    int queued[MAX_QUEUED];
+    unsigned head, tail;
 };
 
 static struct nvmlDevice_st devs[MAX_GPUS][MAX_MIG + 1];
@@ -289,6 +315,7 @@ static const char *blockKey(const char *fn, int gpu, int mig) {
         if (!(v = get("gpu.%d.block.%s", gpu, fn))) v = get("gpu.%d.block.all", gpu);
     }
     if (!v) v = get("block.%s", fn);
+    if (!v) v = get("block.all");
     return v;
 }
 
@@ -297,6 +324,8 @@ static const char *blockKey(const char *fn, int gpu, int mig) {
 static nvmlReturn_t enter(const char *fn, int gpu, int mig) {
     reload();
     trace(fn, gpu, mig);
+    if (initCount == 0 && strcmp(fn, "nvmlInit") != 0) return NVML_ERROR_UNINITIALIZED; // the driver went away
+
     for (;;) {
         const char *b = blockKey(fn, gpu, mig);
         if (!b) break;
@@ -392,11 +421,20 @@ static nvmlReturn_t doInit(void) {
         snprintf(nodePath, sizeof nodePath, "%s", p);
         memset(&nodeStat, 0, sizeof nodeStat);
         if (load(nodePath) != 0) RETURN(NVML_ERROR_DRIVER_NOT_LOADED);
+        nextEvent = 0; // events already in the file were raised with no set: lost
+        afterLoad();
         const char *t = getenv("FAKENVML_TRACE");
         if (t && *t && !traceFile) traceFile = fopen(t, "a");
     }
     nvmlReturn_t r = enter("nvmlInit", -1, -1);
-    if (r == NVML_SUCCESS) initCount++;
+    if (r == NVML_SUCCESS && get("driver_unloaded")) r = NVML_ERROR_DRIVER_NOT_LOADED;
+    if (r == NVML_SUCCESS) {
+        if (initCount == 0) {
+            initGeneration = 0;
+            getU64(&initGeneration, "driver_generation");
+        }
+        initCount++;
+    }
     RETURN(r);
 }
 
@@ -409,8 +447,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 
 nvmlReturn_t nvmlShutdown(void) {
     pthread_mutex_lock(&mu);
-    if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
     trace(__func__, -1, -1);
+    if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
     initCount--;
     RETURN(NVML_SUCCESS);
 }
@@ -1529,9 +1567,51 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ty
     RETURN(NVML_SUCCESS);
 }
 
-// event.<n> = gpu type data [gpuInstanceId computeInstanceId]. Events are
-// delivered once, in order, to the first set that waits and registered the
-// GPU for the type; events for GPUs no set registered are dropped.
+// afterLoad runs under mu each time the node file was (re)read: a driver
+// that went away uninitialises the library, and events new in the file are
+// raised.
+static void afterLoad(void) {
+    if (initCount > 0) {
+        unsigned long long gen = 0;
+        getU64(&gen, "driver_generation");
+        if (gen != initGeneration || get("driver_unloaded")) {
+            trace("driver-reload", -1, -1);
+            initCount = 0;
+            for (int i = 0; i < MAX_SETS; i++) sets[i].used = 0;
+        }
+    }
+    // event.<n> = gpu type data [gpuInstanceId computeInstanceId]: each set
+    // registered for the GPU and type now gets a copy; with none it is lost.
+    for (;;) {
+        unsigned long long v[5];
+        int n = parseList(get("event.%llu", nextEvent), v, 5);
+        if (n < 3) break;
+        nextEvent++;
+        int gpu = (int)v[0];
+        int delivered = 0;
+        for (int i = 0; gpu >= 0 && gpu < MAX_GPUS && i < MAX_SETS; i++) {
+            struct nvmlEventSet_st *s = &sets[i];
+            if (!s->used || !(s->mask[gpu] & v[1]) || s->tail - s->head >= MAX_QUEUED) continue;
+            unsigned slot = s->tail++ % MAX_QUEUED;
+            memcpy(s->queue[slot], v, sizeof v);
+            s->queued[slot] = n;
+            delivered = 1;
+        }
+        if (!delivered) trace("event-lost", gpu, (int)v[2]);
+    }
+}
+
+// lostGPU says whether a GPU the set is registered for fell off the bus.
+static int lostGPU(const struct nvmlEventSet_st *s) {
+    for (int g = 0; g < MAX_GPUS; g++) {
+        if (s->mask[g] && get("gpu.%d.lost", g)) return 1;
+    }
+    return 0;
+}
+
+// Events queued in the set come first, in order; then a lost GPU among those
+// registered makes the wait answer GPU_IS_LOST (the set is no use until it
+// is re-created without that GPU).
 static nvmlReturn_t waitEvent(const char *fn, nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     pthread_mutex_lock(&mu);
     if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
@@ -1543,27 +1623,27 @@ static nvmlReturn_t waitEvent(const char *fn, nvmlEventSet_t set, nvmlEventData_
     long waited = 0;
     for (;;) {
         reload();
-        unsigned long long v[5];
-        int n = parseList(get("event.%llu", nextEvent), v, 5);
-        if (n >= 3) {
-            nextEvent++;
-            int gpu = (int)v[0];
-            if (gpu < 0 || gpu >= MAX_GPUS || !(s->mask[gpu] & v[1])) continue;
+        if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
+        if (!s->used) RETURN(NVML_ERROR_INVALID_ARGUMENT); // freed under us
+        if (s->head != s->tail) {
+            unsigned slot = s->head++ % MAX_QUEUED;
+            unsigned long long *v = s->queue[slot];
+            int n = s->queued[slot];
             memset(data, 0, sizeof *data);
-            data->device = gpuHandle(gpu);
+            data->device = gpuHandle((int)v[0]);
             data->eventType = v[1];
             data->eventData = v[2];
             data->gpuInstanceId = n >= 4 ? (unsigned)v[3] : 0xFFFFFFFFu;
             data->computeInstanceId = n >= 5 ? (unsigned)v[4] : 0xFFFFFFFFu;
             RETURN(NVML_SUCCESS);
         }
+        if (lostGPU(s)) RETURN(NVML_ERROR_GPU_IS_LOST);
         if (waited >= (long)timeoutms) RETURN(NVML_ERROR_TIMEOUT);
         long step = (long)timeoutms - waited < 10 ? (long)timeoutms - waited : 10;
         pthread_mutex_unlock(&mu);
         sleepMS(step);
         pthread_mutex_lock(&mu);
         waited += step;
-        if (!s->used) RETURN(NVML_ERROR_INVALID_ARGUMENT); // freed under us
     }
 }
 nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {

@@ -1,0 +1,357 @@
+package fakenvml_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+)
+
+// The real binary across a node's life: a slow nvmlInit, a driver reload,
+// an unloaded driver, GPUs that do not register for events, event sets
+// that break, and a GPU that stalls the whole driver.
+
+// get fetches a path of the exporter: status code and body.
+func (e *exporter) get(path string) (int, string) {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitHTTP polls a path until ok says so, failing after 30 s.
+func (e *exporter) waitHTTP(path, what string, ok func(code int, body string) bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var code int
+	var body string
+	for time.Now().Before(deadline) {
+		if !e.alive() {
+			e.t.Fatalf("the exporter died (%v) waiting for %s:\n%s", e.err, what, e.stderr.String())
+		}
+		if code, body = e.get(path); ok(code, body) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.t.Fatalf("no %s within 30s: %s answered %d %q\n%s", what, path, code, body, e.stderr.String())
+}
+
+func value(f map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	v, _ := sample(f, name, labels)
+	return v
+}
+
+func traceLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func countCalls(lines []string, fn string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, fn+" ") {
+			n++
+		}
+	}
+	return n
+}
+
+func writeNode(t *testing.T, node *fakenvml.Node, path string) {
+	t.Helper()
+	if err := node.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An nvmlInit that does not return keeps nothing from listening: /healthz
+// answers at once, /readyz and the page say what the exporter waits for,
+// and NVML is initialised exactly once (no Init, Shutdown, Init).
+func TestRealBinaryServesWhileNVMLInitHangs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	node.Blocks = map[string]time.Duration{"nvmlInit": fakenvml.Forever}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := launchExporter(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace}) // --nvml.init-timeout=10s
+
+	if code, body := e.get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while nvmlInit hangs: %d %q, want 200", code, body)
+	}
+	e.waitHTTP("/readyz", "a /readyz that names nvmlInit", func(code int, body string) bool {
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "nvmlInit")
+	})
+	e.waitHTTP("/", "a landing page that says nvmlInit has not returned", func(code int, body string) bool {
+		return code == http.StatusOK && strings.Contains(body, "nvmlInit has not returned")
+	})
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return f["gpu_exporter_nvml_initialized"] != nil }, "gpu_exporter_nvml_initialized")
+	if v := value(f, "gpu_exporter_nvml_initialized", nil); v != 0 {
+		t.Errorf("gpu_exporter_nvml_initialized = %v while nvmlInit hangs, want 0", v)
+	}
+	if !strings.Contains(e.stderr.String(), "nvmlInit has not returned") {
+		t.Errorf("no warning in the log that nvmlInit has not returned:\n%s", e.stderr.String())
+	}
+
+	node.Blocks = nil
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "1"}) == 1 && value(f, "gpu_exporter_nvml_initialized", nil) == 1
+	}, "GPUs up once nvmlInit returns")
+	e.waitHTTP("/readyz", "ready", func(code int, _ string) bool { return code == http.StatusOK })
+	calls := traceLines(t, trace)
+	if n := countCalls(calls, "nvmlInit"); n != 1 {
+		t.Errorf("nvmlInit called %d times, want once", n)
+	}
+	if n := countCalls(calls, "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times while running, want none", n)
+	}
+}
+
+// A driver reload (every call UNINITIALIZED until nvmlInit again) is
+// recovered: NVML is released and initialised again, the GPUs come back,
+// and XIDs raised after the reload are counted on a new event set. An
+// unloaded driver that stays away fails /healthz after --nvml.restart-after.
+func TestRealBinaryRecoversFromDriverReload(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 2, fakenvml.Full)
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace}, "--nvml.restart-after=3s")
+	up := func(f map[string]*dto.MetricFamily, gpu string) float64 {
+		return value(f, "gpu_up", map[string]string{"gpu": gpu})
+	}
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return up(f, "0") == 1 && value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+	}, "GPUs up and registered for events")
+
+	t.Run("reload", func(t *testing.T) {
+		node.DriverGeneration = 2
+		writeNode(t, node, path)
+		e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_exporter_nvml_inits_total", nil) == 2 && up(f, "0") == 1 && up(f, "1") == 1 &&
+				value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+		}, "NVML initialised again, GPUs up, GPU 1 registered for events")
+		node.Events = []fakenvml.Event{{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79}}
+		writeNode(t, node, path)
+		e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "1", "xid": "79"}) == 1
+		}, "an XID raised after the reload counted")
+		// The old library instance was released before the new one was
+		// initialised: nothing of the old driver stays open.
+		calls := traceLines(t, trace)
+		reload, shutdown, init := -1, -1, -1
+		for i, l := range calls {
+			switch {
+			case strings.HasPrefix(l, "driver-reload "):
+				reload = i
+			case strings.HasPrefix(l, "nvmlShutdown ") && reload >= 0 && shutdown < 0:
+				shutdown = i
+			case strings.HasPrefix(l, "nvmlInit ") && reload >= 0 && init < 0:
+				init = i
+			}
+		}
+		if reload < 0 || shutdown < 0 || init < 0 || shutdown > init {
+			t.Errorf("want driver-reload, then nvmlShutdown, then nvmlInit in the trace; at lines %d, %d, %d", reload, shutdown, init)
+		}
+	})
+
+	t.Run("unloaded past the bound", func(t *testing.T) {
+		node.DriverUnloaded = true
+		writeNode(t, node, path)
+		e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_exporter_nvml_initialized", nil) == 0 && f["gpu_up"] != nil && up(f, "0") == 0 && up(f, "1") == 0
+		}, "NVML down and every GPU down, with its series kept")
+		e.waitHTTP("/readyz", "not ready, saying why", func(code int, body string) bool {
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "NVML")
+		})
+		e.waitHTTP("/healthz", "a failing /healthz once NVML stayed unusable past --nvml.restart-after", func(code int, body string) bool {
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "unusable")
+		})
+		node.DriverUnloaded = false
+		node.DriverGeneration = 3
+		writeNode(t, node, path)
+		e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_exporter_nvml_initialized", nil) == 1 && up(f, "0") == 1
+		}, "NVML back when the driver is")
+		e.waitHTTP("/healthz", "a passing /healthz", func(code int, _ string) bool { return code == http.StatusOK })
+	})
+}
+
+// GPUs register for events in parallel under a deadline: one whose
+// registration hangs does not keep the others from being heard, it shows
+// as not registered, and joins when its call returns. A GPU whose
+// registration failed is tried again.
+func TestRealBinaryRegistersEventsPerGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 3, fakenvml.Full)
+	node.GPUs[1].Blocks = map[string]time.Duration{"nvmlDeviceRegisterEvents": fakenvml.Forever}
+	node.GPUs[2].Returns = map[string]nvml.Return{"nvmlDeviceRegisterEvents": nvml.ERROR_UNKNOWN}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	e := startExporter(t, fakenvml.Full, path)
+	reg := func(f map[string]*dto.MetricFamily, gpu string) float64 {
+		v, ok := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": gpu})
+		if !ok {
+			return -1
+		}
+		return v
+	}
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return reg(f, "0") == 1 }, "GPU 0 registered for events")
+	if reg(f, "1") != 0 || reg(f, "2") != 0 {
+		t.Errorf("gpu_xid_events_registered: GPU 1 (hangs) %v, GPU 2 (fails) %v, want 0 and 0", reg(f, "1"), reg(f, "2"))
+	}
+	if _, body := e.get("/"); !strings.Contains(body, "not registered (XIDs not seen): GPU 1, 2") {
+		t.Errorf("the landing page does not name the GPUs not registered:\n%s", body)
+	}
+	node.Events = []fakenvml.Event{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13}}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "0", "xid": "13"}) == 1
+	}, "GPU 0's XID counted while GPU 1's registration hangs")
+
+	node.GPUs[1].Blocks = nil
+	node.GPUs[2].Returns = nil
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return reg(f, "1") == 1 && reg(f, "2") == 1 },
+		"GPU 1 registered once its call returns, GPU 2 on a retry")
+	node.Events = append(node.Events,
+		fakenvml.Event{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: 79},
+		fakenvml.Event{GPU: 2, Type: nvml.EventTypeXidCriticalError, Data: 48})
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "1", "xid": "79"}) == 1 &&
+			value(f, "gpu_xid_errors_total", map[string]string{"gpu": "2", "xid": "48"}) == 1
+	}, "XIDs of the late GPUs counted")
+}
+
+// A set that breaks (a GPU registered on it falls off the bus) is replaced
+// by a new one created before the old one is closed, and what the old one
+// still holds is read: XIDs of the healthy GPUs raised while the new set is
+// being created are not lost.
+func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+	}, "both GPUs registered")
+	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
+
+	// GPU 1 falls off the bus; creating the next set takes 3 s.
+	node.GPUs[1].Lost = true
+	node.Blocks = map[string]time.Duration{"nvmlEventSetCreate": 3 * time.Second}
+	writeNode(t, node, path)
+	deadline := time.Now().Add(30 * time.Second)
+	for countCalls(traceLines(t, trace), "nvmlEventSetCreate") == creates {
+		if time.Now().After(deadline) {
+			t.Fatalf("the broken set was never replaced:\n%s", e.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// While the new set is being created, GPU 0 raises XIDs.
+	node.Events = []fakenvml.Event{
+		{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13},
+		{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13},
+	}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "0", "xid": "13"}) == 2
+	}, "both XIDs raised during the re-creation counted")
+	for _, l := range traceLines(t, trace) {
+		if strings.HasPrefix(l, "event-lost ") {
+			t.Errorf("the driver dropped an event for want of a registered set: %s", l)
+		}
+	}
+}
+
+// A GPU hung inside the driver holding a driver-wide lock stalls every
+// GPU: the page says so (every gpu_up 0, the sample age grows, /readyz
+// fails) and goroutines do not pile up sample after sample.
+func TestRealBinaryDriverWideStall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 4, fakenvml.Full)
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	e := startExporter(t, fakenvml.Full, path)
+	node.Blocks = map[string]time.Duration{"all": fakenvml.Forever}
+	writeNode(t, node, path)
+	allDown := func(f map[string]*dto.MetricFamily) bool {
+		for gpu := 0; gpu < 4; gpu++ {
+			if value(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu)}) != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	e.waitFor(allDown, "every GPU down")
+	e.waitHTTP("/readyz", "not ready", func(code int, _ string) bool { return code == http.StatusServiceUnavailable })
+	if code, _ := e.get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d during a stall, want 200 (the driver is loaded; restarting would not help)", code)
+	}
+	// Samples go on (one per second); count goroutines after a few, then
+	// after many more.
+	samples := func(n int) map[string]*dto.MetricFamily {
+		var last float64
+		var f map[string]*dto.MetricFamily
+		for seen := 0; seen < n; {
+			f = e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+				return value(f, "gpu_exporter_last_sample_timestamp_seconds", nil) != last
+			}, "a new sample")
+			last = value(f, "gpu_exporter_last_sample_timestamp_seconds", nil)
+			seen++
+		}
+		return f
+	}
+	f := samples(3)
+	before := value(f, "go_goroutines", nil)
+	ageBefore := value(f, "gpu_exporter_sample_age_seconds", nil)
+	f = samples(15)
+	after := value(f, "go_goroutines", nil)
+	if before == 0 || after > before+3 {
+		t.Errorf("goroutines %v after 3 stalled samples, %v after 15 more: they pile up", before, after)
+	}
+	if age := value(f, "gpu_exporter_sample_age_seconds", nil); age <= ageBefore {
+		t.Errorf("gpu_exporter_sample_age_seconds %v, then %v: it must grow while the driver stalls", ageBefore, age)
+	}
+	if !allDown(f) {
+		t.Error("a GPU reported up during a driver-wide stall")
+	}
+	node.Blocks = nil
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "3"}) == 1 && value(f, "gpu_up", map[string]string{"gpu": "0"}) == 1
+	}, "GPUs back once the driver answers")
+}
