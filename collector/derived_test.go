@@ -216,9 +216,13 @@ gpus:
 	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 0 {
 		t.Errorf("free slices beside a 7g instance: %v, want 0", v)
 	}
-	// Two 3g instances cover all 8 memory slices: nothing more fits.
-	if v := num(t, p, "gpu_mig_free_slices", `gpu="1"`); v != 0 {
-		t.Errorf("free slices beside two 3g instances: %v, want 0", v)
+	// Two 3g instances use 6 of 7 compute slices and cover all 8 memory
+	// slices: one compute slice is free, yet nothing more fits.
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="1"`); v != 1 {
+		t.Errorf("free slices beside two 3g instances: %v, want 1", v)
+	}
+	if v := num(t, p, "gpu_mig_largest_placeable_slices", `gpu="1"`); v != 0 {
+		t.Errorf("largest placeable beside two 3g instances: %v, want 0", v)
 	}
 }
 

@@ -199,6 +199,9 @@ type MIGSpec struct {
 	// instances (default 1), each its own MIG device with its own UUID,
 	// as nvidia-smi mig -cci does.
 	ComputeInstances int `yaml:"computeInstances"`
+	// Placement, when set, is the start (in memory slices) of the
+	// placement the GPU instance takes; it must be one the profile allows.
+	Placement *int `yaml:"placement"`
 }
 
 // Workload is what runs on a device over time.

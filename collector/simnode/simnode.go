@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,6 +339,17 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 		if count[p.ID]++; count[p.ID] > p.Count {
 			return nil, &migError{i, fmt.Sprintf("%s does not fit: a GPU holds at most %d of it", s.Profile, p.Count)}
 		}
+		if s.Placement != nil {
+			var starts []string
+			ok := false
+			for _, pl := range p.Placements() {
+				starts = append(starts, strconv.Itoa(pl.Start))
+				ok = ok || pl.Start == *s.Placement
+			}
+			if !ok {
+				return nil, &migError{i, fmt.Sprintf("placement %d is not one %s allows on %s; want one of %s", *s.Placement, s.Profile, cfg.Name, strings.Join(starts, ", "))}
+			}
+		}
 		profiles[i] = p
 	}
 	plans := make([]migPlan, len(specs))
@@ -350,6 +362,9 @@ func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
 		}
 		deepest = max(deepest, i)
 		for _, pl := range profiles[i].Placements() {
+			if at := specs[i].Placement; at != nil && pl.Start != *at {
+				continue
+			}
 			mask := (uint64(1)<<uint(pl.Size) - 1) << uint(pl.Start)
 			if used&mask != 0 {
 				continue

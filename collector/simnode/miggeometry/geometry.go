@@ -98,8 +98,8 @@ func (m *Model) ProfileNames() []string {
 }
 
 var (
-	once   sync.Once
-	models []Model
+	once    sync.Once
+	models  []Model
 	errLoad error
 )
 
