@@ -261,8 +261,13 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 		devs := []*sample.DeviceState{&g.DeviceState}
 		if g.MIGEnabled && len(g.MIG) > 0 {
 			devs = devs[:0]
+			// DCGM's entity and dcgm-exporter's labels are the GPU
+			// instance (GPU_I_ID): compute instances of one GPU instance
+			// are served once, on the first, with all their holders.
+			seen := map[int]bool{}
 			for j := range g.MIG {
-				if g.MIG[j].Up {
+				if g.MIG[j].Up && !seen[g.MIG[j].GPUInstance] {
+					seen[g.MIG[j].GPUInstance] = true
 					devs = append(devs, &g.MIG[j])
 				}
 			}
@@ -276,6 +281,9 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 			}
 			base := r.labels(g, d, driver)
 			hs := holders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
+			if d.IsMIG() {
+				hs = giHolders(holders, g, d.GPUInstance)
+			}
 			if len(hs) == 0 {
 				hs = []Holder{{}}
 			}
@@ -297,10 +305,34 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 	}
 }
 
+// giHolders are the holders of every compute instance of GPU instance gi,
+// each once.
+func giHolders(holders map[DeviceKey][]Holder, g *sample.GPUState, gi int) []Holder {
+	var out []Holder
+	seen := map[Holder]bool{}
+	for j := range g.MIG {
+		if g.MIG[j].GPUInstance != gi {
+			continue
+		}
+		for _, h := range holders[DeviceKey{g.GPU, gi, g.MIG[j].ComputeInstance}] {
+			if !seen[h] {
+				seen[h] = true
+				out = append(out, h)
+			}
+		}
+	}
+	return out
+}
+
 func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, driver string) []string {
 	gi, prof := "", ""
 	if d.IsMIG() {
 		gi, prof = strconv.Itoa(d.GPUInstance), d.MIGProfile
+		if g.MIGLayout != nil { // the GPU instance's profile, not 1c.3g.40gb
+			if pl, ok := g.MIGLayout.Instances[d.GPUInstance]; ok && pl.Profile != "" {
+				prof = pl.Profile
+			}
+		}
 	}
 	// dcgm-exporter names the device after the GPU index (nvidia<index>)
 	// and takes DCGM's upper-case PCI bus ID.

@@ -235,3 +235,43 @@ func TestMemoryTemperatureNotSupported(t *testing.T) {
 		t.Errorf("%d gpu_memory_temperature_celsius series, want 8", n)
 	}
 }
+
+// Two compute instances of one GPU instance are one GPU instance entity to
+// DCGM and dcgm-exporter: the compatibility families carry GPU_I_ID, not
+// the compute instance, so they are served once per GPU instance (its
+// holders each get their series). Served once per compute instance, their
+// label sets collided and the registry refused the page.
+func TestCompatComputeInstancesDoNotCollide(t *testing.T) {
+	sc, err := simnode.ParseScenario("ci.yaml", []byte(`
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - {index: 0, mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 4g.40gb}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := simnode.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), Groups: fullGroups(),
+		Compat: &collector.CompatConfig{Hostname: "n"}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SampleOnce(context.Background())
+	if _, err := e.Registry().Gather(); err != nil {
+		t.Fatalf("registry refused the page: %v", err)
+	}
+	used := series(e.Page(), "DCGM_FI_DEV_FB_USED")
+	if len(used) != 2 {
+		t.Errorf("DCGM_FI_DEV_FB_USED has %d series, want 2 (one per GPU instance): %v", len(used), used)
+	}
+	if !strings.Contains(string(e.Page().Plain), `GPU_I_PROFILE="3g.40gb"`) {
+		t.Errorf("GPU_I_PROFILE is not the GPU instance's profile")
+	}
+}
