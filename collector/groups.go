@@ -273,7 +273,7 @@ func init() {
 		}
 	}
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
-		collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
+		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc)
 	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, eccLastIncreaseDesc)

@@ -20,6 +20,11 @@ var ErrTimeout = errors.New("xid: no event before the timeout")
 // device for any event type it watches.
 var ErrNoDevices = errors.New("xid: no device supports Xid or ECC events")
 
+// ErrEventsNotSupported is returned by an EventSource whose driver cannot
+// create an event set at all (NVML answers NOT_SUPPORTED: consumer boards,
+// some vGPU guests).
+var ErrEventsNotSupported = errors.New("xid: the driver does not support NVML event sets")
+
 // EventSource opens a stream of device events. The real one is
 // NewNVMLEventSource; the simulator and tests provide their own.
 type EventSource interface {
@@ -110,10 +115,11 @@ type Reader struct {
 	src     EventSource
 	counter *Counter
 
-	up        atomic.Bool
-	recreated atomic.Int64
-	failures  atomic.Uint64
-	events    atomic.Uint64
+	up          atomic.Bool
+	unsupported atomic.Bool
+	recreated   atomic.Int64
+	failures    atomic.Uint64
+	events      atomic.Uint64
 
 	mu        sync.Mutex
 	ecc       map[int]*eccCount
@@ -157,6 +163,11 @@ func (r *Reader) Counter() *Counter { return r.counter }
 // Up reports whether an event set is open and its last Wait succeeded or
 // timed out normally.
 func (r *Reader) Up() bool { return r.up.Load() }
+
+// Unsupported reports whether the node's boards do not support events (Open
+// returned ErrNoDevices or ErrEventsNotSupported): Run then stops opening
+// event sets, and the collector is not applicable rather than down.
+func (r *Reader) Unsupported() bool { return r.unsupported.Load() }
 
 // Recreated returns how many times the event set was opened again after a
 // failure (the first successful Open is not counted).
@@ -247,6 +258,17 @@ func (r *Reader) Run(ctx context.Context) error {
 			w, err = r.src.Open()
 			if err != nil {
 				w = nil
+				if errors.Is(err, ErrNoDevices) || errors.Is(err, ErrEventsNotSupported) {
+					// What the boards support does not change while the
+					// driver is loaded: retrying would fail forever.
+					r.unsupported.Store(true)
+					r.mu.Lock()
+					r.lastErr = err
+					r.mu.Unlock()
+					r.logf("xid: not watching XID and ECC events: %v (the boards do not support NVML events; XIDs are not counted on this node)", err)
+					<-ctx.Done()
+					return ctx.Err()
+				}
 				r.fail(fmt.Errorf("opening the event set: %w", err))
 				sleep(ctx, backoff)
 				backoff = min(backoff*2, maxB)
@@ -381,7 +403,10 @@ type NVMLEventSource struct {
 // (NOT_SUPPORTED) is skipped, and so is one that fails (for example a GPU
 // lost from the bus), so one bad GPU does not stop the others; the skipped
 // device is tried again when the set is next re-created. Open fails only
-// when the set cannot be created or no device could be registered.
+// when the set cannot be created or no device could be registered; it
+// returns ErrEventsNotSupported when the driver cannot create event sets and
+// ErrNoDevices when every device answered that it supports none of the
+// watched events (not when some failed: that is worth a retry).
 func NewNVMLEventSource(lib NVMLLibrary, devices []NVMLDevice) *NVMLEventSource {
 	return &NVMLEventSource{lib: lib, devices: devices}
 }
@@ -394,6 +419,9 @@ type registered struct {
 
 // Open creates an NVML event set and registers the devices on it.
 func (s *NVMLEventSource) Open() (Waiter, error) {
+	// skipped counts devices left out for a failure rather than for not
+	// supporting events: with none registered, that is worth a retry.
+	skipped := 0
 	devices := s.devices
 	if devices == nil {
 		n, ret := s.lib.DeviceGetCount()
@@ -404,6 +432,7 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 			d, ret := s.lib.DeviceGetHandleByIndex(i)
 			if ret != nvml.SUCCESS || d == nil {
 				s.logf("xid: skipping GPU %d: getting its handle: %v", i, ret)
+				skipped++
 				continue
 			}
 			devices = append(devices, d)
@@ -411,6 +440,9 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 	}
 
 	set, ret := s.lib.EventSetCreate()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		return nil, fmt.Errorf("creating an NVML event set: %w", ErrEventsNotSupported)
+	}
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
 	}
@@ -419,11 +451,13 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 		gpu, ret := d.GetIndex()
 		if ret != nvml.SUCCESS {
 			s.logf("xid: skipping a device: getting its index: %v", ret)
+			skipped++
 			continue
 		}
 		uuid, ret := d.GetUUID()
 		if ret != nvml.SUCCESS {
 			s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
+			skipped++
 			continue
 		}
 		supported, ret := d.GetSupportedEventTypes()
@@ -432,6 +466,7 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 		}
 		if ret != nvml.SUCCESS {
 			s.logf("xid: skipping GPU %d: getting its event types: %v", gpu, ret)
+			skipped++
 			continue
 		}
 		types := supported & WatchedEventTypes
@@ -441,6 +476,7 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 		if ret := d.RegisterEvents(types, set); ret != nvml.SUCCESS {
 			if ret != nvml.ERROR_NOT_SUPPORTED {
 				s.logf("xid: skipping GPU %d: registering events: %v", gpu, ret)
+				skipped++
 			}
 			continue
 		}
@@ -448,6 +484,9 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 	}
 	if len(regs) == 0 {
 		set.Free()
+		if skipped > 0 {
+			return nil, fmt.Errorf("no device registered: %d failed (see the log)", skipped)
+		}
 		return nil, ErrNoDevices
 	}
 	return &nvmlWaiter{set: set, regs: regs}, nil
