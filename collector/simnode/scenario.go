@@ -57,6 +57,10 @@ type NodeSpec struct {
 	// (default), cri-o, docker.
 	CgroupDriver string `yaml:"cgroupDriver"`
 	Runtime      string `yaml:"runtime"`
+	// Unsupported lists features the boards answer NOT_SUPPORTED for, as
+	// consumer boards and some vGPU guests do: ecc (ECC counters, remapped
+	// rows), power (power, energy, power limit), events (NVML event sets).
+	Unsupported []string `yaml:"unsupported"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -570,6 +574,13 @@ func (s *Scenario) validate() error {
 	case "nvidia", "gke":
 	default:
 		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
+	}
+	for i, f := range s.Node.Unsupported {
+		switch f {
+		case "ecc", "power", "events":
+		default:
+			return s.errorAt([]any{"node", "unsupported", i}, "unknown feature %q; features: ecc, power, events", f)
+		}
 	}
 	if _, ok := driverBranches[s.Node.DriverBranch]; s.Node.DriverBranch != "" && !ok {
 		return s.errorAt([]any{"node", "driverBranch"}, "unknown driver branch %q; known: %s", s.Node.DriverBranch, branchNames())

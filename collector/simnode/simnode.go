@@ -39,6 +39,10 @@ var models = map[string]gpus.Config{
 	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
 	"H200-NVL-141GB":  board(gpus.H200_SXM5_141GB, "H200-NVL-141GB", 0x233B10DE),
 	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
+	// An inference board of the Ada generation: GDDR6 (no HBM temperature
+	// field), PCIe only (no NVLink), no MIG.
+	"L4-24GB": {Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
+		MemoryMB: 23034, CudaMajor: 8, CudaMinor: 9, PciDeviceId: 0x27B810DE},
 }
 
 // board derives a model go-nvml's catalogue lacks from one of the same
@@ -81,6 +85,8 @@ func boardFor(cfg gpus.Config) boardSpec {
 	switch cfg.Architecture {
 	case nvml.DEVICE_ARCH_AMPERE:
 		return boardSpec{idleW: 55, maxW: 400, smMHz: 1410, memMHz: 1593, pcieGen: 4, pcieWidth: 16}
+	case nvml.DEVICE_ARCH_ADA:
+		return boardSpec{idleW: 16, maxW: 72, smMHz: 2040, memMHz: 6251, pcieGen: 4, pcieWidth: 16}
 	case nvml.DEVICE_ARCH_BLACKWELL:
 		return boardSpec{idleW: 140, maxW: 1000, smMHz: 1965, memMHz: 3996, pcieGen: 5, pcieWidth: 16}
 	default:
@@ -629,6 +635,9 @@ func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
+	if d.node.unsupported("power") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	return uint32(d.powerAt(d.node.elapsed()) * 1000), nvml.SUCCESS
 }
 
@@ -636,6 +645,9 @@ func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 // the driver loaded). Integrated from the power curve, so it only grows.
 func (d *Device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	d.node.count()
+	if d.node.unsupported("power") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	t := d.node.elapsed()
