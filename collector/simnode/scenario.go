@@ -613,7 +613,7 @@ func (s *Scenario) validate() error {
 		if err := s.validateWorkload(g.Workload, append(p, "workload")); err != nil {
 			return err
 		}
-		if len(g.MIG) > 0 {
+		if g.MIG != nil {
 			if g.Workload != nil {
 				return s.errorAt(append(p, "workload"), "a GPU in MIG mode has per-instance workloads only; move it under mig[]")
 			}

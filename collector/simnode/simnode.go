@@ -158,7 +158,7 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		}
 		spec := specs[i]
 		d.workload = resolveWorkload(spec.Workload, i)
-		if len(spec.MIG) > 0 {
+		if spec.MIG != nil { // mig: [] is MIG mode with no instance yet
 			if err := d.enableMIG(spec.MIG); err != nil {
 				return nil, fmt.Errorf("GPU %d: %w", i, err)
 			}
