@@ -6,8 +6,10 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +28,8 @@ import (
 // metrics` and have figures that agree with each other. `go test` runs an
 // all-pairs sample (every value of each dimension meets every value of every
 // other dimension at least once); GPE_MATRIX=full runs the whole product
-// (make test-matrix).
+// (make test-matrix). Where promtool is on PATH, the shipped rules are also
+// evaluated on the page's series and must not fail.
 
 type matrixDim struct {
 	name   string
@@ -465,12 +468,68 @@ func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body stri
 	if states["allocated"] < 1 {
 		t.Errorf("allocated devices %v, want at least GPU 0", states["allocated"])
 	}
+	if len(fams) == 0 {
+		t.Error("empty page")
+	}
+	// The rules on the page's series: on MIG layouts with several devices
+	// per GPU in the sample (promtool takes about a second a page), on
+	// every page in the full matrix.
+	if c["mig"] == "compute-instances" || c["mig"] == "mixed" || os.Getenv("GPE_MATRIX") == "full" {
+		checkRulesEvaluate(t, fams)
+	}
+}
+
+// checkRulesEvaluate runs the shipped rules on the page's series (as one
+// node's scrape, held for a few minutes) with promtool, which fails on any
+// rule evaluation error (many-to-many matching, duplicate series).
+func checkRulesEvaluate(t *testing.T, fams map[string]*dto.MetricFamily) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool not found; skipping the rules evaluation")
+		return
+	}
+	rules, err := filepath.Abs("../../alerts/gpu-pool-exporter.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule_files:\n  - %s\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n", rules)
 	var names []string
 	for n := range fams {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	if len(names) == 0 {
-		t.Error("empty page")
+	for _, n := range names {
+		for _, x := range fams[n].Metric {
+			var v float64
+			switch {
+			case x.Gauge != nil:
+				v = x.Gauge.GetValue()
+			case x.Counter != nil:
+				v = x.Counter.GetValue()
+			case x.Untyped != nil:
+				v = x.Untyped.GetValue()
+			default:
+				continue // summaries and histograms: no rule reads them
+			}
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			labels := []string{`job="gpu-pool-exporter"`, `instance="10.0.0.1:9947"`, `node="matrix-node"`}
+			for _, l := range x.Label {
+				labels = append(labels, fmt.Sprintf("%s=%s", l.GetName(), strconv.Quote(l.GetValue())))
+			}
+			series := n + "{" + strings.Join(labels, ", ") + "}"
+			fmt.Fprintf(&b, "      - series: %s\n        values: '%s'\n", strconv.Quote(series), strings.TrimSpace(strings.Repeat(strconv.FormatFloat(v, 'g', -1, 64)+" ", 6)))
+		}
+	}
+	b.WriteString("    promql_expr_test:\n      - expr: vector(1)\n        eval_time: 5m\n        exp_samples:\n          - labels: '{}'\n            value: 1\n")
+	file := filepath.Join(t.TempDir(), "rules_test.yml")
+	if err := os.WriteFile(file, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(path, "test", "rules", file).CombinedOutput(); err != nil {
+		t.Errorf("the shipped rules fail on this page's series: %v\n%s", err, out)
 	}
 }
