@@ -9,13 +9,17 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: test tools vet lint build run bench bench-rules generate
+.PHONY: test test-matrix tools vet lint build run bench bench-rules generate
 
 ## test: everything CI runs: tools, vet, lint, gofmt, race tests (unit, promtool, helm, end to end,
 ## generated files up to date)
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -race -count=1 ./...
+
+## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch, about 7000 pages); make test runs an all-pairs sample
+test-matrix:
+	GPE_MATRIX=full go test -count=1 -timeout 4h -run 'TestConfigurationMatrix' ./cmd/gpu-pool-exporter/
 
 tools:
 	./scripts/install-tools.sh

@@ -258,6 +258,12 @@ func eachUnit(s *sample.NodeSample, f func(d *sample.DeviceState, key DeviceKey,
 		g := &s.GPUs[i]
 		ok := healthy(g)
 		if len(g.MIG) == 0 {
+			if g.MIGEnabled {
+				// MIG mode without instances: no pod can get the GPU
+				// (device plugins advertise MIG devices only) until
+				// instances are created.
+				continue
+			}
 			f(&g.DeviceState, gpuKey(g.GPU), ok)
 			continue
 		}

@@ -307,13 +307,18 @@ type compatSeries struct {
 }
 
 // deviceSeries lists the devices of an answering GPU that have series: the
-// GPU, or its MIG instances that answer.
+// GPU, or its MIG GPU instances that answer.
 func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSeries {
 	devs := []*sample.DeviceState{&g.DeviceState}
 	if g.MIGEnabled && len(g.MIG) > 0 {
 		devs = devs[:0]
+		// DCGM's entity and dcgm-exporter's labels are the GPU instance
+		// (GPU_I_ID): compute instances of one GPU instance are served
+		// once, on the first, with all their holders.
+		seen := map[int]bool{}
 		for j := range g.MIG {
-			if g.MIG[j].Up {
+			if g.MIG[j].Up && !seen[g.MIG[j].GPUInstance] {
+				seen[g.MIG[j].GPUInstance] = true
 				devs = append(devs, &g.MIG[j])
 			}
 		}
@@ -322,6 +327,9 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 	for _, d := range devs {
 		base := r.labels(g, d, st.Sample.Driver.DriverVersion)
 		hs := st.compatHolders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
+		if d.IsMIG() {
+			hs = giHolders(st.compatHolders, g, d.GPUInstance)
+		}
 		if len(hs) == 0 {
 			hs = []Holder{{}}
 		}
@@ -367,6 +375,11 @@ func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, drive
 	gi, prof := "", ""
 	if d.IsMIG() {
 		gi, prof = strconv.Itoa(d.GPUInstance), d.MIGProfile
+		if g.MIGLayout != nil { // the GPU instance's profile, not 1c.3g.40gb
+			if pl, ok := g.MIGLayout.Instances[d.GPUInstance]; ok && pl.Profile != "" {
+				prof = pl.Profile
+			}
+		}
 	}
 	// dcgm-exporter names the device after the GPU index (nvidia<index>)
 	// and takes DCGM's upper-case PCI bus ID.
@@ -377,3 +390,22 @@ func (r *compatRenderer) labels(g *sample.GPUState, d *sample.DeviceState, drive
 // xidMessage is the err_msg label of DCGM_FI_DEV_XID_ERRORS: dcgm-exporter's
 // own text for the code, so alerts and dashboards matching on it match.
 func xidMessage(code int) string { return xid.DCGMExporterMessage(code) }
+
+// giHolders are the holders of every compute instance of GPU instance gi,
+// each once.
+func giHolders(holders map[DeviceKey][]Holder, g *sample.GPUState, gi int) []Holder {
+	var out []Holder
+	seen := map[Holder]bool{}
+	for j := range g.MIG {
+		if g.MIG[j].GPUInstance != gi {
+			continue
+		}
+		for _, h := range holders[DeviceKey{g.GPU, gi, g.MIG[j].ComputeInstance}] {
+			if !seen[h] {
+				seen[h] = true
+				out = append(out, h)
+			}
+		}
+	}
+	return out
+}

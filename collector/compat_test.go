@@ -152,6 +152,9 @@ func TestCompatDoesNotReadAgain(t *testing.T) {
 		}
 		tn := newTestExporter(t, opts...)
 		e, node := tn.e, tn.node
+		// The first sample waits for NVML's initialisation, which runs in
+		// its own goroutine: count from the second on.
+		e.SampleOnce(context.Background())
 		before := node.Calls()
 		for i := 0; i < 3; i++ {
 			e.SampleOnce(context.Background())
@@ -349,5 +352,45 @@ func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
 		if n := len(series(p, "DCGM_FI_DEV_GPU_TEMP", `gpu="0"`)); n != 0 {
 			t.Errorf("lost GPU 0 still has %d DCGM_FI_DEV_GPU_TEMP series: its values are unknown", n)
 		}
+	}
+}
+
+// Two compute instances of one GPU instance are one GPU instance entity to
+// DCGM and dcgm-exporter: the compatibility families carry GPU_I_ID, not
+// the compute instance, so they are served once per GPU instance (its
+// holders each get their series). Served once per compute instance, their
+// label sets collided and the registry refused the page.
+func TestCompatComputeInstancesDoNotCollide(t *testing.T) {
+	sc, err := simnode.ParseScenario("ci.yaml", []byte(`
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - {index: 0, mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 4g.40gb}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := simnode.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), Groups: fullGroups(),
+		Compat: &collector.CompatConfig{Hostname: "n"}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SampleOnce(context.Background())
+	if _, err := e.Registry().Gather(); err != nil {
+		t.Fatalf("registry refused the page: %v", err)
+	}
+	used := series(e.Page(), "DCGM_FI_DEV_FB_USED")
+	if len(used) != 2 {
+		t.Errorf("DCGM_FI_DEV_FB_USED has %d series, want 2 (one per GPU instance): %v", len(used), used)
+	}
+	if !strings.Contains(string(e.Page().Plain), `GPU_I_PROFILE="3g.40gb"`) {
+		t.Errorf("GPU_I_PROFILE is not the GPU instance's profile")
 	}
 }

@@ -28,6 +28,8 @@ var counterAudit = []struct {
 	{"gpu_mig_xid_errors_total", true, "as gpu_xid_errors_total, per MIG instance"},
 	{"gpu_ecc_error_events_total", true, "the exporter's own count of ECC events"},
 	{"gpu_allocation_idle_seconds_total", true, "the exporter's own idle time per holder: a holder that leaves and comes back goes on"},
+	{"gpu_exporter_nvml_inits_total", true, "the exporter's own count of NVML initialisations: never falls while it runs"},
+	{"gpu_exporter_xid_uncovered_seconds_total", true, "the exporter's own time without an event set: never falls while it runs"},
 	{"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", true, "DCGM's energy since boot: restarts at a driver reload"},
 	{"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", true, "as gpu_pcie_replay_errors_total"},
 	{"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", true, "rows remapped over the board's life (InfoROM): only grows"},

@@ -61,6 +61,11 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *s
 							// Placements are in memory slices (8 on A100/H100);
 							// the share is in compute slices, NVML's SliceCount.
 							price = fragmentation.SliceShare(price, pl.Slices, g.MIGLayout.TotalSlices)
+							// Compute instances of one GPU instance split its
+							// price: the GPU instance is priced once.
+							if n := computeInstances(g, dev.GPUInstance); n > 1 {
+								price /= float64(n)
+							}
 						}
 					}
 				}
@@ -74,6 +79,17 @@ func computeDerived(cfg *DerivedConfig, tracker *fragmentation.IdleTracker, s *s
 	}
 	d.Frag = fragmentation.Compute(fragInput(s, a), cfg.Shapes)
 	return d
+}
+
+// computeInstances counts the MIG devices of GPU instance gi on g.
+func computeInstances(g *sample.GPUState, gi int) int {
+	n := 0
+	for i := range g.MIG {
+		if g.MIG[i].GPUInstance == gi {
+			n++
+		}
+	}
+	return n
 }
 
 func gpuOf(s *sample.NodeSample, gpu int) *sample.GPUState {
@@ -114,15 +130,33 @@ func fragInput(s *sample.NodeSample, a *Allocations) []fragmentation.GPU {
 				}
 				ms.Profiles = append(ms.Profiles, mp)
 			}
+			// One entry per GPU instance: its compute instances are MIG
+			// devices of their own (units to allocate) that share its
+			// slices and memory.
+			byGI := map[int]int{}
 			for _, m := range g.MIG {
 				pl, ok := l.Instances[m.GPUInstance]
 				if !ok {
 					continue
 				}
-				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size,
-					Allocated: len(a.ByDevice[migKey(g.GPU, &m)]) > 0}
+				held := len(a.ByDevice[migKey(g.GPU, &m)]) > 0
+				if j, ok := byGI[m.GPUInstance]; ok {
+					mi := &ms.Instances[j]
+					mi.ComputeInstances++
+					if held {
+						mi.AllocatedUnits++
+						mi.Allocated = true
+					}
+					continue
+				}
+				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size, Slices: pl.Slices,
+					ComputeInstances: 1, Allocated: held}
+				if held {
+					mi.AllocatedUnits = 1
+				}
 				mi.MemoryTotal = usableMemory(&m.Values)
 				mi.MemoryUsed, _ = m.Values.Get(sample.FieldMemoryUsed)
+				byGI[m.GPUInstance] = len(ms.Instances)
 				ms.Instances = append(ms.Instances, mi)
 			}
 			fg.MIG = ms

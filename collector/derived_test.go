@@ -3,6 +3,7 @@ package collector_test
 import (
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,9 +198,13 @@ gpus:
 	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 0 {
 		t.Errorf("free slices beside a 7g instance: %v, want 0", v)
 	}
-	// Two 3g instances cover all 8 memory slices: nothing more fits.
-	if v := num(t, p, "gpu_mig_free_slices", `gpu="1"`); v != 0 {
-		t.Errorf("free slices beside two 3g instances: %v, want 0", v)
+	// Two 3g instances use 6 of 7 compute slices and cover all 8 memory
+	// slices: one compute slice is free, yet nothing more fits.
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="1"`); v != 1 {
+		t.Errorf("free slices beside two 3g instances: %v, want 1", v)
+	}
+	if v := num(t, p, "gpu_mig_largest_placeable_slices", `gpu="1"`); v != 0 {
+		t.Errorf("largest placeable beside two 3g instances: %v, want 0", v)
 	}
 }
 
@@ -222,5 +227,50 @@ gpus:
 	}
 	if v := num(t, p, "gpu_mig_placeable_instances", `gpu="0"`, `mig_profile="1g.10gb"`); v != 6 {
 		t.Errorf("1g.10gb placeable beside one: %v, want 6", v)
+	}
+}
+
+// A GPU instance split into two compute instances (nvidia-smi mig -cci) is
+// two MIG devices that share its slices and its memory: its free memory is
+// stranded once, its price is split between them, and each is a unit.
+func TestComputeInstancesShareTheirGPUInstance(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - {index: 0, mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]}
+pods:
+  - {namespace: a, name: p1, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: a, name: p2, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`)
+	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{"NVIDIA A100-SXM4-80GB": 7}}
+	pn := newDerivedNode(t, sc, collector.DerivedConfig{Prices: prices})
+	p := pn.step(t, time.Second)
+	for _, ci := range []string{"0", "1"} {
+		if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="0"`, `compute_instance="`+ci+`"`); !near(v, 1.5) {
+			t.Errorf("compute instance %s of the 3g.40gb: price %v, want 1.5 (half of 3/7 of $7)", ci, v)
+		}
+	}
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="1"`); !near(v, 1) {
+		t.Errorf("1g.10gb price %v, want 1", v)
+	}
+	m := []string{`gpu_instance="0"`, `compute_instance="0"`}
+	free := num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
+	if got := num(t, p, "gpu_memory_stranded_bytes"); !near(got, free) {
+		t.Errorf("stranded %v, want %v: the GPU instance's free memory once", got, free)
+	}
+	if v := num(t, p, "gpu_devices", `state="allocated"`); v != 2 {
+		t.Errorf("allocated devices %v, want 2 (two compute instances)", v)
+	}
+	if v := num(t, p, "gpu_devices", `state="free"`); v != 1 {
+		t.Errorf("free devices %v, want 1 (the 1g.10gb)", v)
+	}
+	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 3 {
+		t.Errorf("free slices %v, want 3 (7 less 3g and 1g)", v)
+	}
+	if v := value(t, p, "gpu_mig_info", `compute_instance="1"`, `gpu_instance="0"`); v != "1" {
+		t.Errorf("second compute instance missing from gpu_mig_info")
+	}
+	if !strings.Contains(string(p.Plain), `mig_profile="1c.3g.40gb"`) {
+		t.Errorf("compute instances not named as NVML names them (1c.3g.40gb)")
 	}
 }

@@ -96,6 +96,10 @@ type State struct {
 	XIDUncoveredSeconds float64
 	// XIDInstances are the XIDs NVML attributed to MIG instances.
 	XIDInstances []xid.InstanceCount
+	// XIDEventsSupported is nil without an XID reader; false when the
+	// node's boards do not support NVML events (nothing to watch: the xid
+	// collector is then not applicable rather than down).
+	XIDEventsSupported *bool
 	// ECCEvents are the ECC error events per GPU, by sample GPU position.
 	ECCEvents [][2]uint64
 	// ECCUncorrectedGrew lists the GPUs whose uncorrected ECC count grew
@@ -301,7 +305,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		for i, g := range s.GPUs {
 			st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
 		}
-		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up()})
+		supported := !r.Unsupported()
+		st.XIDEventsSupported = &supported
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "xid", Up: r.Up() || !supported})
 		st.XIDOn, st.XIDUp = true, r.Up()
 		st.XIDCoverage = r.Coverage()
 		st.XIDUncoveredSeconds = r.UncoveredSeconds()

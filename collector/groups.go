@@ -273,7 +273,7 @@ func init() {
 		}
 	}
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
-		collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc, nvmlInitsDesc)
+		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc, nvmlInitsDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc)
 	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc, xidUncoveredDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, eccLastIncreaseDesc)

@@ -26,6 +26,8 @@ var (
 		[]string{"driver_version", "cuda_driver_version", "nvml_version"}, nil)
 	collectorUpDesc = prometheus.NewDesc("gpu_exporter_collector_up",
 		"1 if the collector's last run succeeded.", []string{"collector"}, nil)
+	xidEventsSupportedDesc = prometheus.NewDesc("gpu_exporter_xid_events_supported",
+		"1 if the node's boards support NVML XID/ECC events, 0 if they do not (the xid collector then has nothing to watch and reports up).", nil, nil)
 	collectorDurationDesc = prometheus.NewDesc("gpu_exporter_collector_duration_seconds",
 		"How long the collector's last run took.", []string{"collector"}, nil)
 	lastSampleDesc = prometheus.NewDesc("gpu_exporter_last_sample_timestamp_seconds",
@@ -163,6 +165,9 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 	for _, c := range st.Collectors {
 		ch <- prometheus.MustNewConstMetric(collectorUpDesc, prometheus.GaugeValue, b2f(c.Up), c.Name)
 		ch <- prometheus.MustNewConstMetric(collectorDurationDesc, prometheus.GaugeValue, c.Duration.Seconds(), c.Name)
+	}
+	if st.XIDEventsSupported != nil {
+		ch <- prometheus.MustNewConstMetric(xidEventsSupportedDesc, prometheus.GaugeValue, b2f(*st.XIDEventsSupported))
 	}
 	ch <- prometheus.MustNewConstMetric(lastSampleDesc, prometheus.GaugeValue, float64(s.Time.UnixNano())/1e9)
 	ch <- prometheus.MustNewConstMetric(nvmlInitializedDesc, prometheus.GaugeValue, b2f(s.NVML.Down == ""))

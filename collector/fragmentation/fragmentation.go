@@ -60,7 +60,18 @@ type MIGInstance struct {
 	// it. An instance with Size <= 0, Start < 0 or Start+Size > 64 covers no
 	// slots (it still counts as a schedulable unit).
 	Start, Size int
-	Allocated   bool
+	// Slices is the instance's compute slices (its profile's SliceCount).
+	// Placements are in memory slots, which can be wider than the compute
+	// slices (1g.20gb on an A100-80GB covers 2 slots, 1 slice); free slices
+	// and capacity count compute slices. 0: the slots it covers in
+	// [0, TotalSlices) stand in.
+	Slices int
+	// ComputeInstances is how many schedulable units (MIG devices) the GPU
+	// instance holds, 1 when 0; AllocatedUnits how many of them are held.
+	// Compute instances share their GPU instance's memory, which counts
+	// once. Allocated is set when any of them is held.
+	ComputeInstances, AllocatedUnits int
+	Allocated                        bool
 	// MemoryTotal and MemoryUsed are in bytes.
 	MemoryTotal, MemoryUsed float64
 }
@@ -145,6 +156,8 @@ type gpuState struct {
 	capacity  float64 // R_g
 	wholeFree bool    // healthy, MIG off, unallocated: serves whole-GPU tasks
 	occupied  uint64  // MIG: slots covered by existing instances
+	// freeSlices (MIG): compute slices no existing instance uses.
+	freeSlices int
 }
 
 // stackGPUs is how many GPUs Compute handles without a heap allocation for
@@ -195,26 +208,38 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 			m := g.MIG
 			total := clampSlices(m.TotalSlices)
 			totalMask := slotMask(0, total)
-			var allocated uint64
+			var allocatedSlices, usedSlices int
 			for j := range m.Instances {
 				in := &m.Instances[j]
 				mask := slotMask(in.Start, in.Size)
 				s.occupied |= mask
+				slices := instanceSlices(in, mask&totalMask)
+				usedSlices += slices
+				units := max(1, in.ComputeInstances)
+				held := in.AllocatedUnits
+				if in.Allocated && held == 0 {
+					held = units
+				}
+				held = min(held, units)
 				switch {
 				case !g.Healthy:
-					res.Unhealthy++
-				case in.Allocated:
-					res.Allocated++
-					allocated |= mask
+					res.Unhealthy += units
+				case held > 0:
+					res.Allocated += held
+					res.Free += units - held
+					allocatedSlices += slices
+					// Compute instances share the GPU instance's memory:
+					// what is free of it counts once.
 					res.StrandedMemoryBytes += freeMemory(in.MemoryTotal, in.MemoryUsed)
 				default:
-					res.Free++
+					res.Free += units
 				}
 			}
 			if g.Healthy && total > 0 {
-				s.capacity = float64(total-bits.OnesCount64(allocated&totalMask)) / float64(total)
+				s.capacity = float64(max(0, total-allocatedSlices)) / float64(total)
 			}
-			res.MIG = append(res.MIG, migResult(g, s.occupied, total, totalMask))
+			s.freeSlices = max(0, total-usedSlices)
+			res.MIG = append(res.MIG, migResult(g, s.occupied, s.freeSlices))
 		}
 		res.UnallocatedGPUs += s.capacity
 		st = append(st, s)
@@ -255,7 +280,7 @@ func shapeFragmentation(gpus []GPU, st []gpuState, sh *Shape, total float64) flo
 		fits = free >= sh.GPUs
 	case sh.MIGProfile != "":
 		for i := range gpus {
-			if canServeMIG(&gpus[i], st[i].occupied, sh.MIGProfile) {
+			if canServeMIG(&gpus[i], st[i].occupied, st[i].freeSlices, sh.MIGProfile) {
 				fits = true
 			} else {
 				unusable += st[i].capacity
@@ -271,7 +296,7 @@ func shapeFragmentation(gpus []GPU, st []gpuState, sh *Shape, total float64) flo
 // canServeMIG reports whether GPU g can take one more instance of profile:
 // it is a healthy MIG GPU with an unallocated instance of the profile or a
 // free placement for it.
-func canServeMIG(g *GPU, occupied uint64, profile string) bool {
+func canServeMIG(g *GPU, occupied uint64, freeSlices int, profile string) bool {
 	if g.MIG == nil || !g.Healthy {
 		return false
 	}
@@ -283,7 +308,7 @@ func canServeMIG(g *GPU, occupied uint64, profile string) bool {
 	}
 	for j := range g.MIG.Profiles {
 		p := &g.MIG.Profiles[j]
-		if strings.EqualFold(p.Name, profile) && placeable(p, occupied, existing(g.MIG, p.Name)) > 0 {
+		if strings.EqualFold(p.Name, profile) && placeable(p, occupied, existing(g.MIG, p.Name), freeSlices) > 0 {
 			return true
 		}
 	}
@@ -292,7 +317,7 @@ func canServeMIG(g *GPU, occupied uint64, profile string) bool {
 
 // migResult computes the MIG picture of GPU g whose existing instances cover
 // the slots in occupied.
-func migResult(g *GPU, occupied uint64, total int, totalMask uint64) MIGResult {
+func migResult(g *GPU, occupied uint64, freeSlices int) MIGResult {
 	m := g.MIG
 	r := MIGResult{GPU: g.Index, UUID: g.UUID, Placeable: make(map[string]int, len(m.Profiles))}
 	if !g.Healthy {
@@ -301,11 +326,11 @@ func migResult(g *GPU, occupied uint64, total int, totalMask uint64) MIGResult {
 		}
 		return r
 	}
-	r.FreeSlices = total - bits.OnesCount64(occupied&totalMask)
+	r.FreeSlices = freeSlices
 	var best *MIGProfile
 	for j := range m.Profiles {
 		p := &m.Profiles[j]
-		n := placeable(p, occupied, existing(m, p.Name))
+		n := placeable(p, occupied, existing(m, p.Name), freeSlices)
 		// A profile listed twice keeps its larger count.
 		if old, ok := r.Placeable[p.Name]; !ok || n > old {
 			r.Placeable[p.Name] = n
@@ -338,11 +363,15 @@ func largerProfile(a, b *MIGProfile) bool {
 
 // placeable counts how many instances of p fit in the slots not in occupied,
 // taking free placements greedily in order, and no more than the profile's
-// per-GPU limit allows beside the n instances of it that exist.
-func placeable(p *MIGProfile, occupied uint64, n int) int {
+// per-GPU limit allows beside the n instances of it that exist, nor than
+// the free compute slices hold.
+func placeable(p *MIGProfile, occupied uint64, n, freeSlices int) int {
 	count := 0
 	for _, pl := range p.Placements {
 		if p.MaxInstances > 0 && n+count >= p.MaxInstances {
+			break
+		}
+		if p.Slices > 0 && (count+1)*p.Slices > freeSlices {
 			break
 		}
 		mask := slotMask(pl.Start, pl.Size)
@@ -353,6 +382,15 @@ func placeable(p *MIGProfile, occupied uint64, n int) int {
 		count++
 	}
 	return count
+}
+
+// instanceSlices is an instance's compute slices: its own count, or the
+// slots it covers inside the compute range when it does not say.
+func instanceSlices(in *MIGInstance, covered uint64) int {
+	if in.Slices > 0 {
+		return in.Slices
+	}
+	return bits.OnesCount64(covered)
 }
 
 // existing counts the GPU's instances of a profile.

@@ -8,6 +8,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
 )
 
 // NVML's placements are in memory slices on A100 (8:
@@ -153,5 +155,20 @@ func TestMIGProfileNamesFromNVML(t *testing.T) {
 		if p.Name == "bogus" {
 			t.Error("profile info V called although not probed")
 		}
+	}
+}
+
+// Where the driver cannot name a profile (R470), the exporter names it from
+// its slices and memory: every name it makes agrees with NVIDIA's table.
+func TestMIGProfileNamesMatchGeometryTable(t *testing.T) {
+	for _, m := range miggeometry.All() {
+		t.Run(m.Model, func(t *testing.T) {
+			for _, p := range m.Profiles {
+				info := nvml.GpuInstanceProfileInfo{Id: uint32(p.ID), SliceCount: uint32(p.Compute), InstanceCount: uint32(p.Count), MemorySizeMB: p.MemoryMiB}
+				if got := MIGProfileName(p.Index, info, m.MemoryMiB<<20); got != p.Name {
+					t.Errorf("profile index %d (ID %d, %d MiB): %s, table says %s", p.Index, p.ID, p.MemoryMiB, got, p.Name)
+				}
+			}
+		})
 	}
 }

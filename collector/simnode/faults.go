@@ -156,6 +156,9 @@ func (d *Device) GetTotalEccErrors(e nvml.MemoryErrorType, c nvml.EccCounterType
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
+	if d.node.unsupported("ecc") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	f := d.faults()
 	var v uint64
 	switch {
@@ -192,6 +195,9 @@ func (d *Device) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return) 
 func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, 0, false, false, ret
+	}
+	if d.node.unsupported("ecc") {
+		return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
 	}
 	r := d.faults().remap
 	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
@@ -244,6 +250,9 @@ func (d *Device) nvlinks() int {
 // GetNvLinkState implements nvmlsampler.Device.
 func (d *Device) GetNvLinkState(link int) (nvml.EnableState, nvml.Return) {
 	d.node.count()
+	if d.nvlinks() == 0 { // a PCIe board without NVLink bridges
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	if link >= d.nvlinks() {
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -282,6 +291,9 @@ func (d *Device) nvlink5Field(id, link uint32) (uint64, bool) {
 // GetPowerManagementLimit implements nvmlsampler.Device (milliwatts).
 func (d *Device) GetPowerManagementLimit() (uint32, nvml.Return) {
 	d.node.count()
+	if d.node.unsupported("power") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	return uint32(d.board.maxW * 1000), nvml.SUCCESS
 }
 
@@ -317,6 +329,10 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
 			binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
 		case nvml.FI_DEV_MEMORY_TEMP:
+			if d.cfg.Architecture == nvml.DEVICE_ARCH_ADA { // GDDR: no memory sensor
+				fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+				continue
+			}
 			fv[i].NvmlReturn = uint32(nvml.SUCCESS)
 			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
 			binary.LittleEndian.PutUint32(fv[i].Value[:4], d.memoryTemperature())

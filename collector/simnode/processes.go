@@ -182,7 +182,7 @@ func (n *Node) processMemory(p *simProcess, t time.Duration) uint64 {
 	d := n.devices[p.gpu]
 	total := d.cfg.MemoryMB << 20
 	if p.mig >= 0 {
-		total = d.migs[p.mig].info.MemorySizeMB << 20
+		total = d.migs[p.mig].geo.MemoryMiB << 20
 	}
 	f := p.mem.at(n.Scenario.Seed, p.key+"/mem", t)
 	return uint64(f * float64(total-(512<<20)))

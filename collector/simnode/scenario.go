@@ -57,6 +57,10 @@ type NodeSpec struct {
 	// (default), cri-o, docker.
 	CgroupDriver string `yaml:"cgroupDriver"`
 	Runtime      string `yaml:"runtime"`
+	// Unsupported lists features the boards answer NOT_SUPPORTED for, as
+	// consumer boards and some vGPU guests do: ecc (ECC counters, remapped
+	// rows), power (power, energy, power limit), events (NVML event sets).
+	Unsupported []string `yaml:"unsupported"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
@@ -199,6 +203,9 @@ type MIGSpec struct {
 	// instances (default 1), each its own MIG device with its own UUID,
 	// as nvidia-smi mig -cci does.
 	ComputeInstances int `yaml:"computeInstances"`
+	// Placement, when set, is the start (in memory slices) of the
+	// placement the GPU instance takes; it must be one the profile allows.
+	Placement *int `yaml:"placement"`
 }
 
 // Workload is what runs on a device over time.
@@ -568,6 +575,13 @@ func (s *Scenario) validate() error {
 	default:
 		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
 	}
+	for i, f := range s.Node.Unsupported {
+		switch f {
+		case "ecc", "power", "events":
+		default:
+			return s.errorAt([]any{"node", "unsupported", i}, "unknown feature %q; features: ecc, power, events", f)
+		}
+	}
 	if _, ok := driverBranches[s.Node.DriverBranch]; s.Node.DriverBranch != "" && !ok {
 		return s.errorAt([]any{"node", "driverBranch"}, "unknown driver branch %q; known: %s", s.Node.DriverBranch, branchNames())
 	}
@@ -599,7 +613,7 @@ func (s *Scenario) validate() error {
 		if err := s.validateWorkload(g.Workload, append(p, "workload")); err != nil {
 			return err
 		}
-		if len(g.MIG) > 0 {
+		if g.MIG != nil {
 			if g.Workload != nil {
 				return s.errorAt(append(p, "workload"), "a GPU in MIG mode has per-instance workloads only; move it under mig[]")
 			}

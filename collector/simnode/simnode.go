@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,16 +20,48 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
 )
 
+// models are the GPU models a scenario can name: go-nvml's mock catalogue
+// supplies the board (name, memory, architecture, PCI device ID); MIG
+// geometry comes from the MIG geometry table alone (modelGeometry).
 var models = map[string]gpus.Config{
 	"A100-SXM4-40GB":  gpus.A100_SXM4_40GB,
 	"A100-SXM4-80GB":  gpus.A100_SXM4_80GB,
 	"A100-PCIE-40GB":  gpus.A100_PCIE_40GB,
+	"A100-PCIE-80GB":  gpus.A100_PCIE_80GB,
 	"A30-PCIE-24GB":   gpus.A30_PCIE_24GB,
 	"H100-SXM5-80GB":  gpus.H100_SXM5_80GB,
+	"H100-PCIE-80GB":  board(gpus.H100_SXM5_80GB, "H100-PCIE-80GB", 0x233110DE),
+	"H100-NVL-94GB":   board(gpus.H100_SXM5_80GB, "H100-NVL-94GB", 0x232110DE),
+	"GH200-96GB":      board(gpus.H100_SXM5_80GB, "GH200-96GB", 0x234210DE),
 	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
+	"H200-NVL-141GB":  board(gpus.H200_SXM5_141GB, "H200-NVL-141GB", 0x233B10DE),
 	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
+	// An inference board of the Ada generation: GDDR6 (no HBM temperature
+	// field), PCIe only (no NVLink), no MIG.
+	"L4-24GB": {Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
+		MemoryMB: 23034, CudaMajor: 8, CudaMinor: 9, PciDeviceId: 0x27B810DE},
+}
+
+// board derives a model go-nvml's catalogue lacks from one of the same
+// architecture: the name and memory are the geometry table's.
+func board(base gpus.Config, model string, pciDeviceID uint32) gpus.Config {
+	geo, ok := miggeometry.ByModel(model)
+	if !ok {
+		panic("simnode: model " + model + " is not in the MIG geometry table")
+	}
+	base.Name = geo.NVMLNames[0]
+	base.MemoryMB = geo.MemoryMiB
+	base.PciDeviceId = pciDeviceID
+	return base
+}
+
+// modelGeometry is the MIG geometry of a board; nil for a board without MIG.
+func modelGeometry(cfg gpus.Config) *miggeometry.Model {
+	geo, _ := miggeometry.ByNVMLName(cfg.Name)
+	return geo
 }
 
 // ModelNames lists the GPU models a scenario can name.
@@ -52,6 +85,8 @@ func boardFor(cfg gpus.Config) boardSpec {
 	switch cfg.Architecture {
 	case nvml.DEVICE_ARCH_AMPERE:
 		return boardSpec{idleW: 55, maxW: 400, smMHz: 1410, memMHz: 1593, pcieGen: 4, pcieWidth: 16}
+	case nvml.DEVICE_ARCH_ADA:
+		return boardSpec{idleW: 16, maxW: 72, smMHz: 2040, memMHz: 6251, pcieGen: 4, pcieWidth: 16}
 	case nvml.DEVICE_ARCH_BLACKWELL:
 		return boardSpec{idleW: 140, maxW: 1000, smMHz: 1965, memMHz: 3996, pcieGen: 5, pcieWidth: 16}
 	default:
@@ -116,14 +151,14 @@ func New(sc *Scenario, opts ...Option) (*Node, error) {
 		// Pin identities: the mock draws random UUIDs.
 		sd.UUID = stableUUID("GPU", sc.Seed, i, -1)
 		sd.PciBusID = fmt.Sprintf("00000000:%02X:00.0", 0x18+i*0x10)
-		d := &Device{node: n, mock: sd, index: i, board: boardFor(cfg), cfg: cfg}
+		d := &Device{node: n, mock: sd, index: i, board: boardFor(cfg), cfg: cfg, geo: modelGeometry(cfg)}
 		d.minor = i
 		if len(sc.Node.MinorNumbers) > 0 {
 			d.minor = sc.Node.MinorNumbers[i]
 		}
 		spec := specs[i]
 		d.workload = resolveWorkload(spec.Workload, i)
-		if len(spec.MIG) > 0 {
+		if spec.MIG != nil { // mig: [] is MIG mode with no instance yet
 			if err := d.enableMIG(spec.MIG); err != nil {
 				return nil, fmt.Errorf("GPU %d: %w", i, err)
 			}
@@ -270,24 +305,17 @@ func resolvePhase(after time.Duration, preset string, util, mem *Curve) resolved
 
 // migPlan is one planned MIG instance.
 type migPlan struct {
-	profileID int
-	info      nvml.GpuInstanceProfileInfo
-	name      string
+	profile   miggeometry.Profile
 	placement nvml.GpuInstancePlacement
 }
 
-// ProfileNames lists the MIG profiles of a model, smallest first.
+// ProfileNames lists the MIG profiles of a model, smallest first, as the
+// MIG geometry table names them.
 func ProfileNames(cfg gpus.Config) []string {
-	var ids []int
-	for id := range cfg.MIGProfiles.GpuInstanceProfiles {
-		ids = append(ids, id)
+	if geo := modelGeometry(cfg); geo != nil {
+		return geo.ProfileNames()
 	}
-	sort.Ints(ids)
-	var out []string
-	for _, id := range ids {
-		out = append(out, nvmlsampler.MIGProfileName(id, cfg.MIGProfiles.GpuInstanceProfiles[id], cfg.MemoryMB<<20))
-	}
-	return out
+	return nil
 }
 
 // migError says which instance of a MIG layout is wrong.
@@ -298,42 +326,64 @@ type migError struct {
 
 func (e *migError) Error() string { return fmt.Sprintf("instance %d: %s", e.index, e.msg) }
 
-// planMIG places the instances in order at their first free placement.
+// planMIG places the instances at placements the MIG geometry table allows,
+// within each profile's instance limit: the first layout, trying each
+// instance's placements in table order, in which all of them fit (as
+// mig-parted finds one for a configuration the hardware supports).
 func planMIG(cfg gpus.Config, specs []MIGSpec) ([]migPlan, error) {
-	if len(cfg.MIGProfiles.GpuInstanceProfiles) == 0 {
+	geo := modelGeometry(cfg)
+	if geo == nil {
 		return nil, fmt.Errorf("model %s does not support MIG", cfg.Name)
 	}
-	byName := map[string]int{}
-	for id, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-		byName[nvmlsampler.MIGProfileName(id, info, cfg.MemoryMB<<20)] = id
-	}
-	var used [8]bool
-	var plans []migPlan
+	profiles := make([]miggeometry.Profile, len(specs))
+	count := map[int]int{}
 	for i, s := range specs {
-		id, ok := byName[s.Profile]
+		p, ok := geo.ProfileByName(s.Profile)
 		if !ok {
-			return nil, &migError{i, fmt.Sprintf("unknown MIG profile %q for %s; profiles: %s", s.Profile, cfg.Name, strings.Join(ProfileNames(cfg), ", "))}
+			return nil, &migError{i, fmt.Sprintf("unknown MIG profile %q for %s; profiles: %s", s.Profile, cfg.Name, strings.Join(geo.ProfileNames(), ", "))}
 		}
-		placed := false
-		for _, pl := range cfg.MIGProfiles.GpuInstancePlacements[id] {
-			free := true
-			for k := pl.Start; k < pl.Start+pl.Size; k++ {
-				if k >= uint32(len(used)) || used[k] {
-					free = false
-				}
+		if count[p.ID]++; count[p.ID] > p.Count {
+			return nil, &migError{i, fmt.Sprintf("%s does not fit: a GPU holds at most %d of it", s.Profile, p.Count)}
+		}
+		if s.Placement != nil {
+			var starts []string
+			ok := false
+			for _, pl := range p.Placements() {
+				starts = append(starts, strconv.Itoa(pl.Start))
+				ok = ok || pl.Start == *s.Placement
 			}
-			if free {
-				for k := pl.Start; k < pl.Start+pl.Size; k++ {
-					used[k] = true
-				}
-				plans = append(plans, migPlan{profileID: id, info: cfg.MIGProfiles.GpuInstanceProfiles[id], name: s.Profile, placement: pl})
-				placed = true
-				break
+			if !ok {
+				return nil, &migError{i, fmt.Sprintf("placement %d is not one %s allows on %s; want one of %s", *s.Placement, s.Profile, cfg.Name, strings.Join(starts, ", "))}
 			}
 		}
-		if !placed {
-			return nil, &migError{i, fmt.Sprintf("%s does not fit: the instances before it leave no free placement for it", s.Profile)}
+		profiles[i] = p
+	}
+	plans := make([]migPlan, len(specs))
+	// deepest is the first instance that no placement could take.
+	deepest := 0
+	var place func(i int, used uint64) bool
+	place = func(i int, used uint64) bool {
+		if i == len(profiles) {
+			return true
 		}
+		deepest = max(deepest, i)
+		for _, pl := range profiles[i].Placements() {
+			if at := specs[i].Placement; at != nil && pl.Start != *at {
+				continue
+			}
+			mask := (uint64(1)<<uint(pl.Size) - 1) << uint(pl.Start)
+			if used&mask != 0 {
+				continue
+			}
+			plans[i] = migPlan{profile: profiles[i], placement: nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)}}
+			if place(i+1, used|mask) {
+				return true
+			}
+		}
+		return false
+	}
+	if !place(0, 0) {
+		return nil, &migError{deepest, fmt.Sprintf("%s does not fit: the instances before it leave no free placement for it", specs[deepest].Profile)}
 	}
 	return plans, nil
 }
@@ -343,6 +393,7 @@ type Device struct {
 	node     *Node
 	mock     *server.Device
 	cfg      gpus.Config
+	geo      *miggeometry.Model // nil: no MIG
 	board    boardSpec
 	index    int
 	minor    int
@@ -375,18 +426,15 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 	d.migMode = nvml.DEVICE_MIG_ENABLE
 	_, _ = d.mock.SetMigModeFunc(nvml.DEVICE_MIG_ENABLE)
 	for i, p := range plans {
-		info := p.info
-		pl := p.placement
-		gi, ret := d.mock.CreateGpuInstanceWithPlacement(&info, &pl)
-		if ret != nvml.SUCCESS {
-			return fmt.Errorf("create GPU instance %s: %v", p.name, ret)
-		}
-		giInfo, _ := gi.GetInfo()
-		for ci := 0; ci < max(1, specs[i].ComputeInstances); ci++ {
+		// GPU instance IDs are given in creation order from 0, as the mock
+		// driver did before the geometry table replaced it.
+		gi := i
+		n := max(1, specs[i].ComputeInstances)
+		for ci := 0; ci < n; ci++ {
 			slot := len(d.migs)
 			m := &MIGDevice{
-				parent: d, slot: slot, profile: p.name, info: p.info, profileID: p.profileID, placement: p.placement,
-				gi: int(giInfo.Id), ci: ci,
+				parent: d, slot: slot, profile: p.profile.Name, geo: p.profile, placement: p.placement,
+				gi: gi, ci: ci, cis: n,
 				uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, slot),
 				workload: resolveWorkload(specs[i].Workload, d.index),
 			}
@@ -406,7 +454,7 @@ func (d *Device) utilAt(t time.Duration) float64 {
 		// A MIG GPU is as busy as its instances, weighted by slices.
 		var u float64
 		for _, m := range d.migs {
-			u += m.utilAt(t) * float64(m.info.SliceCount) / 7
+			u += m.utilAt(t) * float64(m.geo.Compute) / float64(m.cis) / float64(d.geo.ComputeSlices)
 		}
 		return u
 	}
@@ -421,7 +469,9 @@ func (d *Device) memUsedAt(t time.Duration) uint64 {
 	if len(d.migs) > 0 {
 		var used uint64
 		for _, m := range d.migs {
-			used += m.memUsedAt(t)
+			if m.ci == 0 { // once per GPU instance
+				used += m.memUsedAt(t)
+			}
 		}
 		return used
 	}
@@ -460,7 +510,7 @@ func (d *Device) GetPciInfo() (nvml.PciInfo, nvml.Return) {
 // GetMigMode implements nvmlsampler.Device.
 func (d *Device) GetMigMode() (int, int, nvml.Return) {
 	d.node.count()
-	if len(d.cfg.MIGProfiles.GpuInstanceProfiles) == 0 {
+	if d.geo == nil {
 		return 0, 0, nvml.ERROR_NOT_SUPPORTED
 	}
 	return d.migMode, d.migMode, nvml.SUCCESS
@@ -585,6 +635,9 @@ func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
+	if d.node.unsupported("power") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	return uint32(d.powerAt(d.node.elapsed()) * 1000), nvml.SUCCESS
 }
 
@@ -592,6 +645,9 @@ func (d *Device) GetPowerUsage() (uint32, nvml.Return) {
 // the driver loaded). Integrated from the power curve, so it only grows.
 func (d *Device) GetTotalEnergyConsumption() (uint64, nvml.Return) {
 	d.node.count()
+	if d.node.unsupported("power") {
+		return 0, nvml.ERROR_NOT_SUPPORTED
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	t := d.node.elapsed()
@@ -634,14 +690,24 @@ func (d *Device) GetCurrPcieLinkWidth() (int, nvml.Return) {
 // MIGDevice is a simulated MIG instance handle.
 type MIGDevice struct {
 	parent    *Device
-	profileID int
+	geo       miggeometry.Profile // the GPU instance's profile
 	placement nvml.GpuInstancePlacement
 	slot      int
 	profile   string
-	info      nvml.GpuInstanceProfileInfo
 	gi, ci    int
+	cis       int // compute instances in the GPU instance
 	uuid      string
 	workload  *activeWorkload
+}
+
+// deviceProfile is the profile NVML names the MIG device by: the GPU
+// instance's, prefixed with the compute instance's slices ("1c.3g.40gb")
+// when the GPU instance holds several compute instances.
+func (m *MIGDevice) deviceProfile() string {
+	if m.cis > 1 {
+		return fmt.Sprintf("%dc.%s", m.geo.Compute/m.cis, m.profile)
+	}
+	return m.profile
 }
 
 // UUID returns the MIG instance's UUID.
@@ -661,17 +727,36 @@ func (m *MIGDevice) utilAt(t time.Duration) float64 {
 	return m.workload.at(t).util.at(m.parent.node.Scenario.Seed, m.key("util"), t)
 }
 
+// memUsedAt is the memory used in the MIG device's GPU instance: compute
+// instances of one GPU instance share its memory, and NVML reports the GPU
+// instance's memory on each of them.
 func (m *MIGDevice) memUsedAt(t time.Duration) uint64 {
+	if m.cis <= 1 {
+		return m.ownMemAt(t)
+	}
+	var used uint64
+	for _, o := range m.parent.migs {
+		if o.gi == m.gi {
+			used += o.ownMemAt(t)
+		}
+	}
+	return min(used, m.geo.MemoryMiB<<20)
+}
+
+// ownMemAt is the memory the compute instance's own work uses: its share
+// of the GPU instance's memory, by its workload.
+func (m *MIGDevice) ownMemAt(t time.Duration) uint64 {
+	total := m.geo.MemoryMiB << 20
 	if ps := m.parent.node.processesOn(m.parent.index, m.slot, t); len(ps) > 0 {
 		used := uint64(64 << 20)
 		for _, p := range ps {
 			used += m.parent.node.processMemory(p, t)
 		}
-		return min(used, m.info.MemorySizeMB<<20)
+		return min(used, total/uint64(m.cis))
 	}
-	total := m.info.MemorySizeMB << 20
+	share := total / uint64(m.cis)
 	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
-	return uint64(f*float64(total-(64<<20))) + 64<<20
+	return uint64(f*float64(share-(64<<20))) + 64<<20
 }
 
 func (m *MIGDevice) count() { m.parent.node.count() }
@@ -682,7 +767,7 @@ func (m *MIGDevice) GetUUID() (string, nvml.Return) { m.count(); return m.uuid, 
 // GetName implements nvmlsampler.Device.
 func (m *MIGDevice) GetName() (string, nvml.Return) {
 	m.count()
-	return m.parent.cfg.Name + " MIG " + m.profile, nvml.SUCCESS
+	return m.parent.cfg.Name + " MIG " + m.deviceProfile(), nvml.SUCCESS
 }
 
 // GetIndex implements nvmlsampler.Device.
@@ -725,16 +810,17 @@ func (m *MIGDevice) GetComputeInstanceId() (int, nvml.Return) { m.count(); retur
 func (m *MIGDevice) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	m.count()
 	return nvml.DeviceAttributes{
-		MultiprocessorCount:   m.info.MultiprocessorCount,
-		GpuInstanceSliceCount: m.info.SliceCount,
-		MemorySizeMB:          m.info.MemorySizeMB,
+		MultiprocessorCount:       uint32(m.geo.Compute * 16 / m.cis),
+		GpuInstanceSliceCount:     uint32(m.geo.Compute),
+		ComputeInstanceSliceCount: uint32(m.geo.Compute / m.cis),
+		MemorySizeMB:              m.geo.MemoryMiB,
 	}, nvml.SUCCESS
 }
 
 // GetMemoryInfo implements nvmlsampler.Device.
 func (m *MIGDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	m.count()
-	total := m.info.MemorySizeMB << 20
+	total := m.geo.MemoryMiB << 20
 	used := m.memUsedAt(m.parent.node.elapsed())
 	return nvml.Memory{Total: total, Used: used, Free: total - used}, nvml.SUCCESS
 }

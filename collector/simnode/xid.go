@@ -1,6 +1,7 @@
 package simnode
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -21,7 +22,23 @@ type xidSource struct {
 	queue  []XIDEvent
 }
 
-func (s *xidSource) Open() (xid.Waiter, error) { return s, nil }
+func (s *xidSource) Open() (xid.Waiter, error) {
+	if s.n.unsupported("events") {
+		return nil, fmt.Errorf("creating an NVML event set: %w", xid.ErrEventsNotSupported)
+	}
+	return s, nil
+}
+
+// unsupported reports whether the scenario's node answers NOT_SUPPORTED for
+// a feature (node.unsupported: ecc, power, events).
+func (n *Node) unsupported(feature string) bool {
+	for _, f := range n.Scenario.Node.Unsupported {
+		if f == feature {
+			return true
+		}
+	}
+	return false
+}
 
 func (s *xidSource) Close() error { return nil }
 

@@ -25,6 +25,11 @@ var ErrNotReady = errors.New("xid: NVML is not initialised yet")
 // device for any event type it watches.
 var ErrNoDevices = errors.New("xid: no device supports Xid or ECC events")
 
+// ErrEventsNotSupported is returned by an EventSource whose driver cannot
+// create an event set at all (NVML answers NOT_SUPPORTED: consumer boards,
+// some vGPU guests).
+var ErrEventsNotSupported = errors.New("xid: the driver does not support NVML event sets")
+
 // EventSource opens a stream of device events. The real one is
 // NewNVMLEventSource; the simulator and tests provide their own.
 type EventSource interface {
@@ -145,10 +150,11 @@ type Reader struct {
 	src     EventSource
 	counter *Counter
 
-	up        atomic.Bool
-	recreated atomic.Int64
-	failures  atomic.Uint64
-	events    atomic.Uint64
+	up          atomic.Bool
+	unsupported atomic.Bool
+	recreated   atomic.Int64
+	failures    atomic.Uint64
+	events      atomic.Uint64
 
 	mu        sync.Mutex
 	ecc       map[int]*eccCount
@@ -248,6 +254,11 @@ func (r *Reader) Counter() *Counter { return r.counter }
 // Up reports whether an event set is open and its last Wait succeeded or
 // timed out normally.
 func (r *Reader) Up() bool { return r.up.Load() }
+
+// Unsupported reports whether the node's boards do not support events (Open
+// returned ErrNoDevices or ErrEventsNotSupported): Run then stops opening
+// event sets, and the collector is not applicable rather than down.
+func (r *Reader) Unsupported() bool { return r.unsupported.Load() }
 
 // Recreated returns how many times the event set was opened again after a
 // failure (the first successful Open is not counted).
@@ -355,6 +366,17 @@ func (r *Reader) Run(ctx context.Context) error {
 			}
 			if err != nil {
 				w = nil
+				if errors.Is(err, ErrNoDevices) || errors.Is(err, ErrEventsNotSupported) {
+					// What the boards support does not change while the
+					// driver is loaded: retrying would fail forever.
+					r.unsupported.Store(true)
+					r.mu.Lock()
+					r.lastErr = err
+					r.mu.Unlock()
+					r.logf("xid: not watching XID and ECC events: %v (the boards do not support NVML events; XIDs are not counted on this node)", err)
+					<-ctx.Done()
+					return ctx.Err()
+				}
 				r.fail(fmt.Errorf("opening the event set: %w", err))
 				sleep(ctx, backoff)
 				backoff = min(backoff*2, maxB)
@@ -534,7 +556,10 @@ const DefaultRegisterTimeout = 2 * time.Second
 // registered in parallel, under RegisterTimeout: one whose calls hang is
 // left out, joins the set when its registration returns, and is tried again
 // by RetryMissing. Open fails only when the set cannot be created or no
-// device could be registered.
+// device could be registered; it returns ErrEventsNotSupported when the
+// driver cannot create event sets and ErrNoDevices when every device
+// answered that it supports none of the watched events (not when some
+// failed: that is worth a retry).
 func NewNVMLEventSource(lib NVMLLibrary, devices []NVMLDevice) *NVMLEventSource {
 	return &NVMLEventSource{lib: lib, devices: devices}
 }
@@ -555,6 +580,9 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 		}
 	}
 	set, ret := s.lib.EventSetCreate()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		return nil, fmt.Errorf("creating an NVML event set: %w", ErrEventsNotSupported)
+	}
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
 	}
@@ -589,6 +617,17 @@ wait:
 	w.mu.Unlock()
 	if none && pending == 0 {
 		_ = set.Free()
+		w.mu.Lock()
+		failed := 0
+		for _, c := range w.slots {
+			if !c.Unsupported {
+				failed++
+			}
+		}
+		w.mu.Unlock()
+		if failed > 0 {
+			return nil, fmt.Errorf("no device registered for events: %d failed (see the log)", failed)
+		}
 		return nil, ErrNoDevices
 	}
 	return w, nil
@@ -684,7 +723,9 @@ func (w *nvmlWaiter) register(i int) {
 		return
 	}
 	if ret := d.RegisterEvents(types, w.set); ret != nvml.SUCCESS {
-		if ret != nvml.ERROR_NOT_SUPPORTED {
+		if ret == nvml.ERROR_NOT_SUPPORTED {
+			unsupported()
+		} else {
 			s.logf("xid: skipping GPU %d: registering events: %v", gpu, ret)
 		}
 		return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -516,4 +517,57 @@ type coveredWaiter struct{ Waiter }
 
 func (coveredWaiter) Covered() []Coverage {
 	return []Coverage{{GPU: 0, UUID: "GPU-a", Registered: true}, {GPU: 1, UUID: "GPU-b"}}
+}
+
+// A board without events is not a failure: the Reader says so once, stops
+// opening sets and is Unsupported, not down.
+func TestReaderStopsOnBoardsWithoutEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"no device supports events", ErrNoDevices},
+		{"event sets not supported", fmt.Errorf("creating an NVML event set: %w", ErrEventsNotSupported)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &fakeSource{openErrs: map[int]error{}}
+			for i := 0; i < 1000; i++ {
+				src.openErrs[i] = tc.err
+			}
+			r := fastReader(src)
+			var logged []string
+			var mu sync.Mutex
+			r.Logf = func(f string, a ...any) { mu.Lock(); logged = append(logged, fmt.Sprintf(f, a...)); mu.Unlock() }
+			cancel := start(t, r)
+			eventually(t, "unsupported", r.Unsupported)
+			if err := cancel(); !errors.Is(err, context.Canceled) {
+				t.Errorf("Run = %v, want context.Canceled", err)
+			}
+			if opens, _ := src.stats(); opens != 1 {
+				t.Errorf("Open called %d times, want 1 (no retries on a board without events)", opens)
+			}
+			if r.Failures() != 0 || r.Up() {
+				t.Errorf("failures %d, up %v; want 0, false", r.Failures(), r.Up())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(logged) != 1 || !strings.Contains(logged[0], "do not support NVML events") {
+				t.Errorf("log = %q, want one line saying the boards do not support events", logged)
+			}
+		})
+	}
+}
+
+// Open tells a board without events from devices that failed.
+func TestNVMLEventSourceUnsupportedOrFailed(t *testing.T) {
+	set := &mock.EventSet{FreeFunc: func() nvml.Return { return nvml.SUCCESS }}
+	lib := &mock.Interface{EventSetCreateFunc: func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS }}
+	failed := newMockGPU(0, "GPU-0", 0, nvml.ERROR_GPU_IS_LOST, nvml.SUCCESS)
+	if _, err := NewNVMLEventSource(lib, []NVMLDevice{failed.Device}).Open(); err == nil || errors.Is(err, ErrNoDevices) {
+		t.Errorf("Open with a lost GPU = %v, want a retryable error, not ErrNoDevices", err)
+	}
+	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	if _, err := NewNVMLEventSource(lib, []NVMLDevice{failed.Device}).Open(); !errors.Is(err, ErrEventsNotSupported) {
+		t.Errorf("Open = %v, want ErrEventsNotSupported", err)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
 )
 
 // nodeFromSim describes a simulated node, at its clock's present, as a
@@ -325,7 +326,14 @@ func snapshotMIG(t *testing.T, d *simnode.Device, g *fakenvml.GPU) {
 		if r != nvml.SUCCESS {
 			continue
 		}
-		p := fakenvml.GPUInstanceProfile{Info: info, Name: fakenvml.ProfileName(idx, info)}
+		// Without the driver's name (R470) the table's name stands in.
+		p := fakenvml.GPUInstanceProfile{Info: info}
+		if name, r := d.GetName(); r == nvml.SUCCESS {
+			if geo, ok := miggeometry.ByNVMLName(name); ok {
+				gp, _ := geo.ProfileByIndex(idx)
+				p.Name = gp.Name
+			}
+		}
 		// The name the simulated driver gives (nvmlDeviceGetGpuInstanceProfileInfoV).
 		if v2, r := d.GetGpuInstanceProfileInfoV2(idx); r == nvml.SUCCESS {
 			var b []byte

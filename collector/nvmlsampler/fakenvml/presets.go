@@ -6,18 +6,16 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
 )
 
-// memorySlicePlacements are GPU instance placements in memory slices, the
-// unit NVML uses on A100 and H100 (8 slices: 7g at {0,8}, 3g at {0,4} and
-// {4,4}). Taken from go-nvml's A100 mock, which has them as the driver does;
-// its H100 mock counts compute slices instead, so both models use these.
-var memorySlicePlacements = gpus.A100_SXM4_80GB.MIGProfiles.GpuInstancePlacements
-
 // FromModel returns a GPU of a model from go-nvml's mock catalogue (name,
-// memory, architecture, PCI device ID, MIG profiles) with plausible idle
-// telemetry, every board feature an SXM data-centre GPU has, and MIG
-// disabled. index numbers its UUID, bus ID and minor.
+// memory, architecture, PCI device ID) with plausible idle telemetry, every
+// board feature an SXM data-centre GPU has, and MIG disabled. index numbers
+// its UUID, bus ID and minor. MIG profiles, names and placements come from
+// the MIG geometry table (miggeometry), not from go-nvml's mock nor from the
+// exporter's own naming: a model the table does not list has no MIG.
 func FromModel(cfg gpus.Config, index int) GPU {
 	total := cfg.MemoryMB << 20
 	reserved := uint64(512 << 20)
@@ -58,22 +56,26 @@ func FromModel(cfg gpus.Config, index int) GPU {
 			nvml.NVLINK_ERROR_DL_REPLAY: 0, nvml.NVLINK_ERROR_DL_RECOVERY: 0, nvml.NVLINK_ERROR_DL_CRC_FLIT: 0, nvml.NVLINK_ERROR_DL_CRC_DATA: 0,
 		}})
 	}
-	if len(cfg.MIGProfiles.GpuInstanceProfiles) > 0 {
-		g.MIG = &MIG{Profiles: map[int]GPUInstanceProfile{}}
-		for idx, info := range cfg.MIGProfiles.GpuInstanceProfiles {
-			g.MIG.Profiles[idx] = GPUInstanceProfile{Info: info, Name: ProfileName(idx, info), Placements: memorySlicePlacements[idx]}
-		}
+	if geo, ok := miggeometry.ByNVMLName(cfg.Name); ok {
+		g.MIG = migFromGeometry(geo)
 	}
 	return g
 }
 
-// ProfileName is NVIDIA's name of a GPU instance profile (1g.10gb, 1g.10gb+me).
-func ProfileName(index int, info nvml.GpuInstanceProfileInfo) string {
-	n := fmt.Sprintf("%dg.%dgb", info.SliceCount, (info.MemorySizeMB+1023)/1024)
-	if index == nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || index == nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 {
-		n += "+me"
+// migFromGeometry is a model's MIG profiles as the table lists them, MIG
+// disabled.
+func migFromGeometry(geo *miggeometry.Model) *MIG {
+	m := &MIG{Profiles: map[int]GPUInstanceProfile{}, MaxDevices: geo.MaxInstances}
+	for _, p := range geo.Profiles {
+		info := nvml.GpuInstanceProfileInfo{Id: uint32(p.ID), SliceCount: uint32(p.Compute), InstanceCount: uint32(p.Count),
+			MultiprocessorCount: uint32(p.Compute * 16), CopyEngineCount: uint32(p.Compute), MemorySizeMB: p.MemoryMiB}
+		gp := GPUInstanceProfile{Info: info, Name: p.Name}
+		for _, pl := range p.Placements() {
+			gp.Placements = append(gp.Placements, nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+		}
+		m.Profiles[p.Index] = gp
 	}
-	return n
+	return m
 }
 
 // AddGPUInstance enables MIG and creates a GPU instance of the profile at
@@ -93,7 +95,6 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 		return nil, fmt.Errorf("%d compute instances do not fit %d slices", computeInstances, p.Info.SliceCount)
 	}
 	g.MIG.Enabled = true
-	g.MIG.MaxDevices = 7
 	var used uint64
 	same := 0
 	for _, gi := range g.MIG.GPUInstances {

@@ -1,0 +1,535 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
+)
+
+// The configuration matrix: the real exporter (flags, wiring, simulated node,
+// fake kubelet) renders its page over combinations of model, MIG layout,
+// sharing, profile, compatibility families, DCGM and driver branch, and every
+// page must be served, parse, hold no duplicate series, pass `promtool check
+// metrics` and have figures that agree with each other. `go test` runs an
+// all-pairs sample (every value of each dimension meets every value of every
+// other dimension at least once); GPE_MATRIX=full runs the whole product
+// (make test-matrix). Where promtool is on PATH, the shipped rules are also
+// evaluated on the page's series and must not fail.
+
+type matrixDim struct {
+	name   string
+	values []string
+}
+
+func matrixDims() []matrixDim {
+	var models []string
+	for _, m := range miggeometry.All() {
+		models = append(models, m.Model)
+	}
+	return []matrixDim{
+		{"model", models},
+		{"mig", []string{"none", "mixed", "smallest", "compute-instances", "empty"}},
+		{"sharing", []string{"exclusive", "time-slicing", "mps"}},
+		{"profile", []string{"default", "lean", "full"}},
+		{"compat", []string{"off", "on"}},
+		{"dcgm", []string{"off", "auto"}},
+		{"driver", []string{"R535", "R550", "R580"}},
+	}
+}
+
+// allPairs returns rows (indices into each dimension's values) that cover
+// every pair of values of every two dimensions: greedy, deterministic.
+func allPairs(sizes []int) [][]int {
+	type pair struct{ a, va, b, vb int }
+	uncovered := map[pair]bool{}
+	for a := range sizes {
+		for b := a + 1; b < len(sizes); b++ {
+			for va := 0; va < sizes[a]; va++ {
+				for vb := 0; vb < sizes[b]; vb++ {
+					uncovered[pair{a, va, b, vb}] = true
+				}
+			}
+		}
+	}
+	var rows [][]int
+	for len(uncovered) > 0 {
+		// Seed the row with the first uncovered pair (in a fixed order).
+		var first *pair
+		for p := range uncovered {
+			if first == nil || p.a < first.a || (p.a == first.a && (p.b < first.b || (p.b == first.b && (p.va < first.va || (p.va == first.va && p.vb < first.vb))))) {
+				q := p
+				first = &q
+			}
+		}
+		row := make([]int, len(sizes))
+		for i := range row {
+			row[i] = -1
+		}
+		row[first.a], row[first.b] = first.va, first.vb
+		for d := range sizes {
+			if row[d] >= 0 {
+				continue
+			}
+			best, bestN := 0, -1
+			for v := 0; v < sizes[d]; v++ { //nolint:gosec // G602: d ranges over sizes
+				n := 0
+				for e := range sizes {
+					if e == d || row[e] < 0 {
+						continue
+					}
+					p := pair{e, row[e], d, v}
+					if d < e {
+						p = pair{d, v, e, row[e]}
+					}
+					if uncovered[p] {
+						n++
+					}
+				}
+				if n > bestN {
+					best, bestN = v, n
+				}
+			}
+			row[d] = best
+		}
+		for a := range sizes {
+			for b := a + 1; b < len(sizes); b++ {
+				delete(uncovered, pair{a, row[a], b, row[b]})
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func TestAllPairsCoversEveryPair(t *testing.T) {
+	sizes := []int{4, 3, 2, 3}
+	rows := allPairs(sizes)
+	for a := range sizes {
+		for b := a + 1; b < len(sizes); b++ {
+			for va := 0; va < sizes[a]; va++ {
+				for vb := 0; vb < sizes[b]; vb++ {
+					found := false
+					for _, r := range rows {
+						if r[a] == va && r[b] == vb {
+							found = true
+						}
+					}
+					if !found {
+						t.Errorf("pair dim%d=%d dim%d=%d not covered by %v", a, va, b, vb, rows)
+					}
+				}
+			}
+		}
+	}
+	if full := 4 * 3 * 2 * 3; len(rows) >= full {
+		t.Errorf("%d rows: no smaller than the full product (%d)", len(rows), full)
+	}
+}
+
+// matrixCase is one combination, by dimension name.
+type matrixCase map[string]string
+
+func (c matrixCase) name(dims []matrixDim) string {
+	var parts []string
+	for _, d := range dims {
+		parts = append(parts, d.name+"="+c[d.name])
+	}
+	return strings.Join(parts, ",")
+}
+
+func matrixCases() []matrixCase {
+	dims := matrixDims()
+	sizes := make([]int, len(dims))
+	for i, d := range dims {
+		sizes[i] = len(d.values)
+	}
+	var rows [][]int
+	if os.Getenv("GPE_MATRIX") == "full" {
+		var rec func(prefix []int)
+		rec = func(prefix []int) {
+			if len(prefix) == len(sizes) {
+				rows = append(rows, append([]int(nil), prefix...))
+				return
+			}
+			for v := 0; v < sizes[len(prefix)]; v++ {
+				rec(append(prefix, v))
+			}
+		}
+		rec(nil)
+	} else {
+		rows = allPairs(sizes)
+	}
+	out := make([]matrixCase, len(rows))
+	for i, r := range rows {
+		c := matrixCase{}
+		for d, v := range r {
+			c[dims[d].name] = dims[d].values[v]
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// plain reports whether a profile is a plain compute profile (no +me, +gfx,
+// -me variant).
+func plain(p miggeometry.Profile) bool { return !strings.ContainsAny(p.Name, "+-") }
+
+// migLayout is GPU 1's mig: list for a layout, and how many MIG devices the
+// first GPU instance has (the pods hold that many).
+func migLayout(t *testing.T, m *miggeometry.Model, layout string) (yaml string, held int) {
+	t.Helper()
+	var smallest, half *miggeometry.Profile
+	for i := range m.Profiles {
+		p := &m.Profiles[i]
+		if !plain(*p) {
+			continue
+		}
+		if smallest == nil || p.Compute < smallest.Compute {
+			smallest = p
+		}
+		if p.Compute <= m.ComputeSlices/2 && p.Compute >= 2 && (half == nil || p.Compute > half.Compute) {
+			half = p
+		}
+	}
+	if smallest == nil || half == nil {
+		t.Fatalf("%s: no plain smallest or half-size profile in the geometry table", m.Model)
+	}
+	switch layout {
+	case "none":
+		return "", 0
+	case "empty":
+		return "mig: []", 0
+	case "mixed":
+		return fmt.Sprintf("mig: [{profile: %s}, {profile: %s}]", half.Name, smallest.Name), 1
+	case "smallest":
+		var l []string
+		for i := 0; i < smallest.Count; i++ {
+			l = append(l, "{profile: "+smallest.Name+"}")
+		}
+		return "mig: [" + strings.Join(l, ", ") + "]", 1
+	case "compute-instances":
+		return fmt.Sprintf("mig: [{profile: %s, computeInstances: 2}, {profile: %s}]", half.Name, smallest.Name), 2
+	}
+	t.Fatalf("unknown MIG layout %q", layout)
+	return "", 0
+}
+
+func matrixScenario(t *testing.T, c matrixCase, m *miggeometry.Model) string {
+	t.Helper()
+	mig, held := migLayout(t, m, c["mig"])
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed: 3\nnode: {model: %s, count: 2, driverBranch: %s}\n", m.Model, c["driver"])
+	b.WriteString("gpus:\n")
+	if mig != "" {
+		fmt.Fprintf(&b, "  - {index: 1, %s}\n", mig)
+	}
+	if c["sharing"] != "exclusive" {
+		b.WriteString("sharing:\n  timeSlicing: {gpus: [0], replicas: 2}\n")
+	}
+	b.WriteString("pods:\n")
+	holders := 1
+	if c["sharing"] != "exclusive" {
+		holders = 2
+	}
+	for i := 0; i < holders; i++ {
+		dev := "{gpu: 0}"
+		if holders > 1 {
+			dev = fmt.Sprintf("{gpu: 0, replica: %d}", i)
+		}
+		proc := ""
+		if c["sharing"] == "mps" {
+			proc = fmt.Sprintf(", processes: [{pid: %d, mps: true, memory: {mean: 0.2}, utilization: {mean: 0.3}}]", 4000+i)
+		}
+		fmt.Fprintf(&b, "  - {namespace: ml, name: whole-%d, containers: [{name: main, devices: [%s]%s}]}\n", i, dev, proc)
+	}
+	for i := 0; i < held; i++ {
+		fmt.Fprintf(&b, "  - {namespace: ml, name: mig-%d, containers: [{name: main, devices: [{gpu: 1, mig: %d}]}]}\n", i, i)
+	}
+	if mig == "" {
+		fmt.Fprintf(&b, "  - {namespace: web, name: other, containers: [{name: main, devices: [{gpu: 1}]}]}\n")
+	}
+	return b.String()
+}
+
+func TestConfigurationMatrix(t *testing.T) {
+	dims := matrixDims()
+	cases := matrixCases()
+	t.Logf("%d combinations (GPE_MATRIX=full for the whole product)", len(cases))
+	// The cases wait on the exporter more than they compute: run a few at
+	// once, each on its own port and scenario.
+	sem := make(chan struct{}, 8)
+	for _, c := range cases {
+		t.Run(c.name(dims), func(t *testing.T) {
+			t.Parallel()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			m, ok := miggeometry.ByModel(c["model"])
+			if !ok {
+				t.Fatalf("model %s not in the geometry table", c["model"])
+			}
+			sc := matrixScenario(t, c, m)
+			file := filepath.Join(t.TempDir(), "node.yaml")
+			if err := os.WriteFile(file, []byte(sc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var prices []string
+			for _, n := range m.NVMLNames {
+				prices = append(prices, n+"=10")
+			}
+			addr := freeAddr(t)
+			args := []string{
+				"--simulate.scenario=" + file, "--web.listen-address=" + addr,
+				"--collect-interval=1s", "--nvml.device-timeout=500ms",
+				"--collector.profile=" + c["profile"], "--dcgm.mode=" + c["dcgm"],
+				"--idle.price=" + strings.Join(prices, ","),
+			}
+			if c["compat"] == "on" {
+				args = append(args, "--compat.dcgm-exporter")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			var errb syncBuffer
+			done := make(chan int, 1)
+			go func() { done <- run(ctx, args, io.Discard, &errb) }()
+			defer func() {
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					t.Error("no shutdown within 10s")
+				}
+			}()
+			// Wait for the state the checks need: the pod map is known
+			// (gpu_devices{state="allocated"} appears), not for a time.
+			var body string
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				body = waitFor(t, "http://"+addr+"/metrics", 200)
+				if strings.Contains(body, `gpu_devices{state="allocated"}`) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the pod map never showed on the page; scenario:\n%s\nlog:\n%s", sc, errb.String())
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			checkMatrixPage(t, c, m, body)
+			if t.Failed() {
+				t.Logf("scenario:\n%s", sc)
+			}
+		})
+	}
+}
+
+func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body string) {
+	t.Helper()
+	// No duplicate series (the parser below merges them silently).
+	seen := map[string]bool{}
+	for _, l := range strings.Split(body, "\n") {
+		if l == "" || l[0] == '#' {
+			continue
+		}
+		key := l[:strings.LastIndexByte(l, ' ')]
+		if seen[key] {
+			t.Errorf("duplicate series %s", key)
+		}
+		seen[key] = true
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("page does not parse: %v", err)
+	}
+	// The compatibility families keep dcgm-exporter's names and labels
+	// (camelCase, counters without _total), which promtool's linter flags
+	// by design: lint the exporter's own families.
+	var own []string
+	for _, l := range strings.Split(body, "\n") {
+		if !strings.Contains(l, "DCGM_FI_") {
+			own = append(own, l)
+		}
+	}
+	checkWithPromtool(t, strings.Join(own, "\n"))
+
+	get := func(name string) []*dto.Metric {
+		if f := fams[name]; f != nil {
+			return f.Metric
+		}
+		return nil
+	}
+	label := func(x *dto.Metric, n string) string {
+		for _, l := range x.Label {
+			if l.GetName() == n {
+				return l.GetValue()
+			}
+		}
+		return ""
+	}
+	val := func(x *dto.Metric) float64 {
+		switch {
+		case x.Gauge != nil:
+			return x.Gauge.GetValue()
+		case x.Counter != nil:
+			return x.Counter.GetValue()
+		case x.Untyped != nil:
+			return x.Untyped.GetValue()
+		}
+		return math.NaN()
+	}
+
+	// One gpu_up per device: two GPUs, and one per MIG device.
+	ups := map[string]int{}
+	for _, x := range get("gpu_up") {
+		ups[label(x, "uuid")+"/"+label(x, "gpu_instance")+"/"+label(x, "compute_instance")]++
+	}
+	whole := 0
+	for k, n := range ups {
+		if n != 1 {
+			t.Errorf("%d gpu_up series for device %s", n, k)
+		}
+		if strings.HasSuffix(k, "//") {
+			whole++
+		}
+	}
+	if whole != 2 {
+		t.Errorf("%d whole-GPU gpu_up series, want 2", whole)
+	}
+	migDevices := len(get("gpu_mig_info"))
+	if len(ups) != 2+migDevices {
+		t.Errorf("%d gpu_up series, want %d (2 GPUs and %d MIG devices)", len(ups), 2+migDevices, migDevices)
+	}
+
+	// Stranded memory within the node's memory.
+	var total float64
+	for _, x := range get("gpu_memory_total_bytes") {
+		if label(x, "gpu_instance") == "" {
+			total += val(x)
+		}
+	}
+	for _, x := range get("gpu_memory_stranded_bytes") {
+		if total > 0 && val(x) > total {
+			t.Errorf("stranded %v bytes > the GPUs' %v", val(x), total)
+		}
+	}
+
+	// Free slices within the model's compute slices.
+	for _, x := range get("gpu_mig_free_slices") {
+		if v := val(x); v < 0 || v > float64(m.ComputeSlices) {
+			t.Errorf("gpu_mig_free_slices{gpu=%q} = %v, outside 0..%d", label(x, "gpu"), v, m.ComputeSlices)
+		}
+	}
+
+	// Instance prices of a GPU within its price ($10).
+	perGPU := map[string]float64{}
+	for _, x := range get("gpu_price_dollars_per_hour") {
+		if label(x, "gpu_instance") != "" {
+			perGPU[label(x, "uuid")] += val(x)
+		} else if v := val(x); v != 10 {
+			t.Errorf("whole GPU %s priced %v, want 10", label(x, "uuid"), v)
+		}
+	}
+	for u, v := range perGPU {
+		if v > 10+1e-9 {
+			t.Errorf("MIG devices of %s priced %v in all, over the GPU's 10", u, v)
+		}
+	}
+	if c["mig"] == "mixed" || c["mig"] == "smallest" || c["mig"] == "compute-instances" {
+		if len(perGPU) != 1 {
+			t.Errorf("MIG devices priced on %d GPUs, want 1", len(perGPU))
+		}
+	}
+
+	// Allocated + free within the schedulable devices.
+	states := map[string]float64{}
+	for _, x := range get("gpu_devices") {
+		states[label(x, "state")] = val(x)
+	}
+	devices := float64(2)
+	if c["mig"] != "none" {
+		devices = 1 + float64(migDevices)
+	}
+	if a, f := states["allocated"], states["free"]; a+f > devices {
+		t.Errorf("allocated %v + free %v > %v devices", a, f, devices)
+	}
+	if states["allocated"] < 1 {
+		t.Errorf("allocated devices %v, want at least GPU 0", states["allocated"])
+	}
+	if len(fams) == 0 {
+		t.Error("empty page")
+	}
+	// The rules on the page's series: on MIG layouts with several devices
+	// per GPU in the sample (promtool takes about a second a page), on
+	// every page in the full matrix.
+	if c["mig"] == "compute-instances" || c["mig"] == "mixed" || os.Getenv("GPE_MATRIX") == "full" {
+		checkRulesEvaluate(t, fams)
+	}
+}
+
+// checkRulesEvaluate runs the shipped rules on the page's series (as one
+// node's scrape, held for a few minutes) with promtool, which fails on any
+// rule evaluation error (many-to-many matching, duplicate series).
+func checkRulesEvaluate(t *testing.T, fams map[string]*dto.MetricFamily) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool not found; skipping the rules evaluation")
+		return
+	}
+	rules, err := filepath.Abs("../../alerts/gpu-pool-exporter.rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "rule_files:\n  - %s\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n", rules)
+	var names []string
+	for n := range fams {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		for _, x := range fams[n].Metric {
+			var v float64
+			switch {
+			case x.Gauge != nil:
+				v = x.Gauge.GetValue()
+			case x.Counter != nil:
+				v = x.Counter.GetValue()
+			case x.Untyped != nil:
+				v = x.Untyped.GetValue()
+			default:
+				continue // summaries and histograms: no rule reads them
+			}
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			labels := []string{`job="gpu-pool-exporter"`, `instance="10.0.0.1:9947"`, `node="matrix-node"`}
+			for _, l := range x.Label {
+				labels = append(labels, fmt.Sprintf("%s=%s", l.GetName(), strconv.Quote(l.GetValue())))
+			}
+			series := n + "{" + strings.Join(labels, ", ") + "}"
+			fmt.Fprintf(&b, "      - series: %s\n        values: '%s'\n", strconv.Quote(series), strings.TrimSpace(strings.Repeat(strconv.FormatFloat(v, 'g', -1, 64)+" ", 6)))
+		}
+	}
+	b.WriteString("    promql_expr_test:\n      - expr: vector(1)\n        eval_time: 5m\n        exp_samples:\n          - labels: '{}'\n            value: 1\n")
+	file := filepath.Join(t.TempDir(), "rules_test.yml")
+	if err := os.WriteFile(file, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(path, "test", "rules", file).CombinedOutput(); err != nil {
+		t.Errorf("the shipped rules fail on this page's series: %v\n%s", err, out)
+	}
+}

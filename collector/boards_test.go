@@ -1,0 +1,109 @@
+package collector_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+)
+
+// Boards that are not SXM data-centre parts: an L4 (GDDR, PCIe, no MIG) and
+// a board that answers NOT_SUPPORTED for ECC, power and events. The node is
+// healthy: every GPU is up, the xid collector is not down (it has nothing to
+// watch, and says so), and what the board lacks is absent, not zero.
+func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
+	for _, tc := range []struct {
+		name, scenario string
+		events         bool
+		absent         []string
+		present        []string
+	}{
+		{"L4", `node: {model: L4-24GB, count: 2}`, true,
+			[]string{"gpu_memory_temperature_celsius", "gpu_nvlink_errors_total", "gpu_mig_info"},
+			[]string{"gpu_power_watts", "gpu_temperature_celsius", "gpu_ecc_errors_total"}},
+		{"L4 without ECC, power and events", `node: {model: L4-24GB, count: 2, unsupported: [ecc, power, events]}`, false,
+			[]string{"gpu_memory_temperature_celsius", "gpu_nvlink_errors_total", "gpu_power_watts", "gpu_power_limit_watts", "gpu_ecc_errors_total"},
+			[]string{"gpu_temperature_celsius", "gpu_utilization_ratio"}},
+		{"H100 without events", `node: {model: H100-SXM5-80GB, count: 1, unsupported: [events]}`, false,
+			nil, []string{"gpu_power_watts", "gpu_memory_temperature_celsius"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newClock()
+			node, err := simnode.New(scenario(t, tc.scenario), simnode.WithClock(clk.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer node.Close()
+			src, ok := nvmlsampler.XIDSource(node)
+			if !ok {
+				t.Fatal("the simulated node has no XID source")
+			}
+			reader := xid.NewReader(src, nil)
+			reader.WaitTimeout = 20 * time.Millisecond
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = reader.Run(ctx) }()
+			deadline := time.Now().Add(5 * time.Second)
+			for !reader.Up() && !reader.Unsupported() {
+				if time.Now().After(deadline) {
+					t.Fatal("the XID reader neither opened a set nor found events unsupported")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if reader.Unsupported() == tc.events {
+				t.Fatalf("reader unsupported = %v, want %v", reader.Unsupported(), !tc.events)
+			}
+			s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Groups: fullGroups()}, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.SampleOnce(ctx)
+			p := e.Page()
+			for _, l := range series(p, "gpu_up", `gpu_instance=""`) {
+				if l[len(l)-2:] != " 1" {
+					t.Errorf("GPU not up on a healthy board: %s", l)
+				}
+			}
+			if len(series(p, "gpu_up")) == 0 {
+				t.Fatal("no gpu_up series")
+			}
+			if v := value(t, p, "gpu_exporter_collector_up", `collector="xid"`); v != "1" {
+				t.Errorf(`gpu_exporter_collector_up{collector="xid"} = %s, want 1`, v)
+			}
+			want := "0"
+			if tc.events {
+				want = "1"
+			}
+			if v := value(t, p, "gpu_exporter_xid_events_supported"); v != want {
+				t.Errorf("gpu_exporter_xid_events_supported = %s, want %s", v, want)
+			}
+			for _, f := range tc.absent {
+				if got := series(p, f); len(got) != 0 {
+					t.Errorf("%s served on a board without it: %v", f, got)
+				}
+			}
+			if tc.scenario[:14] == "node: {model: " && tc.scenario[14:16] == "L4" {
+				for _, l := range series(p, "gpu_nvlink_active_links") {
+					if l[len(l)-2:] != " 0" {
+						t.Errorf("a PCIe board has active NVLinks: %s", l)
+					}
+				}
+			}
+			for _, f := range tc.present {
+				if got := series(p, f); len(got) == 0 {
+					t.Errorf("%s missing", f)
+				}
+			}
+		})
+	}
+}
