@@ -559,11 +559,11 @@ func Render(name string, src *Source, series []*Series, rf *alerts.RuleFile, v V
 		Values string `yaml:"values"`
 	}
 	type test struct {
-		Name           string      `yaml:"name"`
-		Interval       string      `yaml:"interval"`
+		Name           string        `yaml:"name"`
+		Interval       string        `yaml:"interval"`
 		InputSeries    []inputSeries `yaml:"input_series"`
-		AlertRuleTest  []AlertTest `yaml:"alert_rule_test"`
-		PromQLExprTest []yaml.Node `yaml:"promql_expr_test,omitempty"`
+		AlertRuleTest  []AlertTest   `yaml:"alert_rule_test"`
+		PromQLExprTest []yaml.Node   `yaml:"promql_expr_test,omitempty"`
 	}
 	type file struct {
 		RuleFiles          []string `yaml:"rule_files"`
