@@ -25,6 +25,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,8 +66,10 @@ type Source struct {
 	// source's alert_rule_test does not check at that time must be quiet.
 	QuietEvery int `yaml:"quietEvery"`
 	// Firing are the alerts that fire, each from one check time to another
-	// (until: the end when empty): at every quiet check time in between,
-	// exactly exp_alerts fire (promtool's exp_alerts).
+	// (until: the end when empty): at every quiet check time in between (or
+	// at the times of at, where an annotation changes with time), exactly
+	// exp_alerts fire (promtool's exp_alerts); the alert is not checked
+	// quiet inside the span.
 	Firing []Firing `yaml:"firing"`
 	// Tests are further promtool assertions: alert_rule_test and
 	// promql_expr_test, as in a promtool test file.
@@ -79,6 +82,7 @@ type Firing struct {
 	Alertname string      `yaml:"alertname"`
 	From      string      `yaml:"from"`
 	Until     string      `yaml:"until"`
+	At        []string    `yaml:"at"`
 	ExpAlerts []yaml.Node `yaml:"exp_alerts"`
 }
 
@@ -494,10 +498,20 @@ func formatFloat(v float64) string {
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
-// RuleMetrics are the metric names the rules file's expressions read (not
-// the ones its rules record): the series a fixture needs.
+// annotationMetricRE finds the metric names the annotations' queries read.
+var annotationMetricRE = regexp.MustCompile(`\b(gpu_[a-z0-9_]+|kube_[a-z0-9_]+)\b`)
+
+// RuleMetrics are the metric names the rules file's expressions and its
+// annotations' queries read: the series a fixture needs.
 func RuleMetrics(rf *alerts.RuleFile) (map[string]bool, error) {
 	out := map[string]bool{"up": true}
+	for _, a := range rf.Alerts() {
+		for _, v := range a.Annotations {
+			for _, m := range annotationMetricRE.FindAllString(v, -1) {
+				out[m] = true
+			}
+		}
+	}
 	p := parser.NewParser(parser.Options{})
 	for _, g := range rf.Groups {
 		for _, r := range g.Rules {
@@ -581,6 +595,15 @@ func Render(name string, src *Source, series []*Series, rf *alerts.RuleFile, v V
 		from, until, err := f.Span(src.Minutes)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		for m := from; m <= until; m++ {
+			checked[f.Alertname+"@"+(time.Duration(m)*time.Minute).String()] = true // firing: not quiet
+		}
+		if len(f.At) > 0 {
+			for _, at := range f.At {
+				tests = append(tests, AlertTest{Alertname: f.Alertname, EvalTime: at, ExpAlerts: f.ExpAlerts})
+			}
+			continue
 		}
 		for m := 0; m <= src.Minutes; m += src.QuietEvery {
 			if m >= from && m <= until {
