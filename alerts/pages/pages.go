@@ -62,6 +62,10 @@ type Source struct {
 	// process, which counts XIDs and ECC growth from nothing, serves the
 	// next.
 	Restarts []int `yaml:"restarts"`
+	// KubeStateMetrics are series of kube-state-metrics (nodes, Pending
+	// pods) beside the exporter's pages, in promtool's input_series form
+	// over the whole run, with job="kube-state-metrics".
+	KubeStateMetrics []InputSeries `yaml:"kubeStateMetrics"`
 	// QuietEvery: every this many minutes (and at the end), each alert the
 	// source's alert_rule_test does not check at that time must be quiet.
 	QuietEvery int `yaml:"quietEvery"`
@@ -76,6 +80,16 @@ type Source struct {
 	AlertRuleTest  []AlertTest `yaml:"alert_rule_test"`
 	PromQLExprTest []yaml.Node `yaml:"promql_expr_test"`
 }
+
+// InputSeries is one promtool input series.
+type InputSeries struct {
+	Series string `yaml:"series"`
+	Values string `yaml:"values"`
+}
+
+// KubeStateMetricsNamespace is the namespace kube-state-metrics runs in on
+// GKE Managed Prometheus (its managed collection).
+const KubeStateMetricsNamespace = "gmp-public"
 
 // Firing is an alert that fires over a span of the run.
 type Firing struct {
@@ -568,14 +582,10 @@ func Render(name string, src *Source, series []*Series, rf *alerts.RuleFile, v V
 	for _, l := range strings.Split(strings.TrimSpace(src.Comment), "\n") {
 		b.WriteString(strings.TrimRight("# "+l, " ") + "\n")
 	}
-	type inputSeries struct {
-		Series string `yaml:"series"`
-		Values string `yaml:"values"`
-	}
 	type test struct {
 		Name           string        `yaml:"name"`
 		Interval       string        `yaml:"interval"`
-		InputSeries    []inputSeries `yaml:"input_series"`
+		InputSeries    []InputSeries `yaml:"input_series"`
 		AlertRuleTest  []AlertTest   `yaml:"alert_rule_test"`
 		PromQLExprTest []yaml.Node   `yaml:"promql_expr_test,omitempty"`
 	}
@@ -587,7 +597,18 @@ func Render(name string, src *Source, series []*Series, rf *alerts.RuleFile, v V
 	}
 	t := test{Name: name, Interval: "1m"}
 	for _, s := range series {
-		t.InputSeries = append(t.InputSeries, inputSeries{Series: shapeSeries(s.Labels, v), Values: s.ValuesString()})
+		t.InputSeries = append(t.InputSeries, InputSeries{Series: shapeSeries(s.Labels, v), Values: s.ValuesString()})
+	}
+	for _, k := range src.KubeStateMetrics {
+		metric, rest, _ := strings.Cut(k.Series, "{")
+		labels := map[string]string{}
+		for _, kv := range splitLabels(strings.TrimSuffix(strings.TrimSpace(rest), "}")) {
+			labels[kv[0]] = kv[1]
+		}
+		if labels["job"] != "kube-state-metrics" {
+			return nil, fmt.Errorf("%s: kubeStateMetrics series %q: want the label job=\"kube-state-metrics\"", name, k.Series)
+		}
+		t.InputSeries = append(t.InputSeries, InputSeries{Series: shapeSeries(seriesKey(metric, labels), v), Values: k.Values})
 	}
 	checked := map[string]bool{}
 	tests := append([]AlertTest(nil), src.AlertRuleTest...)
@@ -664,6 +685,12 @@ func shapeSeries(s string, v Variant) string {
 		} else if !ok {
 			labels["namespace"] = ExporterNamespace
 		}
+	}
+	if labels["job"] == "kube-state-metrics" && v == GMP {
+		if own, ok := labels["namespace"]; ok {
+			labels["exported_namespace"] = own
+		}
+		labels["namespace"] = KubeStateMetricsNamespace
 	}
 	if v == GMP {
 		for _, kv := range gmpResource {
