@@ -322,6 +322,16 @@ func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &process{exp: e, reader: reader, pods: pods, srv: srv, started: started, cancel: cancel, done: make(chan struct{}), clk: clk}
 	go func() { defer close(p.done); _ = reader.Run(ctx) }()
+	// The event set opens within microseconds of a real start; wait for it,
+	// so that the first page does not depend on the goroutines' timing.
+	deadline := time.Now().Add(30 * time.Second)
+	for !reader.Up() {
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("the XID reader did not open its event set in 30 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return p, nil
 }
 
