@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/prometheus/prometheus/promql/parser"
+	"gopkg.in/yaml.v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 )
@@ -336,6 +337,9 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"
+		case b.lang == "yaml" && strings.Contains(b.text, "route:"):
+			checkAlertmanagerRoute(t, b)
+			by = "this test (an Alertmanager route needs an Alertmanager; its matchers name labels every shipped alert carries alike on vanilla and GMP rules)"
 		default:
 			t.Errorf("%s: a %s block in %q that no test runs; run it in a test or say why it cannot run offline", b.where(), b.lang, b.section)
 			continue
@@ -407,4 +411,53 @@ func checkRuleFiles(t *testing.T, b block) {
 			}
 		}
 	}
+}
+
+// alertmanagerRoute is the part of an Alertmanager configuration the docs'
+// route example uses.
+type alertmanagerRoute struct {
+	Receiver string               `yaml:"receiver"`
+	Matchers []string             `yaml:"matchers"`
+	Routes   []*alertmanagerRoute `yaml:"routes"`
+}
+
+// routeMatcherRE is one equality matcher of a route: label="value".
+var routeMatcherRE = regexp.MustCompile(`^([a-z_]+)="([^"]*)"$`)
+
+// checkAlertmanagerRoute: the route example parses, names only receivers it
+// defines, and matches only on namespace and severity, the labels whose
+// meaning the vanilla and GMP rules share.
+func checkAlertmanagerRoute(t *testing.T, b block) {
+	t.Helper()
+	var cfg struct {
+		Route     *alertmanagerRoute `yaml:"route"`
+		Receivers []struct {
+			Name string `yaml:"name"`
+		} `yaml:"receivers"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(b.text))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil || cfg.Route == nil {
+		t.Fatalf("%s: not an Alertmanager route: %v", b.where(), err)
+	}
+	receivers := map[string]bool{}
+	for _, r := range cfg.Receivers {
+		receivers[r.Name] = true
+	}
+	var walk func(r *alertmanagerRoute)
+	walk = func(r *alertmanagerRoute) {
+		if !receivers[r.Receiver] {
+			t.Errorf("%s: route to receiver %q, which the example does not define", b.where(), r.Receiver)
+		}
+		for _, m := range r.Matchers {
+			sub := routeMatcherRE.FindStringSubmatch(m)
+			if sub == nil || (sub[1] != "namespace" && sub[1] != "severity") {
+				t.Errorf("%s: matcher %q: want namespace=\"...\" or severity=\"...\"", b.where(), m)
+			}
+		}
+		for _, c := range r.Routes {
+			walk(c)
+		}
+	}
+	walk(cfg.Route)
 }
