@@ -82,7 +82,7 @@ type config struct {
 	warmup, cycles        int
 	timeout               time.Duration
 	prometheus, exporter  string
-	page                  string
+	page, shardRules      string
 	rules                 ruleFiles
 	keep                  bool
 	top                   int
@@ -103,6 +103,7 @@ func main() {
 	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
+	flag.StringVar(&cfg.shardRules, "shard-rules", "", "measure a global layer: derive the node page from a shard Prometheus that scrapes the simulated node with this rules file (its output: the series the -rules read)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
 	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
@@ -177,6 +178,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	page, err := nodePage(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if cfg.shardRules != "" {
+		if page, err = shardOutputPage(ctx, work, cfg, page); err != nil {
+			return err
+		}
 	}
 	fleet, err := newFleet(page, cfg.nodes, cfg.pools, cfg.pending, time.Now())
 	if err != nil {
