@@ -37,7 +37,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -55,6 +54,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
 )
 
@@ -270,14 +270,14 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 	dashboardChecks := 0
 	for _, q := range qs {
 		expr, unknown, ok := q.PromQL(values)
-		if !ok || len(unknown) > 0 || !poolOrClusterQuery.MatchString(expr) {
+		if !ok || len(unknown) > 0 || q.Dashboard != "gpu-pool-overview.json" && !poolOrClusterQuery.MatchString(expr) {
 			continue
 		}
 		checks = append(checks, check{name: q.String(), expr: expr})
 		dashboardChecks++
 	}
 	if dashboardChecks < 10 {
-		t.Fatalf("only %d dashboard queries read pool, namespace or cluster figures: the selection lost them", dashboardChecks)
+		t.Fatalf("only %d dashboard queries of the pool overview or reading pool, namespace or cluster figures: the selection lost them", dashboardChecks)
 	}
 	var diffs []string
 	deadline = time.Now().Add(settleTimeout)
@@ -302,9 +302,10 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 // mayBeEmpty are global recordings the scenario gives no series, and why.
 var mayBeEmpty = map[string]string{}
 
-// poolOrClusterQuery picks the dashboard queries that read pool, namespace
-// or cluster figures.
-var poolOrClusterQuery = regexp.MustCompile(`\b(nodepool|namespace|cluster|accelerator|pod):[a-z_]+:[a-z0-9_]+`)
+// poolOrClusterQuery picks, besides every query of the pool overview, the
+// dashboard queries that read pool, namespace or cluster figures (or join
+// nodes to their pool).
+var poolOrClusterQuery = regexp.MustCompile(`\b((nodepool|namespace|cluster|accelerator|pod):[a-z_]+:[a-z0-9_]+|node:gpu_(nodepool|accelerator):info)\b`)
 
 // check is one query run on the reference and through Thanos Query.
 type check struct {
@@ -525,7 +526,7 @@ func writeRules(t *testing.T, dir, name, src string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rules := regexp.MustCompile(`(?m)^(\s+for:\s*)\S+\s*$`).ReplaceAllString(string(data), "${1}"+forDuration)
+	rules := proctest.ShortenFor(string(data), forDuration)
 	interval := regexp.MustCompile(`(?m)^(    interval:\s*)\S+\s*$`)
 	if !interval.MatchString(rules) {
 		t.Fatalf("%s: no rule group has an `interval:` any more: update this test's rewriting", src)
@@ -587,86 +588,6 @@ func repoRoot(t *testing.T) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startProcess runs a command until the test ends, its output in logFile.
-func startProcess(t *testing.T, ctx context.Context, logFile, bin string, args ...string) {
-	t.Helper()
-	f, err := os.Create(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("%s: %v", bin, err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		f.Close()
-	})
-}
-
-func waitHTTP(t *testing.T, u string, timeout time.Duration, logFile string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(u)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	tailFile(t, logFile, 40)
-	t.Fatalf("%s did not answer 200 within %s", u, timeout)
-}
-
-func tailFile(t *testing.T, path string, n int) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
-}
-
-func getJSON(u string, v any) error {
-	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get(u)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
-		return fmt.Errorf("%s: HTTP %s", u, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
-}
-
 func containsAll(have, want []string) bool {
 	for _, w := range want {
 		found := false
@@ -679,3 +600,12 @@ func containsAll(have, want []string) bool {
 	}
 	return true
 }
+
+// The servers' plumbing, shared with alerts/thanos.
+var (
+	freeAddr     = proctest.FreeAddr
+	startProcess = proctest.Start
+	waitHTTP     = proctest.WaitHTTP
+	tailFile     = proctest.TailFile
+	getJSON      = proctest.GetJSON
+)
