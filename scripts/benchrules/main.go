@@ -248,6 +248,8 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rss, peak := procMemory(prom.cmd.Process.Pid)
+	fmt.Fprintf(os.Stderr, "bench-rules: Prometheus memory after the measured cycles: RSS %.2f GiB, peak %.2f GiB, %d head series\n", rss, peak, head)
 	cpu := cpuFigures{withRules: cpuRules}
 	if cfg.baseline {
 		// The same Prometheus, scraping the same targets, without rules.
@@ -305,6 +307,32 @@ func procCPU(pid int) time.Duration {
 	}
 	// USER_HZ is 100 on every Linux this runs on.
 	return time.Duration(ut+st) * (time.Second / 100)
+}
+
+// procMemory is a process's resident memory now and at its peak, in GiB
+// (/proc/PID/status VmRSS and VmHWM; 0 where unreadable).
+func procMemory(pid int) (rss, peak float64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kib, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "VmRSS:":
+			rss = kib / (1 << 20)
+		case "VmHWM:":
+			peak = kib / (1 << 20)
+		}
+	}
+	return rss, peak
 }
 
 func freePort() (string, error) {
