@@ -142,15 +142,17 @@ var (
 	scrapeAdded = map[string]bool{"node": true, "instance": true, "job": true}
 )
 
-// federate reads the shard's series of the node (not kube-state-metrics')
-// whose names are in keep, as a node page: no timestamps, no node/instance/job labels.
+// federate reads the shard's series of the node whose names are in keep,
+// as a node page: no timestamps, no node/instance/job labels. Not
+// kube-state-metrics' series (the fleet serves its own); the node-level
+// recordings have no job label, so the match excludes rather than selects.
 func federate(ctx context.Context, base string, keep map[string]bool) ([]byte, error) {
 	var names []string
 	for n := range keep {
 		names = append(names, regexp.QuoteMeta(n))
 	}
 	sort.Strings(names)
-	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job="gpu-pool-exporter",__name__=~%q}`, strings.Join(names, "|")))
+	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job!="kube-state-metrics",__name__=~%q}`, strings.Join(names, "|")))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
