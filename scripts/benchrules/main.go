@@ -684,9 +684,11 @@ rule_files:
   - job_name: kube-state-metrics
     honor_labels: true
     metrics_path: /ksm/metrics
+    # Its page grows with the fleet (a million lines at 10,000 nodes).
+    scrape_timeout: %s
     static_configs:
       - targets: [%q]
-`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), addr)
+`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), cfg.interval, addr)
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 
@@ -803,7 +805,9 @@ func (a *apiClient) get(ctx context.Context, path string, v any) error {
 }
 
 func waitTargets(ctx context.Context, api *apiClient, p *promProc, want int) error {
-	deadline := time.Now().Add(5 * time.Minute)
+	// Thousands of targets take minutes to be scraped once on a busy machine.
+	wait := 5*time.Minute + time.Duration(want)*30*time.Millisecond
+	deadline := time.Now().Add(wait)
 	last := ""
 	for time.Now().Before(deadline) {
 		if err := sleep(ctx, p, 2*time.Second); err != nil {
@@ -830,7 +834,7 @@ func waitTargets(ctx context.Context, api *apiClient, p *promProc, want int) err
 		}
 		last = fmt.Sprintf("%d of %d targets up", up, want)
 	}
-	return fmt.Errorf("targets not up within 5 minutes: %s (their errors: /api/v1/targets)", last)
+	return fmt.Errorf("targets not up within %s: %s (their errors: /api/v1/targets)", wait, last)
 }
 
 // One reading of /api/v1/rules.
