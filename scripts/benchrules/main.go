@@ -215,10 +215,10 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	api := &apiClient{base: "http://" + promAddr, hc: &http.Client{Timeout: 30 * time.Second}}
 	fmt.Fprintf(os.Stderr, "bench-rules: %s, %d nodes in %d pools, %d Pending pods, %d series per node page, interval %s\n",
 		prom.version, cfg.nodes, cfg.pools, cfg.pending, fleet.seriesPerNode, cfg.interval)
-	if err := waitTargets(ctx, api, prom, cfg.nodes+1); err != nil {
+	if err := waitTargets(ctx, api, prom, cfg.nodes+ksmShards(cfg.nodes)); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+1, cfg.warmup, cfg.cycles)
+	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+ksmShards(cfg.nodes), cfg.warmup, cfg.cycles)
 	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
 		return err
 	}
@@ -426,6 +426,7 @@ type fleet struct {
 	seriesPerNode int
 	nodes         []string
 	ksm           []byte
+	ksmShards     [][]byte // ksm split as kube-state-metrics' --total-shards splits it
 }
 
 var (
@@ -581,6 +582,7 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 			p.namespace, p.name, uid, p.container, p.node)
 	}
 	f.ksm = ksm.Bytes()
+	f.ksmShards = splitKSM(f.ksm, ksmShards(n))
 	return f, nil
 }
 
@@ -595,6 +597,30 @@ func labelValue(labels, name string) string {
 		return v[:j]
 	}
 	return v
+}
+
+// ksmShards is how many kube-state-metrics targets serve the fleet: one per
+// 500 nodes, as a big cluster shards kube-state-metrics (--total-shards);
+// one page of a million lines does not get scraped in time.
+func ksmShards(nodes int) int { return max(1, nodes/500) }
+
+// splitKSM deals the sample lines of a kube-state-metrics page out to n
+// pages (metadata lines left out: the rules need no types).
+func splitKSM(page []byte, n int) [][]byte {
+	out := make([]bytes.Buffer, n)
+	i := 0
+	for _, l := range bytes.SplitAfter(page, []byte("\n")) {
+		if len(l) == 0 || l[0] == '#' {
+			continue
+		}
+		out[i%n].Write(l)
+		i++
+	}
+	pages := make([][]byte, n)
+	for j := range out {
+		pages[j] = out[j].Bytes()
+	}
+	return pages
 }
 
 // ksmResource is kube-state-metrics' spelling of a resource name
@@ -612,6 +638,15 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	if r.URL.Path == "/ksm/metrics" {
 		w.Write(f.ksm)
+		return
+	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/ksm/"); ok {
+		i, err := strconv.Atoi(strings.TrimSuffix(rest, "/metrics"))
+		if err != nil || i < 0 || i >= len(f.ksmShards) {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(f.ksmShards[i])
 		return
 	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/node/")
@@ -644,6 +679,15 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ---------------------------------------------------------------------------
 // Prometheus.
+
+// ksmJobs are the scrape configs of the kube-state-metrics shards.
+func ksmJobs(nodes int, addr string) string {
+	var b strings.Builder
+	for i := range ksmShards(nodes) {
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics}\n", i, i, addr)
+	}
+	return b.String()
+}
 
 func writeConfig(work, addr string, cfg config) error {
 	type target struct {
@@ -681,14 +725,7 @@ rule_files:
   - job_name: gpu-pool-exporter
     file_sd_configs:
       - files: [%q]
-  - job_name: kube-state-metrics
-    honor_labels: true
-    metrics_path: /ksm/metrics
-    # Its page grows with the fleet (a million lines at 10,000 nodes).
-    scrape_timeout: %s
-    static_configs:
-      - targets: [%q]
-`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), cfg.interval, addr)
+%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr))
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 

@@ -152,7 +152,7 @@ func federate(ctx context.Context, base string, keep map[string]bool) ([]byte, e
 		names = append(names, regexp.QuoteMeta(n))
 	}
 	sort.Strings(names)
-	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job!="kube-state-metrics",__name__=~%q}`, strings.Join(names, "|")))
+	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job!~"kube-state-metrics.*",__name__=~%q}`, strings.Join(names, "|")))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
