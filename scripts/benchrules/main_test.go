@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -278,5 +279,32 @@ func TestNamesReadLeavesOutWhatTheRulesRecord(t *testing.T) {
 		if names[n] {
 			t.Errorf("%s is recorded by the rules (or the scrape's own): want it left out", n)
 		}
+	}
+}
+
+func TestKSMShardsHoldEverySampleOnce(t *testing.T) {
+	page := []byte("# HELP a x\n# TYPE a gauge\na{n=\"1\"} 1\na{n=\"2\"} 1\nb 2\n")
+	for _, n := range []int{1, 2, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			shards := splitKSM(page, n)
+			if len(shards) != n {
+				t.Fatalf("%d pages, want %d", len(shards), n)
+			}
+			var all []string
+			for _, s := range shards {
+				if strings.Contains(string(s), "#") {
+					t.Errorf("page %q carries metadata", s)
+				}
+				all = append(all, strings.Split(strings.TrimSpace(string(s)), "\n")...)
+			}
+			all = slices.DeleteFunc(all, func(s string) bool { return s == "" })
+			slices.Sort(all)
+			if got := strings.Join(all, "|"); got != `a{n="1"} 1|a{n="2"} 1|b 2` {
+				t.Errorf("samples over the pages: %s", got)
+			}
+		})
+	}
+	if ksmShards(200) != 1 || ksmShards(10000) != 20 {
+		t.Errorf("ksmShards: %d at 200 nodes, %d at 10,000; want 1 and 20", ksmShards(200), ksmShards(10000))
 	}
 }
