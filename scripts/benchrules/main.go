@@ -681,10 +681,11 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Prometheus.
 
 // ksmJobs are the scrape configs of the kube-state-metrics shards.
-func ksmJobs(nodes int, addr string) string {
+// Their pages are big: a scrape may take the whole interval.
+func ksmJobs(nodes int, addr string, interval time.Duration) string {
 	var b strings.Builder
 	for i := range ksmShards(nodes) {
-		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics}\n", i, i, addr)
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    scrape_timeout: %s\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics}\n", i, interval, i, addr)
 	}
 	return b.String()
 }
@@ -725,7 +726,7 @@ rule_files:
   - job_name: gpu-pool-exporter
     file_sd_configs:
       - files: [%q]
-%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr))
+%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr, cfg.interval))
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 
