@@ -58,6 +58,6 @@ bench-rules:
 
 ## test-thanos: the sharded rules on Thanos (two Prometheus shards with sidecars, Query, Ruler) against
 ## the flat rules on one Prometheus (docs/sharded.md). Not part of `make test`: the first run builds
-## Thanos (scripts/thanos.sh, 10-30 minutes and a Go toolchain download); later runs take about 3 minutes.
+## Thanos (scripts/thanos.sh, 10-50 minutes and a Go toolchain download); later runs take about 3 minutes.
 test-thanos:
 	@thanos="$$(./scripts/thanos.sh)" && THANOS="$$thanos" go test -count=1 -v -timeout 20m -run TestGlobalRulesOnThanos ./alerts/thanos/
