@@ -681,11 +681,12 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Prometheus.
 
 // ksmJobs are the scrape configs of the kube-state-metrics shards.
-// Their pages are big: a scrape may take the whole interval.
+// Their pages are big: a scrape may take the whole interval. Each has an
+// instance of its own, or their up series would be one.
 func ksmJobs(nodes int, addr string, interval time.Duration) string {
 	var b strings.Builder
 	for i := range ksmShards(nodes) {
-		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    scrape_timeout: %s\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics}\n", i, interval, i, addr)
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    scrape_timeout: %s\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics, instance: ksm-%d}\n", i, interval, i, addr, i)
 	}
 	return b.String()
 }
