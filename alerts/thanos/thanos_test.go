@@ -88,7 +88,8 @@ const missingNode = "gpu-no-exporter"
 var wantGlobalAlerts = []string{
 	"GPUDriverVersionSkew",     // pool-1: gpu-a0 on 550, gpu-b0 on 535
 	"GPUExporterMissingOnNode", // gpu-no-exporter
-	"GPUPodPendingWhileGPUsFree",
+	// Neither Pending pod fits a node's free nvidia.com/gpu IDs (the
+	// scenario's free GPUs are time-sliced or lost), while VRAM is stranded.
 	"GPUPodPendingWhileVRAMStranded",
 }
 
