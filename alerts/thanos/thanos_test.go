@@ -301,7 +301,9 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 }
 
 // mayBeEmpty are global recordings the scenario gives no series, and why.
-var mayBeEmpty = map[string]string{}
+var mayBeEmpty = map[string]string{
+	"pod:gpu_pending_requests_fitting:sum": "neither Pending pod fits a node's free nvidia.com/gpu IDs",
+}
 
 // poolOrClusterQuery picks, besides every query of the pool overview, the
 // dashboard queries that read pool, namespace or cluster figures (or join
