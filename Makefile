@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: test test-matrix tools vet lint build run bench bench-rules generate
+.PHONY: test test-matrix test-thanos tools vet lint build run bench bench-rules generate
 
 ## test: everything CI runs: tools, vet, lint, gofmt, race tests (unit, promtool, helm, end to end,
 ## generated files up to date)
@@ -70,3 +70,9 @@ bench-rules:
 	go build -o "$$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
 	go build -o "$$work/bench-rules" ./scripts/benchrules && \
 	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) -prometheus "$$prom" $(BENCH_RULES_ARGS)
+
+## test-thanos: the sharded rules on Thanos (two Prometheus shards with sidecars, Query, Ruler) against
+## the flat rules on one Prometheus (docs/sharded.md). Not part of `make test`: the first run builds
+## Thanos (scripts/thanos.sh, 10-50 minutes and a Go toolchain download); later runs take about 3 minutes.
+test-thanos:
+	@thanos="$$(./scripts/thanos.sh)" && THANOS="$$thanos" go test -count=1 -v -timeout 20m -run TestGlobalRulesOnThanos ./alerts/thanos/

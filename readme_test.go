@@ -334,6 +334,12 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
 		case b.lang == "sh" && b.section == "Who uses a shared GPU" && allPrefixed(commands(b.text), "kubectl"):
 			by = "needs a cluster (kubectl exec); cmd/gpu-pool-exporter.TestStatusSubcommand runs `gpu-pool-exporter status` against the simulated node and checks these rows"
+		case b.file == "docs/sharded.md" && b.lang == "sh":
+			checkThanosRuler(t, b)
+			by = "this test: the rules file exists and alerts/thanos (make test-thanos) runs the ruler with these flags"
+		case b.file == "docs/sharded.md" && b.lang == "yaml" && strings.Contains(b.text, "kind: ThanosRuler"):
+			checkThanosRulerResource(t, b)
+			by = "this test: it selects the label of the global PrometheusRule that deploy/ renders"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"
@@ -401,6 +407,66 @@ func allPrefixed(cmds []string, prefix string) bool {
 }
 
 // checkRuleFiles: the prometheus.yml example loads the shipped rules file.
+// checkThanosRuler: the block's ConfigMap holds a rules file alerts/ ships,
+// and every flag of its `thanos rule` is one alerts/thanos passes to the
+// ruler it runs.
+func checkThanosRuler(t *testing.T, b block) {
+	t.Helper()
+	src, err := os.ReadFile("alerts/thanos/thanos_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flags int
+	for _, c := range commands(b.text) {
+		args := strings.Fields(c)
+		switch {
+		case len(args) > 3 && args[0] == "kubectl":
+			for _, a := range args {
+				if f, ok := strings.CutPrefix(a, "--from-file="); ok {
+					if _, err := os.Stat(f); err != nil {
+						t.Errorf("%s: %s is not a file of this repository", b.where(), f)
+					}
+				}
+			}
+		case len(args) > 2 && args[0] == "thanos" && args[1] == "rule":
+			for _, a := range args[2:] {
+				name := strings.SplitN(a, "=", 2)[0]
+				flags++
+				if name == "--alertmanagers.url" {
+					continue // the test runs no Alertmanager
+				}
+				if !strings.Contains(string(src), `"`+name+`=`) && !strings.Contains(string(src), "`"+name+`=`) {
+					t.Errorf("%s: thanos rule %s: alerts/thanos does not run the ruler with it", b.where(), name)
+				}
+			}
+		default:
+			t.Errorf("%s: %q: want kubectl create configmap or thanos rule", b.where(), c)
+		}
+	}
+	if flags < 5 {
+		t.Errorf("%s: found %d flags of thanos rule, want the ruler's command line", b.where(), flags)
+	}
+}
+
+// checkThanosRulerResource: the ThanosRuler selects the rules-layer label
+// that the kustomize component gives the global PrometheusRule.
+func checkThanosRulerResource(t *testing.T, b block) {
+	t.Helper()
+	global, err := os.ReadFile("deploy/kustomize/components/prometheus-operator-sharded-rules/prometheusrule-global.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const label = "gpu-pool-exporter/rules-layer: global"
+	if !strings.Contains(b.text, label) || !strings.Contains(string(global), label) {
+		t.Errorf("%s: the ThanosRuler must select %q, the global PrometheusRule's label", b.where(), label)
+	}
+	for _, field := range []string{"queryEndpoints:", "ruleSelector:", "ruleNamespaceSelector:"} {
+		if !strings.Contains(b.text, field) {
+			t.Errorf("%s: the ThanosRuler has no %s", b.where(), field)
+		}
+	}
+}
+
 func checkRuleFiles(t *testing.T, b block) {
 	t.Helper()
 	for _, l := range strings.Split(b.text, "\n") {

@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -46,6 +45,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
 )
 
@@ -494,75 +494,6 @@ func repoRoot(t *testing.T) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// freeAddr returns a free local TCP address.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// startProcess runs a command until the test ends, its output in logFile.
-func startProcess(t *testing.T, ctx context.Context, logFile, bin string, args ...string) {
-	t.Helper()
-	f, err := os.Create(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("%s: %v", bin, err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		f.Close()
-	})
-}
-
-// waitHTTP waits for a 200 from url.
-func waitHTTP(t *testing.T, u string, timeout time.Duration, logFile string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(u)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	tailFile(t, logFile, 40)
-	t.Fatalf("%s did not answer 200 within %s", u, timeout)
-}
-
-func tailFile(t *testing.T, path string, n int) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
-}
-
 // firingAlerts lists the names of the alerts firing now: all of them, or,
 // given a node, those with that node label.
 func firingAlerts(t *testing.T, prom string, node ...string) []string {
@@ -617,19 +548,6 @@ func queryCount(prom, expr string) (int, error) {
 		}
 		return len(v), nil
 	}
-}
-
-func getJSON(u string, v any) error {
-	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get(u)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
-		return fmt.Errorf("%s: HTTP %s", u, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 func containsAll(have, want []string) bool {
@@ -912,3 +830,12 @@ func queryByLabel(prom, expr, key, at string) (map[string]float64, error) {
 	}
 	return out, nil
 }
+
+// The servers' plumbing, shared with alerts/thanos.
+var (
+	freeAddr     = proctest.FreeAddr
+	startProcess = proctest.Start
+	waitHTTP     = proctest.WaitHTTP
+	tailFile     = proctest.TailFile
+	getJSON      = proctest.GetJSON
+)

@@ -558,11 +558,11 @@ func RuleMetrics(rf *alerts.RuleFile) (map[string]bool, error) {
 type Variant int
 
 const (
-	// Vanilla: Prometheus (or the Prometheus Operator with honorLabels):
+	// Vanilla is Prometheus (or the Prometheus Operator with honorLabels):
 	// the exporter's own namespace label (the workload's) is namespace, and
 	// series without one get the target's namespace.
 	Vanilla Variant = iota
-	// GMP: GKE Managed Prometheus: every series carries its monitored
+	// GMP is GKE Managed Prometheus: every series carries its monitored
 	// resource's labels, namespace is the target's, a metric's own
 	// namespace label is exported_namespace; the GMP rules are tested.
 	GMP

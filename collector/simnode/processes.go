@@ -184,12 +184,12 @@ func (n *Node) processMemory(p *simProcess, t time.Duration) uint64 {
 	if p.mig >= 0 {
 		total = d.migs[p.mig].geo.MemoryMiB << 20
 	}
-	f := p.mem.at(n.Scenario.Seed, p.key+"/mem", t)
+	f := p.mem.at(n.Scenario, p.key+"/mem", t)
 	return uint64(f * float64(total-(512<<20)))
 }
 
 func (n *Node) processUtil(p *simProcess, t time.Duration) float64 {
-	return p.util.at(n.Scenario.Seed, p.key+"/util", t)
+	return p.util.at(n.Scenario, p.key+"/util", t)
 }
 
 // processesOn lists the processes live on a GPU (mig -1) or MIG instance.

@@ -20,7 +20,11 @@ import (
 // Scenario describes a simulated GPU node: its GPUs, MIG layouts and workload
 // curves. Later sections (pods, faults) extend the same file.
 type Scenario struct {
-	Seed   int64       `yaml:"seed"`
+	Seed int64 `yaml:"seed"`
+	// Steady holds every curve at its mean (no amplitude, no noise, no
+	// temperature jitter): two scrapers that read the node at different
+	// moments see the same values. Faults and phases still happen.
+	Steady bool        `yaml:"steady"`
 	Node   NodeSpec    `yaml:"node"`
 	GPUs   []GPUSpec   `yaml:"gpus"`
 	Faults []FaultSpec `yaml:"faults"`

@@ -1,11 +1,14 @@
 package simnode
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 func TestDefaultScenario(t *testing.T) {
@@ -240,5 +243,54 @@ func TestResetAndECCFaultChecks(t *testing.T) {
 				t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestSteadyScenarioHoldsEveryCurveAtItsMean(t *testing.T) {
+	sc, err := ParseScenario("steady.yaml", []byte(`
+steady: true
+node: {model: H100-SXM5-80GB, count: 3}
+gpus:
+  - index: 0
+    workload: {preset: training}
+  - index: 1
+    workload:
+      utilization: {mean: 0.5, amplitude: 0.3, period: 5m, noise: 0.05}
+      memory: {mean: 0.4, noise: 0.01}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := base
+	n, err := New(sc, WithClock(func() time.Time { return now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type reading struct {
+		util, mem uint64
+		temp      uint32
+	}
+	read := func(i int) reading {
+		d := n.Devices()[i]
+		u, _ := d.GetUtilizationRates()
+		m, _ := d.GetMemoryInfo()
+		tc, _ := d.GetTemperature(nvml.TEMPERATURE_GPU)
+		return reading{uint64(u.Gpu), m.Used, tc}
+	}
+	for i := range 2 {
+		t.Run(fmt.Sprintf("gpu%d", i), func(t *testing.T) {
+			now = base.Add(7 * time.Second)
+			first := read(i)
+			for s := 1; s < 40; s++ {
+				now = base.Add(time.Duration(s) * 11 * time.Second)
+				if r := read(i); r != first {
+					t.Fatalf("steady scenario, GPU %d moves: %+v at 7s, %+v at %ds", i, first, r, s*11)
+				}
+			}
+		})
+	}
+	if u, _ := n.Devices()[1].GetUtilizationRates(); u.Gpu != 50 {
+		t.Errorf("steady GPU 1 at %d%% busy, want its mean, 50%%", u.Gpu)
 	}
 }

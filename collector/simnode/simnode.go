@@ -226,23 +226,32 @@ func stableUUID(prefix string, seed int64, gpu, mig int) string {
 	return fmt.Sprintf("%s-%x-%x-%x-%x-%x", prefix, b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// noise is a deterministic value in [-1, 1] for (seed, device, field, second).
+// noise is a deterministic value in [-1, 1] for (seed, device, field, second);
+// 0 on a steady scenario.
+func (s *Scenario) noise(key string, t time.Duration) float64 {
+	if s.Steady {
+		return 0
+	}
+	return noise(s.Seed, key, t)
+}
+
 func noise(seed int64, key string, t time.Duration) float64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%s/%d", seed, key, int64(t/time.Second))
 	return float64(h.Sum64()%20001)/10000 - 1
 }
 
-func (c *Curve) at(seed int64, key string, t time.Duration) float64 {
+// at is the curve's value at t; on a steady scenario, its mean.
+func (c *Curve) at(s *Scenario, key string, t time.Duration) float64 {
 	if c == nil {
 		return 0
 	}
 	v := c.Mean
-	if c.Amplitude > 0 && c.Period > 0 {
+	if c.Amplitude > 0 && c.Period > 0 && !s.Steady {
 		v += c.Amplitude * math.Sin(2*math.Pi*float64(t)/float64(c.Period))
 	}
 	if c.Noise > 0 {
-		v += c.Noise * noise(seed, key, t)
+		v += c.Noise * s.noise(key, t)
 	}
 	return math.Max(0, math.Min(1, v))
 }
@@ -458,7 +467,7 @@ func (d *Device) utilAt(t time.Duration) float64 {
 		}
 		return u
 	}
-	return d.workload.at(t).util.at(d.node.Scenario.Seed, d.key("util"), t)
+	return d.workload.at(t).util.at(d.node.Scenario, d.key("util"), t)
 }
 
 func (d *Device) memUsedAt(t time.Duration) uint64 {
@@ -475,7 +484,7 @@ func (d *Device) memUsedAt(t time.Duration) uint64 {
 		}
 		return used
 	}
-	f := d.workload.at(t).memory.at(d.node.Scenario.Seed, d.key("mem"), t)
+	f := d.workload.at(t).memory.at(d.node.Scenario, d.key("mem"), t)
 	// The driver holds a little memory on every GPU.
 	return uint64(f*float64(total-(512<<20))) + 512<<20
 }
@@ -603,14 +612,14 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 		return 0, ret
 	}
 	t := d.node.elapsed()
-	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("temp"), t))), nvml.SUCCESS
+	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("temp"), t))), nvml.SUCCESS
 }
 
 // memoryTemperature is the HBM temperature: a few degrees under the die's
 // under load, as on H100s.
 func (d *Device) memoryTemperature() uint32 {
 	t := d.node.elapsed()
-	return uint32(math.Round(30 + 36*d.utilAt(t) + 2*noise(d.node.Scenario.Seed, d.key("memtemp"), t)))
+	return uint32(math.Round(30 + 36*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("memtemp"), t)))
 }
 
 // GetEncoderUtilization implements nvmlsampler.Device: the simulated
@@ -724,7 +733,7 @@ func (m *MIGDevice) key(f string) string {
 }
 
 func (m *MIGDevice) utilAt(t time.Duration) float64 {
-	return m.workload.at(t).util.at(m.parent.node.Scenario.Seed, m.key("util"), t)
+	return m.workload.at(t).util.at(m.parent.node.Scenario, m.key("util"), t)
 }
 
 // memUsedAt is the memory used in the MIG device's GPU instance: compute
@@ -755,7 +764,7 @@ func (m *MIGDevice) ownMemAt(t time.Duration) uint64 {
 		return min(used, total/uint64(m.cis))
 	}
 	share := total / uint64(m.cis)
-	f := m.workload.at(t).memory.at(m.parent.node.Scenario.Seed, m.key("mem"), t)
+	f := m.workload.at(t).memory.at(m.parent.node.Scenario, m.key("mem"), t)
 	return uint64(f*float64(share-(64<<20))) + 64<<20
 }
 

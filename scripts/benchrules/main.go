@@ -50,6 +50,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -82,7 +83,7 @@ type config struct {
 	warmup, cycles        int
 	timeout               time.Duration
 	prometheus, exporter  string
-	page                  string
+	page, shardRules      string
 	rules                 ruleFiles
 	keep                  bool
 	top                   int
@@ -103,6 +104,7 @@ func main() {
 	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
+	flag.StringVar(&cfg.shardRules, "shard-rules", "", "measure a global layer: derive the node page from a shard Prometheus that scrapes the simulated node with this rules file (its output: the series the -rules read)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
 	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
@@ -178,6 +180,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.shardRules != "" {
+		if page, err = shardOutputPage(ctx, work, cfg, page); err != nil {
+			return err
+		}
+	}
 	fleet, err := newFleet(page, cfg.nodes, cfg.pools, cfg.pending, time.Now())
 	if err != nil {
 		return err
@@ -208,10 +215,10 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	api := &apiClient{base: "http://" + promAddr, hc: &http.Client{Timeout: 30 * time.Second}}
 	fmt.Fprintf(os.Stderr, "bench-rules: %s, %d nodes in %d pools, %d Pending pods, %d series per node page, interval %s\n",
 		prom.version, cfg.nodes, cfg.pools, cfg.pending, fleet.seriesPerNode, cfg.interval)
-	if err := waitTargets(ctx, api, prom, cfg.nodes+1); err != nil {
+	if err := waitTargets(ctx, api, prom, cfg.nodes+ksmShards(cfg.nodes)); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+1, cfg.warmup, cfg.cycles)
+	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+ksmShards(cfg.nodes), cfg.warmup, cfg.cycles)
 	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
 		return err
 	}
@@ -242,6 +249,8 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rss, peak := procMemory(prom.cmd.Process.Pid)
+	fmt.Fprintf(os.Stderr, "bench-rules: Prometheus memory after the measured cycles: RSS %.2f GiB, peak %.2f GiB, %d head series\n", rss, peak, head)
 	cpu := cpuFigures{withRules: cpuRules}
 	if cfg.baseline {
 		// The same Prometheus, scraping the same targets, without rules.
@@ -299,6 +308,32 @@ func procCPU(pid int) time.Duration {
 	}
 	// USER_HZ is 100 on every Linux this runs on.
 	return time.Duration(ut+st) * (time.Second / 100)
+}
+
+// procMemory is a process's resident memory now and at its peak, in GiB
+// (/proc/PID/status VmRSS and VmHWM; 0 where unreadable).
+func procMemory(pid int) (rss, peak float64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kib, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "VmRSS:":
+			rss = kib / (1 << 20)
+		case "VmHWM:":
+			peak = kib / (1 << 20)
+		}
+	}
+	return rss, peak
 }
 
 func freePort() (string, error) {
@@ -391,6 +426,7 @@ type fleet struct {
 	seriesPerNode int
 	nodes         []string
 	ksm           []byte
+	ksmShards     [][]byte // ksm split as kube-state-metrics' --total-shards splits it
 }
 
 var (
@@ -546,6 +582,7 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 			p.namespace, p.name, uid, p.container, p.node)
 	}
 	f.ksm = ksm.Bytes()
+	f.ksmShards = splitKSM(f.ksm, ksmShards(n))
 	return f, nil
 }
 
@@ -560,6 +597,30 @@ func labelValue(labels, name string) string {
 		return v[:j]
 	}
 	return v
+}
+
+// ksmShards is how many kube-state-metrics targets serve the fleet: one per
+// 500 nodes, as a big cluster shards kube-state-metrics (--total-shards);
+// one page of a million lines does not get scraped in time.
+func ksmShards(nodes int) int { return max(1, nodes/500) }
+
+// splitKSM deals the sample lines of a kube-state-metrics page out to n
+// pages (metadata lines left out: the rules need no types).
+func splitKSM(page []byte, n int) [][]byte {
+	out := make([]bytes.Buffer, n)
+	i := 0
+	for _, l := range bytes.SplitAfter(page, []byte("\n")) {
+		if len(l) == 0 || l[0] == '#' {
+			continue
+		}
+		out[i%n].Write(l)
+		i++
+	}
+	pages := make([][]byte, n)
+	for j := range out {
+		pages[j] = out[j].Bytes()
+	}
+	return pages
 }
 
 // ksmResource is kube-state-metrics' spelling of a resource name
@@ -577,6 +638,15 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	if r.URL.Path == "/ksm/metrics" {
 		_, _ = w.Write(f.ksm)
+		return
+	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/ksm/"); ok {
+		i, err := strconv.Atoi(strings.TrimSuffix(rest, "/metrics"))
+		if err != nil || i < 0 || i >= len(f.ksmShards) {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(f.ksmShards[i])
 		return
 	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/node/")
@@ -609,6 +679,17 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ---------------------------------------------------------------------------
 // Prometheus.
+
+// ksmJobs are the scrape configs of the kube-state-metrics shards.
+// Their pages are big: a scrape may take the whole interval. Each has an
+// instance of its own, or their up series would be one.
+func ksmJobs(nodes int, addr string, interval time.Duration) string {
+	var b strings.Builder
+	for i := range ksmShards(nodes) {
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-%d\n    honor_labels: true\n    scrape_timeout: %s\n    metrics_path: /ksm/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: kube-state-metrics, instance: ksm-%d}\n", i, interval, i, addr, i)
+	}
+	return b.String()
+}
 
 func writeConfig(work, addr string, cfg config) error {
 	type target struct {
@@ -646,12 +727,7 @@ rule_files:
   - job_name: gpu-pool-exporter
     file_sd_configs:
       - files: [%q]
-  - job_name: kube-state-metrics
-    honor_labels: true
-    metrics_path: /ksm/metrics
-    static_configs:
-      - targets: [%q]
-`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), addr)
+%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr, cfg.interval))
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 
@@ -768,36 +844,36 @@ func (a *apiClient) get(ctx context.Context, path string, v any) error {
 }
 
 func waitTargets(ctx context.Context, api *apiClient, p *promProc, want int) error {
-	deadline := time.Now().Add(5 * time.Minute)
+	// Thousands of targets take minutes to be scraped once on a busy machine.
+	wait := 5*time.Minute + time.Duration(want)*30*time.Millisecond
+	deadline := time.Now().Add(wait)
 	last := ""
 	for time.Now().Before(deadline) {
 		if err := sleep(ctx, p, 2*time.Second); err != nil {
 			return err
 		}
-		var t struct {
-			ActiveTargets []struct {
-				Health    string `json:"health"`
-				LastError string `json:"lastError"`
-			} `json:"activeTargets"`
+		// count(up == 1) rather than /api/v1/targets: at 10,000 targets
+		// the list takes longer to render than a query.
+		var r struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
 		}
-		if err := api.get(ctx, "/api/v1/targets?state=active", &t); err != nil {
+		if err := api.get(ctx, "/api/v1/query?query="+url.QueryEscape("count(up == 1)"), &r); err != nil {
 			last = err.Error()
 			continue
 		}
 		up := 0
-		for _, x := range t.ActiveTargets {
-			if x.Health == "up" {
-				up++
-			} else if x.LastError != "" {
-				last = x.LastError
-			}
+		if len(r.Result) == 1 {
+			f, _ := strconv.ParseFloat(fmt.Sprint(r.Result[0].Value[1]), 64)
+			up = int(f)
 		}
 		if up == want {
 			return nil
 		}
-		last = fmt.Sprintf("%d of %d targets up (last error: %s)", up, want, last)
+		last = fmt.Sprintf("%d of %d targets up", up, want)
 	}
-	return fmt.Errorf("targets not up within 5 minutes: %s", last)
+	return fmt.Errorf("targets not up within %s: %s (their errors: /api/v1/targets)", wait, last)
 }
 
 // One reading of /api/v1/rules.

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -221,5 +226,87 @@ func TestPrometheus3VersionMatchesPromtool3(t *testing.T) {
 	}
 	if a, b := re("../prometheus3.sh", "VERSION"), re("../install-tools.sh", "PROMTOOL3_VERSION"); a != b {
 		t.Errorf("scripts/prometheus3.sh builds prometheus %s, scripts/install-tools.sh promtool3 %s: keep them one version", a, b)
+	}
+}
+
+func TestFederateGivesANodePage(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.URL.Query().Get("match[]"); !strings.Contains(got, `job!~"kube-state-metrics.*"`) || !strings.Contains(got, "node:gpu_devices:sum") {
+			t.Errorf("match[] %q: want every job but kube-state-metrics (recordings have none) and the names kept", got)
+		}
+		fmt.Fprint(w, `# TYPE node:gpu_devices:sum untyped
+node:gpu_devices:sum{node="gpu-node-00000",state="free"} 2 1767225600000
+# TYPE gpu_allocation_info untyped
+gpu_allocation_info{gpu="0",instance="x:9947",job="gpu-pool-exporter",namespace="ml",node="gpu-node-00000",pod="train-0",uuid="GPU-1234abcd-x"} 1 1767225600000
+`)
+	}))
+	defer srv.Close()
+	page, err := federate(context.Background(), srv.URL, map[string]bool{"node:gpu_devices:sum": true, "gpu_allocation_info": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `node:gpu_devices:sum{state="free"} 2
+gpu_allocation_info{gpu="0",namespace="ml",pod="train-0",uuid="GPU-1234abcd-x"} 1
+`
+	if string(page) != want {
+		t.Errorf("page:\n%s\nwant:\n%s", page, want)
+	}
+	if _, err := newFleet(page, 3, 1, 0, time.Now()); err != nil {
+		t.Errorf("the fleet does not take the federated page: %v", err)
+	}
+}
+
+func TestNamesReadLeavesOutWhatTheRulesRecord(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "r.yml")
+	if err := os.WriteFile(f, []byte(`groups:
+  - name: g
+    rules:
+      - record: nodepool:x:sum
+        expr: sum by (nodepool) (node:x:sum * on (node) group_left (nodepool) node:pool:info) and on () up
+      - record: cluster:x:sum
+        expr: sum(nodepool:x:sum)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	names, err := namesRead([]string{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node:x:sum", "node:pool:info"} {
+		if !names[n] {
+			t.Errorf("%s is read by the rules: want it kept", n)
+		}
+	}
+	for _, n := range []string{"nodepool:x:sum", "cluster:x:sum", "up"} {
+		if names[n] {
+			t.Errorf("%s is recorded by the rules (or the scrape's own): want it left out", n)
+		}
+	}
+}
+
+func TestKSMShardsHoldEverySampleOnce(t *testing.T) {
+	page := []byte("# HELP a x\n# TYPE a gauge\na{n=\"1\"} 1\na{n=\"2\"} 1\nb 2\n")
+	for _, n := range []int{1, 2, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			shards := splitKSM(page, n)
+			if len(shards) != n {
+				t.Fatalf("%d pages, want %d", len(shards), n)
+			}
+			var all []string
+			for _, s := range shards {
+				if strings.Contains(string(s), "#") {
+					t.Errorf("page %q carries metadata", s)
+				}
+				all = append(all, strings.Split(strings.TrimSpace(string(s)), "\n")...)
+			}
+			all = slices.DeleteFunc(all, func(s string) bool { return s == "" })
+			slices.Sort(all)
+			if got := strings.Join(all, "|"); got != `a{n="1"} 1|a{n="2"} 1|b 2` {
+				t.Errorf("samples over the pages: %s", got)
+			}
+		})
+	}
+	if ksmShards(200) != 1 || ksmShards(10000) != 20 {
+		t.Errorf("ksmShards: %d at 200 nodes, %d at 10,000; want 1 and 20", ksmShards(200), ksmShards(10000))
 	}
 }

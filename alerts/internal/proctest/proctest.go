@@ -1,0 +1,113 @@
+// Package proctest runs the servers of the rules' end-to-end tests
+// (alerts/e2e, alerts/thanos): exporters, Prometheus, Thanos, each a process
+// on a free loopback port, stopped when the test ends.
+package proctest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// FreeAddr returns a free local TCP address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Start runs a command until the test ends, its output in logFile; at the
+// end it is interrupted, and killed if it has not exited 10 s later.
+func Start(t testing.TB, ctx context.Context, logFile, bin string, args ...string) {
+	t.Helper()
+	f, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		f.Close()
+	})
+}
+
+// WaitHTTP waits for a 200 from u; on timeout it logs the end of logFile
+// and fails the test.
+func WaitHTTP(t testing.TB, u string, timeout time.Duration, logFile string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(u)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	TailFile(t, logFile, 40)
+	t.Fatalf("%s did not answer 200 within %s", u, timeout)
+}
+
+// TailFile logs the last n lines of a file.
+func TailFile(t testing.TB, path string, n int) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
+}
+
+// GetJSON decodes a JSON answer; Prometheus' 400 and 422 carry an error
+// object, so they are decoded too.
+func GetJSON(u string, v any) error {
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
+		return fmt.Errorf("%s: HTTP %s", u, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// ShortenFor rewrites every `for: <duration>` of a rules file to d.
+func ShortenFor(rules, d string) string {
+	return forRE.ReplaceAllString(rules, "${1}"+d)
+}
+
+var forRE = regexp.MustCompile(`(?m)^(\s+for:\s*)\S+\s*$`)

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+)
+
+// shardOutputPage turns one node's exporter page into what a shard hands the
+// global layer for that node: a real Prometheus (cfg.prometheus) scrapes the
+// page with the -shard-rules file, every group's interval set to
+// shardInterval, and once the shard's recordings have settled its
+// /federate output is read. Kept are the series whose names the measured
+// rule files (cfg.rules) read, plus gpu_allocation_info (the synthetic
+// kube-state-metrics' pods follow its holders); the node, instance and job
+// labels and the timestamps are cut, as the fleet's scrape adds its own.
+func shardOutputPage(ctx context.Context, work string, cfg config, page []byte) ([]byte, error) {
+	reads, err := namesRead(cfg.rules)
+	if err != nil {
+		return nil, err
+	}
+	reads["gpu_allocation_info"] = true
+	one, err := newFleet(page, 1, 1, 0, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: one, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	dir := filepath.Join(work, "shard")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(cfg.shardRules)
+	if err != nil {
+		return nil, err
+	}
+	rules := regexp.MustCompile(`(?m)^(    interval:\s*)\S+\s*$`).ReplaceAll(data, []byte("${1}"+shardInterval.String()))
+	rulesFile := filepath.Join(dir, "shard.rules.yml")
+	if err := os.WriteFile(rulesFile, rules, 0o644); err != nil {
+		return nil, err
+	}
+	scfg := cfg
+	scfg.nodes, scfg.interval, scfg.rules = 1, shardInterval, []string{rulesFile}
+	if err := writeConfig(dir, ln.Addr().String(), scfg); err != nil {
+		return nil, err
+	}
+	addr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	prom, err := startPrometheus(ctx, dir, addr, scfg)
+	if err != nil {
+		return nil, err
+	}
+	defer prom.stop()
+	api := &apiClient{base: "http://" + addr, hc: &http.Client{Timeout: 30 * time.Second}}
+	if err := waitTargets(ctx, api, prom, 2); err != nil {
+		return nil, fmt.Errorf("shard Prometheus: %w", err)
+	}
+	// Every group evaluates a few times; then the page must come out the
+	// same twice in a row (same series; values may move).
+	if err := sleep(ctx, prom, 6*shardInterval); err != nil {
+		return nil, err
+	}
+	var out, prev []byte
+	for range 30 {
+		if out, err = federate(ctx, api.base, reads); err != nil {
+			return nil, err
+		}
+		if prev != nil && seriesOf(out) == seriesOf(prev) {
+			fmt.Fprintf(os.Stderr, "bench-rules: node page from the shard's output: %d series (%s)\n", strings.Count(string(out), "\n"), filepath.Join(work, "node-page.prom"))
+			return out, os.WriteFile(filepath.Join(work, "node-page.prom"), out, 0o644)
+		}
+		prev = out
+		if err := sleep(ctx, prom, shardInterval); err != nil {
+			return nil, err
+		}
+	}
+	return nil, errors.New("the shard's recordings did not settle within 30 evaluations")
+}
+
+// shardInterval is how often the shard Prometheus scrapes and evaluates
+// while the node page is derived.
+const shardInterval = 2 * time.Second
+
+// namesRead are the identifiers in the rule files' expressions (metric
+// names among them; the rest never match a series).
+func namesRead(files []string) (map[string]bool, error) {
+	names := map[string]bool{}
+	recorded := map[string]bool{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		rf, err := alerts.ParseRules(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		for _, g := range rf.Groups {
+			for _, r := range g.Rules {
+				for _, id := range identRE.FindAllString(r.Expr, -1) {
+					names[id] = true
+				}
+				if r.Record != "" {
+					recorded[r.Record] = true
+				}
+			}
+		}
+	}
+	// What the measured rules record themselves, and the scrape's own up,
+	// are not part of a node's page.
+	for r := range recorded {
+		delete(names, r)
+	}
+	delete(names, "up")
+	return names, nil
+}
+
+var (
+	identRE     = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
+	fedLineRE   = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)(?: \S+)?$`)
+	fedLabelRE  = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+	scrapeAdded = map[string]bool{"node": true, "instance": true, "job": true}
+)
+
+// federate reads the shard's series of the node whose names are in keep,
+// as a node page: no timestamps, no node/instance/job labels. Not
+// kube-state-metrics' series (the fleet serves its own); the node-level
+// recordings have no job label, so the match excludes rather than selects.
+func federate(ctx context.Context, base string, keep map[string]bool) ([]byte, error) {
+	var names []string
+	for n := range keep {
+		names = append(names, regexp.QuoteMeta(n))
+	}
+	sort.Strings(names)
+	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job!~"kube-state-metrics.*",__name__=~%q}`, strings.Join(names, "|")))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/federate: %s %v", resp.Status, err)
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := fedLineRE.FindStringSubmatch(line)
+		if m == nil {
+			return nil, fmt.Errorf("/federate: not a sample line: %q", line)
+		}
+		var ls []string
+		for _, l := range fedLabelRE.FindAllStringSubmatch(m[2], -1) {
+			if !scrapeAdded[l[1]] {
+				ls = append(ls, l[0])
+			}
+		}
+		b.WriteString(m[1])
+		if len(ls) > 0 {
+			b.WriteString("{" + strings.Join(ls, ",") + "}")
+		}
+		b.WriteString(" " + m[3] + "\n")
+	}
+	return []byte(b.String()), nil
+}
+
+// seriesOf is a page without its values.
+func seriesOf(page []byte) string {
+	var s []string
+	for _, line := range strings.Split(string(page), "\n") {
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			s = append(s, line[:i])
+		}
+	}
+	sort.Strings(s)
+	return strings.Join(s, "\n")
+}
