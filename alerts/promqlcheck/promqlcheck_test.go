@@ -24,6 +24,7 @@ var kubeStateMetrics = []string{
 	"kube_node_labels",
 	"kube_node_info",
 	"kube_node_spec_taint",
+	"kube_node_spec_unschedulable",
 	"kube_node_status_allocatable",
 	"kube_node_status_capacity",
 	"kube_pod_info",
