@@ -91,7 +91,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	promURL := app.Flag("prometheus", "Base URL of the Prometheus query API: Prometheus, Thanos Query, GMP's frontend (http[s]://host:port[/prefix]).").Required().String()
 	tokenFile := app.Flag("prometheus.bearer-token-file", "File holding a bearer token sent to Prometheus (read on every run).").String()
 	timeout := app.Flag("timeout", "How long to wait for Prometheus, all queries together.").Default("30s").Duration()
-	output := app.Flag("output", "Output format: table or json.").Short('o').Default("table").Enum("table", "json")
+	output := app.Flag("output", "Output format: table or json.").Short('o').Default("table").String()
 	top := app.Flag("top", "How many idle holders to list, the most costly first.").Default("10").Int()
 	insecure := app.Flag("tls.insecure-skip-verify", "Do not verify Prometheus' TLS certificate.").Bool()
 	if _, err := app.Parse(args); err != nil {
@@ -100,6 +100,10 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if done {
 		return exitOK
+	}
+	if *output != "table" && *output != "json" {
+		fmt.Fprintf(stderr, "gpu-pool-exporter fleet: --output=%s: want table or json\n", *output)
+		return exitUsage
 	}
 	if *top < 1 {
 		fmt.Fprintf(stderr, "gpu-pool-exporter fleet: --top=%d: want at least 1\n", *top)
