@@ -333,6 +333,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
 		case b.lang == "sh" && b.section == "Who uses a shared GPU" && allPrefixed(commands(b.text), "kubectl"):
 			by = "needs a cluster (kubectl exec); cmd/gpu-pool-exporter.TestStatusSubcommand runs `gpu-pool-exporter status` against the simulated node and checks these rows"
+		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpu-pool-exporter fleet"):
+			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpu-pool-exporter fleet` (table and -o json) against the end-to-end test's Prometheus"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"
