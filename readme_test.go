@@ -340,6 +340,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.file == "docs/sharded.md" && b.lang == "yaml" && strings.Contains(b.text, "kind: ThanosRuler"):
 			checkThanosRulerResource(t, b)
 			by = "this test: it selects the label of the global PrometheusRule that deploy/ renders"
+		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpu-pool-exporter fleet"):
+			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpu-pool-exporter fleet` (table and -o json) against the end-to-end test's Prometheus"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"

@@ -27,6 +27,7 @@ var nodeLevelExporterMetrics = []string{
 	"gpu_unallocated_capacity_gpus",
 	"gpu_fragmentation_gpus",
 	"gpu_fragmentation_weighted_gpus",
+	"gpu_fitting_jobs",
 	"gpu_free_devices_largest_group",
 	"gpu_mig_free_slices",
 	"gpu_mig_largest_placeable_slices",

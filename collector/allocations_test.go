@@ -315,7 +315,7 @@ func TestFreeDevicesPerResource(t *testing.T) {
 var podMapGauges = []string{
 	`gpu_devices{state="free"}`, `gpu_devices{state="allocated"}`,
 	"gpu_memory_stranded_bytes", "gpu_free_devices_largest_group",
-	"gpu_fragmentation_gpus", "gpu_fragmentation_weighted_gpus",
+	"gpu_fragmentation_gpus", "gpu_fragmentation_weighted_gpus", "gpu_fitting_jobs",
 	"gpu_unallocated_capacity_gpus", "gpu_idle_allocated_devices",
 	"gpu_kubelet_free_devices",
 }

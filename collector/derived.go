@@ -192,6 +192,9 @@ var (
 	fragDesc = prometheus.NewDesc("gpu_fragmentation_gpus",
 		"Weng et al. (ATC'23) fragmentation F_n(m): unallocated GPU capacity (in GPUs) that a task of this shape cannot use on this node.",
 		[]string{"shape"}, nil)
+	fittingDesc = prometheus.NewDesc("gpu_fitting_jobs",
+		"How many more jobs of the task shape (--fragmentation.shapes) fit on this node now, each shape on its own: free whole GPUs over the shape's GPUs, or the MIG instances of its profile that are free or can be created.",
+		[]string{"shape"}, nil)
 	fragWeightedDesc = prometheus.NewDesc("gpu_fragmentation_weighted_gpus",
 		"Fragmentation F_n(M): F_n(m) weighted by the popularity of each task shape (--fragmentation.shapes).", nil, nil)
 	unallocatedDesc = prometheus.NewDesc("gpu_unallocated_capacity_gpus",
@@ -248,6 +251,9 @@ func collectDerived(st *State, ch chan<- prometheus.Metric) {
 	}
 	for shape, v := range f.PerShape {
 		ch <- prometheus.MustNewConstMetric(fragDesc, prometheus.GaugeValue, v, shape)
+	}
+	for shape, n := range f.Fitting {
+		ch <- prometheus.MustNewConstMetric(fittingDesc, prometheus.GaugeValue, float64(n), shape)
 	}
 	ch <- prometheus.MustNewConstMetric(fragWeightedDesc, prometheus.GaugeValue, f.Weighted)
 	ch <- prometheus.MustNewConstMetric(unallocatedDesc, prometheus.GaugeValue, f.UnallocatedGPUs)

@@ -69,6 +69,14 @@ func TestFragmentationOnSimulatedNode(t *testing.T) {
 			}
 		})
 	}
+	// Jobs that fit now: GPU 5 takes one 1-GPU job and no larger one; GPU
+	// 7's free 1g.10gb instance takes one 1g job and its slices are all
+	// covered, so no new instance.
+	for shape, want := range map[string]float64{"1": 1, "2": 0, "4": 0, "8": 0, "mig-1g.10gb": 1} {
+		if v := num(t, p, "gpu_fitting_jobs", `shape="`+shape+`"`); v != want {
+			t.Errorf("fitting %s jobs = %v, want %v", shape, v, want)
+		}
+	}
 	weighted := (0.5*(1.0/7) + 0.2*(8.0/7) + 0.15*(8.0/7) + 0.1*(8.0/7) + 0.05*1) / 1.0
 	if v := num(t, p, "gpu_fragmentation_weighted_gpus"); !near(v, weighted) {
 		t.Errorf("F(M) = %v, want %v", v, weighted)

@@ -293,7 +293,7 @@ func init() {
 	inGroup(GroupDCGMDetail, containerSMDesc)
 	inGroup(GroupIdle, idleDesc, idleSecondsDesc, idleDevicesDesc, priceDesc)
 	inGroup(GroupFragmentation, strandedDesc, largestGroupDesc, migFreeSlicesDesc, migLargestDesc,
-		fragDesc, fragWeightedDesc, unallocatedDesc)
+		fragDesc, fittingDesc, fragWeightedDesc, unallocatedDesc)
 }
 
 // Series budgets per GPU on the simulated 8 x H100 node (simnode's default

@@ -71,6 +71,14 @@ const (
 	leanPool     = "sim-pool-lean"
 )
 
+// The zones the fake kube-state-metrics puts the two nodes in, and their
+// GKE accelerator label.
+const (
+	nodeZone    = "us-central1-a"
+	leanZone    = "us-central1-b"
+	accelerator = "nvidia-h100-80gb"
+)
+
 // forDuration replaces every `for:` of the rules: a test cannot wait 2h.
 const forDuration = "5s"
 
@@ -161,8 +169,12 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	ksm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		fmt.Fprintf(w, "# HELP kube_node_labels Kubernetes labels converted to Prometheus labels.\n# TYPE kube_node_labels gauge\n")
-		for _, n := range [][2]string{{nodeName, nodePool}, {leanNodeName, leanPool}} {
-			fmt.Fprintf(w, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\"} 1\n", n[0], n[1])
+		for _, n := range [][3]string{{nodeName, nodePool, nodeZone}, {leanNodeName, leanPool, leanZone}} {
+			fmt.Fprintf(w, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=%q,label_topology_kubernetes_io_zone=%q} 1\n", n[0], n[1], accelerator, n[2])
+		}
+		fmt.Fprintf(w, "# HELP kube_node_spec_unschedulable Whether a node can schedule new pods.\n# TYPE kube_node_spec_unschedulable gauge\n")
+		for _, n := range []string{nodeName, leanNodeName} {
+			fmt.Fprintf(w, "kube_node_spec_unschedulable{node=%q} 0\n", n)
 		}
 	}))
 	t.Cleanup(ksm.Close)
@@ -285,6 +297,11 @@ scrape_configs:
 	// 7. So does every query of dcgm-exporter's own dashboard, and every
 	// family of its default counter list is there with its type.
 	checkDCGMExporterDashboard(t, prom)
+
+	// 8. The zone recordings agree with the nodes' own series, and `fleet`
+	// prints what the recordings hold.
+	checkZones(t, prom)
+	checkFleet(t, prom, gpe)
 
 	if t.Failed() {
 		for _, f := range []string{filepath.Join(tmp, "exporter.log"), filepath.Join(tmp, "exporter-lean.log"), promLog} {

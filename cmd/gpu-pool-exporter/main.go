@@ -69,6 +69,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "status" {
 		return runStatus(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "fleet" {
+		return runFleet(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)

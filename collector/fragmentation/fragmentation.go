@@ -126,6 +126,12 @@ type Result struct {
 	UnallocatedGPUs float64
 	// PerShape maps each shape's Name to F_n(m), in GPUs.
 	PerShape map[string]float64
+	// Fitting maps each shape's Name to how many more tasks of that shape
+	// the node can take now, each shape on its own (counts of different
+	// shapes are alternatives, not additive): a whole-GPU task of k GPUs
+	// takes k free whole GPUs; a MIG task takes an unallocated instance of
+	// its profile or a free placement for a new one.
+	Fitting map[string]int
 	// Weighted is F_n(M) = sum_m w_m F_n(m) / sum_m w_m over shapes with a
 	// finite, non-negative weight; 0 when the weights sum to 0.
 	Weighted float64
@@ -182,6 +188,7 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 	res := Result{
 		LargestFreeGroup: map[string]int{DomainNVLink: 0, DomainNUMA: 0},
 		PerShape:         make(map[string]float64, len(shapes)),
+		Fitting:          make(map[string]int, len(shapes)),
 	}
 	if nMIG > 0 {
 		res.MIG = make([]MIGResult, 0, nMIG)
@@ -252,6 +259,7 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 	for i := range shapes {
 		f := shapeFragmentation(gpus, st, &shapes[i], res.UnallocatedGPUs)
 		res.PerShape[shapes[i].Name] = f
+		res.Fitting[shapes[i].Name] = shapeFitting(gpus, st, &shapes[i])
 		if w := shapes[i].Weight; w >= 0 && !math.IsInf(w, 1) {
 			weighted += w * f
 			weights += w
@@ -291,6 +299,50 @@ func shapeFragmentation(gpus []GPU, st []gpuState, sh *Shape, total float64) flo
 		return total
 	}
 	return unusable
+}
+
+// shapeFitting is how many more tasks of one shape fit on the node.
+func shapeFitting(gpus []GPU, st []gpuState, sh *Shape) int {
+	n := 0
+	switch {
+	case sh.GPUs > 0:
+		free := 0
+		for i := range st {
+			if st[i].wholeFree {
+				free++
+			}
+		}
+		n = free / sh.GPUs
+	case sh.MIGProfile != "":
+		for i := range gpus {
+			n += migFitting(&gpus[i], st[i].occupied, sh.MIGProfile)
+		}
+	}
+	return n
+}
+
+// migFitting is how many one-instance tasks of profile GPU g can take: its
+// unallocated instances of the profile plus the new instances its free slots
+// can hold (0 on a GPU that is not a healthy MIG GPU).
+func migFitting(g *GPU, occupied uint64, profile string) int {
+	if g.MIG == nil || !g.Healthy {
+		return 0
+	}
+	n := 0
+	for j := range g.MIG.Instances {
+		in := &g.MIG.Instances[j]
+		if !in.Allocated && strings.EqualFold(in.Profile, profile) {
+			n++
+		}
+	}
+	best := 0
+	for j := range g.MIG.Profiles {
+		p := &g.MIG.Profiles[j]
+		if strings.EqualFold(p.Name, profile) {
+			best = max(best, placeable(p, occupied, existing(g.MIG, p.Name)))
+		}
+	}
+	return n + best
 }
 
 // canServeMIG reports whether GPU g can take one more instance of profile:

@@ -497,3 +497,55 @@ func TestBenchMIGNodeValues(t *testing.T) {
 		t.Errorf("MIG[3] = %+v, want no free slices", r.MIG[3])
 	}
 }
+
+// TestComputeFitting counts the jobs of each shape a node can take now: free
+// whole GPUs over the shape's size, and free or creatable MIG instances.
+func TestComputeFitting(t *testing.T) {
+	shapes := []Shape{
+		{Name: "1", GPUs: 1}, {Name: "2", GPUs: 2}, {Name: "4", GPUs: 4}, {Name: "8", GPUs: 8},
+		{Name: "mig-1g.10gb", MIGProfile: "1g.10gb"}, {Name: "mig-3g.40gb", MIGProfile: "3G.40GB"},
+		{Name: "none"},
+	}
+	tests := []struct {
+		name string
+		gpus []GPU
+		want map[string]int
+	}{
+		{
+			// 5 free whole GPUs: five 1-GPU jobs, two 2-GPU jobs, one 4-GPU.
+			name: "free whole GPUs",
+			gpus: []GPU{wholeGPU(0, true, false), wholeGPU(1, true, false), wholeGPU(2, true, true),
+				wholeGPU(3, true, false), wholeGPU(4, true, false), wholeGPU(5, true, false), wholeGPU(6, false, false)},
+			want: map[string]int{"1": 5, "2": 2, "4": 1, "8": 0, "mig-1g.10gb": 0, "mig-3g.40gb": 0, "none": 0},
+		},
+		{
+			// 1g at 0 unallocated, 3g at 4-7 allocated: the free 1g instance
+			// plus new ones at 1, 2 (slots 1-3 free; the 1g placements are
+			// 0..6, 3 is free too) and no room for a 3g.
+			name: "MIG free instance and free slots",
+			gpus: []GPU{migGPU(0, true, h100Profiles(),
+				MIGInstance{Profile: "1g.10gb", Start: 0, Size: 1},
+				MIGInstance{Profile: "3g.40gb", Start: 4, Size: 4, Allocated: true})},
+			want: map[string]int{"1": 0, "2": 0, "4": 0, "8": 0, "mig-1g.10gb": 4, "mig-3g.40gb": 0, "none": 0},
+		},
+		{
+			// An empty MIG GPU takes seven 1g or two 3g; an unhealthy one none.
+			name: "empty and unhealthy MIG GPUs",
+			gpus: []GPU{migGPU(0, true, h100Profiles()), migGPU(1, false, h100Profiles())},
+			want: map[string]int{"1": 0, "2": 0, "4": 0, "8": 0, "mig-1g.10gb": 7, "mig-3g.40gb": 2, "none": 0},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Compute(tc.gpus, shapes).Fitting
+			if len(got) != len(tc.want) {
+				t.Errorf("Fitting = %v, want %v", got, tc.want)
+			}
+			for k, w := range tc.want {
+				if g, ok := got[k]; !ok || g != w {
+					t.Errorf("Fitting[%q] = %d (present %v), want %d", k, g, ok, w)
+				}
+			}
+		})
+	}
+}

@@ -62,6 +62,23 @@ func overview() *dashboard.DashboardBuilder {
 			column{"Idle cost $/h", "currencyUSD", `nodepool:gpu_allocation_idle_cost_dollars_per_hour:sum{` + pool + `}`},
 		))
 
+	// Where the next job fits: GPU node pools are zonal and GPUs scarce per
+	// zone. Cordoned nodes add no free capacity.
+	d = d.WithRow(dashboard.NewRowBuilder("Capacity per zone")).
+		WithPanel(timeseriesPanel("Free GPUs by zone and accelerator", "Free schedulable units (whole GPUs and MIG instances) on schedulable nodes, per zone (topology.kubernetes.io/zone) and accelerator.", "none", 12, 8, []*prometheus.DataqueryBuilder{
+			series(`sum by (zone, accelerator) (nodepool_zone:gpu_free_devices:sum{`+pool+`})`, "{{zone}} {{accelerator}}"),
+		}, stacked)).
+		WithPanel(tablePanel("Jobs that fit now, per zone and task shape", "How many more jobs of each task shape (--fragmentation.shapes: GPUs per pod, or a MIG profile) fit on the schedulable nodes of each zone, each shape on its own.", 12, 8,
+			[]string{"zone", "accelerator", "shape"}, "Jobs that fit",
+			column{"Jobs that fit", "none", `sum by (zone, accelerator, shape) (nodepool_zone:gpu_fitting_jobs:sum{` + pool + `})`},
+		)).
+		WithPanel(tablePanel("Capacity per pool and zone", "Per node pool, zone and accelerator now: free units, the largest free group of whole GPUs in one NVLink domain on one node, and allocated units whose holders are all idle.", 24, 7,
+			[]string{"nodepool", "zone", "accelerator"}, "Free",
+			column{"Free", "none", `nodepool_zone:gpu_free_devices:sum{` + pool + `}`},
+			column{"Largest free NVLink group", "none", `nodepool_zone:gpu_free_devices_largest_group:max{` + pool + `, domain="nvlink"}`},
+			column{"Idle allocated", "none", `nodepool_zone:gpu_idle_allocated_devices:sum{` + pool + `}`},
+		))
+
 	// Utilisation.
 	d = d.WithRow(dashboard.NewRowBuilder("Utilisation")).
 		WithPanel(timeseriesPanel("GPU utilisation by pool", "Average NVML busy time of whole GPUs (MIG instances have none).", "percentunit", 12, 8, []*prometheus.DataqueryBuilder{
