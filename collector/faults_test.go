@@ -309,6 +309,13 @@ func (d *faultyDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return d.Device.GetRemappedRows()
 }
 
+func (d *faultyDevice) GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return) {
+	if r := d.c("GetRowRemapperHistogram"); r != nvml.SUCCESS {
+		return nvml.RowRemapperHistogramValues{}, r
+	}
+	return d.Device.GetRowRemapperHistogram()
+}
+
 func (d *faultyDevice) GetCurrentClocksEventReasons() (uint64, nvml.Return) {
 	if r := d.c("GetCurrentClocksEventReasons"); r != nvml.SUCCESS {
 		return 0, r

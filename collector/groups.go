@@ -84,9 +84,9 @@ var Groups = []GroupInfo{
 	{GroupPCIe, "PCIe replays and PCIe throughput (DCGM)", true, true},
 	{GroupNVLink, "NVLink throughput (DCGM)", true, true},
 	{GroupNVLinkErrors, "NVLink error counters by type (replay, recovery, CRC flit, CRC data; on Blackwell NVLink5's recovery, symbol, effective and receive errors), summed over links", true, false},
-	{GroupECC, "uncorrected ECC errors since the driver loaded, rows and pages waiting for a reset, failed row remaps", true, true},
+	{GroupECC, "uncorrected ECC errors since the driver loaded, rows and pages waiting for a reset, failed row remaps, banks with low or no spare rows", true, true},
 	{GroupECCCorrected, "corrected ECC errors since the driver loaded", true, true},
-	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts, ECC error events from NVML's event set", false, false},
+	{GroupECCDetail, "lifetime (aggregate) ECC error counters, remapped row and retired page counts, the row remapper's histogram of spare rows per bank, ECC error events from NVML's event set", false, false},
 	{GroupRecovery, "the recovery action NVML asks for (XID 154)", true, true},
 	{GroupDetails, "facts that rarely change: NUMA node, NVLinks up, PCIe link generation and width, memory clock, shutdown temperature, placeable MIG instances per profile, per-GPU time of the last good read", false, false},
 	{GroupDCGMProfiling, "DCGM SM, tensor and DRAM activity", true, true},
@@ -276,9 +276,9 @@ func init() {
 		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc, nvmlInitsDesc)
 	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc)
 	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc, xidUncoveredDesc)
-	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, eccLastIncreaseDesc)
+	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, remapBanksLowDesc, eccLastIncreaseDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
-	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, eccEventsDesc)
+	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, remapBanksDesc, eccEventsDesc)
 	inGroup(GroupThrottle, clockEventDesc)
 	inGroup(GroupClockEvents, clockEventOtherDesc)
 	inGroup(GroupPCIe, pcieReplayDesc)

@@ -44,6 +44,15 @@ var (
 		"1 if a row remap waits for a GPU reset to take effect.", []string{"gpu", "uuid"}, nil)
 	remapFailedDesc = prometheus.NewDesc("gpu_remapped_rows_failed",
 		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"}, nil)
+	// remapBanksDesc is the row remapper's histogram (group ecc_detail);
+	// remapBanksLowDesc the part of it that says a GPU is running out of
+	// spare rows (group ecc), for the replacement signal on every profile.
+	remapBanksDesc = prometheus.NewDesc("gpu_row_remap_banks",
+		"Memory banks by the spare rows they have left for row remapping (nvmlDeviceGetRowRemapperHistogram; Ampere and later): availability max, high, partial, low or none. A bank with none left cannot repair another uncorrectable error by remapping.",
+		[]string{"gpu", "uuid", "availability"}, nil)
+	remapBanksLowDesc = prometheus.NewDesc("gpu_row_remap_banks_low_availability",
+		"Memory banks with low or no spare rows left for row remapping (the low and none levels of gpu_row_remap_banks; Ampere and later): above 0, the GPU is running out of memory repairs.",
+		[]string{"gpu", "uuid"}, nil)
 	clockEventDesc = prometheus.NewDesc("gpu_clock_event_active",
 		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
 	// clockEventOtherDesc is the same family for the reasons that do not
@@ -100,6 +109,12 @@ func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(remappedDesc, prometheus.GaugeValue, float64(h.RemapUncorr.V), gpu, uuid, remapTypeNames[1])
 		ch <- prometheus.MustNewConstMetric(remapPendingDesc, prometheus.GaugeValue, b2f(h.RemapPending.V), gpu, uuid)
 		ch <- prometheus.MustNewConstMetric(remapFailedDesc, prometheus.GaugeValue, b2f(h.RemapFailed.V), gpu, uuid)
+	}
+	if b := h.RemapBanks; b.OK {
+		for i, n := range b.V {
+			ch <- prometheus.MustNewConstMetric(remapBanksDesc, prometheus.GaugeValue, float64(n), gpu, uuid, sample.RemapAvailabilityNames[i])
+		}
+		ch <- prometheus.MustNewConstMetric(remapBanksLowDesc, prometheus.GaugeValue, float64(b.V[3]+b.V[4]), gpu, uuid)
 	}
 	if h.ClockReasons.OK {
 		for _, r := range sample.ClockEventReasons {

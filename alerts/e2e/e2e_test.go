@@ -55,6 +55,7 @@ var expectedAlerts = []string{
 	"GPUXIDNodeRebootRequired",    // XID 79 on GPU 3: reboot the node
 	"GPUDevicePluginCapacityLoss", // kubelet allocatable 0, GPUs healthy
 	"GPUAllocationIdle",           // research/notebook-0 idles on GPU 2
+	"GPUReplacementRecommended",   // GPU 6's banks run short of spare rows
 }
 
 // nodeName is the node label the scrape config gives the exporter's series;

@@ -315,7 +315,7 @@ func shapeFitting(gpus []GPU, st []gpuState, sh *Shape) int {
 		n = free / sh.GPUs
 	case sh.MIGProfile != "":
 		for i := range gpus {
-			n += migFitting(&gpus[i], st[i].occupied, sh.MIGProfile)
+			n += migFitting(&gpus[i], st[i].occupied, st[i].freeSlices, sh.MIGProfile)
 		}
 	}
 	return n
@@ -323,8 +323,8 @@ func shapeFitting(gpus []GPU, st []gpuState, sh *Shape) int {
 
 // migFitting is how many one-instance tasks of profile GPU g can take: its
 // unallocated instances of the profile plus the new instances its free slots
-// can hold (0 on a GPU that is not a healthy MIG GPU).
-func migFitting(g *GPU, occupied uint64, profile string) int {
+// and free compute slices can hold (0 on a GPU that is not a healthy MIG GPU).
+func migFitting(g *GPU, occupied uint64, freeSlices int, profile string) int {
 	if g.MIG == nil || !g.Healthy {
 		return 0
 	}
@@ -339,7 +339,7 @@ func migFitting(g *GPU, occupied uint64, profile string) int {
 	for j := range g.MIG.Profiles {
 		p := &g.MIG.Profiles[j]
 		if strings.EqualFold(p.Name, profile) {
-			best = max(best, placeable(p, occupied, existing(g.MIG, p.Name)))
+			best = max(best, placeable(p, occupied, existing(g.MIG, p.Name), freeSlices))
 		}
 	}
 	return n + best

@@ -15,6 +15,7 @@ type HealthDevice interface {
 	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
 	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
 	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
 	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
 	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
 	GetPcieReplayCounter() (int, nvml.Return)
@@ -70,6 +71,9 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 	}
 	if corr, unc, pending, failed, ret := d.GetRemappedRows(); ok(ret) {
 		h.RemapCorr, h.RemapUncorr, h.RemapPending, h.RemapFailed = sample.Some(corr), sample.Some(unc), sample.Some(pending), sample.Some(failed)
+	}
+	if hv, ret := d.GetRowRemapperHistogram(); ok(ret) {
+		h.RemapBanks = sample.Some([sample.NumRemapAvailability]int{int(hv.Max), int(hv.High), int(hv.Partial), int(hv.Low), int(hv.None)})
 	}
 	if r, ret := clockReasons(d, p); ok(ret) {
 		h.ClockReasons = sample.Some(r)

@@ -85,6 +85,7 @@ var Symbols = []Symbol{
 	{Name: "nvmlDeviceGetRetiredPages", Since: R470},
 	{Name: "nvmlDeviceGetRetiredPagesPendingStatus", Since: R470},
 	{Name: "nvmlDeviceGetRemappedRows", Since: R470},
+	{Name: "nvmlDeviceGetRowRemapperHistogram", Since: R470},
 	{Name: symClocksThrottleReasons, Since: R470},
 	{Name: symClocksEventReasons, Since: R535, Fallback: symClocksThrottleReasons},
 	{Name: "nvmlDeviceGetPcieReplayCounter", Since: R470},

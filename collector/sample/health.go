@@ -21,6 +21,10 @@ type Health struct {
 	RemapUncorr    Opt[int]
 	RemapPending   Opt[bool]
 	RemapFailed    Opt[bool]
+	// RemapBanks is the row remapper's histogram: how many memory banks
+	// have each level of spare rows left (RemapAvailabilityNames order:
+	// max, high, partial, low, none). Ampere and later.
+	RemapBanks Opt[[NumRemapAvailability]int]
 	// ClockReasons is NVML's clock event reasons bit mask (nvml.h); the
 	// bits are named in ClockEventReasons.
 	ClockReasons Opt[uint64]
@@ -38,6 +42,14 @@ type Health struct {
 	NUMANode       Opt[int]
 	NVLinkActive   int // number of active NVLinks
 }
+
+// NumRemapAvailability is the number of levels of the row remapper's
+// histogram.
+const NumRemapAvailability = 5
+
+// RemapAvailabilityNames name Health.RemapBanks' entries, from most spare
+// rows left to none (nvmlRowRemapperHistogramValues_t).
+var RemapAvailabilityNames = [NumRemapAvailability]string{"max", "high", "partial", "low", "none"}
 
 // NumNVLinkErrorTypes is the number of NVLink error counts kept per GPU.
 const NumNVLinkErrorTypes = 8

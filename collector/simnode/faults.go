@@ -9,10 +9,12 @@ import (
 
 // faultState is what the scenario's faults do to one GPU at one moment.
 type faultState struct {
-	lost, hang     bool
-	hangUntil      time.Duration // 0: until the node is closed
-	throttle       uint64
-	remap          RemapFault
+	lost, hang bool
+	hangUntil  time.Duration // 0: until the node is closed
+	throttle   uint64
+	remap      RemapFault
+	// remapBanks is the row remapper's histogram (max .. none).
+	remapBanks     [5]int
 	recovery       int
 	eccCorrected   uint64 // aggregate: over the board's life
 	eccUncorrected uint64
@@ -27,6 +29,7 @@ func active(f FaultSpec, t time.Duration) bool {
 // faultsAt folds the scenario's faults on GPU gpu at elapsed time t.
 func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 	var s faultState
+	s.remapBanks[0] = SimulatedRemapBanks
 	var lastReset time.Duration = -1
 	for _, f := range n.Scenario.Faults {
 		if f.Reset && f.GPU != nil && *f.GPU == gpu && t >= time.Duration(f.At) {
@@ -46,6 +49,15 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 				s.eccUncorrectedVolatile += f.ECC.Uncorrected
 			}
 		}
+		if r := f.Remap; r != nil && r.WalkEvery > 0 && t >= time.Duration(f.At) {
+			end := t
+			if f.Until != 0 {
+				end = min(t, time.Duration(f.Until))
+			}
+			steps := int((end - time.Duration(f.At)) / time.Duration(r.WalkEvery))
+			s.remapBanks = walkBanks(s.remapBanks, steps)
+			s.remap.Uncorrectable += steps
+		}
 		if !active(f, t) {
 			continue
 		}
@@ -59,12 +71,44 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 				s.throttle |= ThrottleReasons[r]
 			}
 		case f.Remap != nil:
+			walked := s.remap.Uncorrectable
 			s.remap = *f.Remap
+			s.remap.Uncorrectable += walked
+			if b := f.Remap.Banks; b != nil {
+				moved := [5]int{0, b.High, b.Partial, b.Low, b.None}
+				for i := 1; i < 5; i++ {
+					n := min(moved[i], s.remapBanks[0])
+					s.remapBanks[0] -= n
+					s.remapBanks[i] += n
+				}
+			}
 		case f.RecoveryAction != "":
 			s.recovery = RecoveryActions[f.RecoveryAction]
 		}
 	}
 	return s
+}
+
+// walkBanks moves banks one level of spare rows down, steps times: the
+// first bank with spare rows left goes down until it has none, then the
+// next.
+func walkBanks(h [5]int, steps int) [5]int {
+	for ; steps > 0; steps-- {
+		// The lowest level above none that holds a bank: the bank being walked.
+		lvl := -1
+		for i := 3; i >= 0; i-- {
+			if h[i] > 0 {
+				lvl = i
+				break
+			}
+		}
+		if lvl < 0 {
+			return h // every bank is exhausted
+		}
+		h[lvl]--
+		h[lvl+1]++ //nolint:gosec // G602: lvl is at most 3 of 5
+	}
+	return h
 }
 
 // XIDEvent is an XID the simulated node raises.
@@ -201,6 +245,15 @@ func (d *Device) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	}
 	r := d.faults().remap
 	return r.Correctable, r.Uncorrectable, r.Pending, r.Failed, nvml.SUCCESS
+}
+
+// GetRowRemapperHistogram implements nvmlsampler.Device.
+func (d *Device) GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return) {
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.RowRemapperHistogramValues{}, ret
+	}
+	b := d.faults().remapBanks
+	return nvml.RowRemapperHistogramValues{Max: uint32(b[0]), High: uint32(b[1]), Partial: uint32(b[2]), Low: uint32(b[3]), None: uint32(b[4])}, nvml.SUCCESS
 }
 
 // GetCurrentClocksEventReasons implements nvmlsampler.Device (R535 and later).
@@ -377,6 +430,11 @@ func (m *MIGDevice) GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Retur
 // GetRemappedRows implements nvmlsampler.Device.
 func (m *MIGDevice) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return 0, 0, false, false, m.unsupported()
+}
+
+// GetRowRemapperHistogram implements nvmlsampler.Device.
+func (m *MIGDevice) GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return) {
+	return nvml.RowRemapperHistogramValues{}, m.unsupported()
 }
 
 // GetCurrentClocksEventReasons implements nvmlsampler.Device.

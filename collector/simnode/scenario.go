@@ -144,13 +144,35 @@ type ECCFault struct {
 	Uncorrected uint64 `yaml:"uncorrected"`
 }
 
-// RemapFault sets remapped rows.
+// RemapFault sets remapped rows and the row remapper's histogram of spare
+// rows per memory bank.
 type RemapFault struct {
 	Correctable   int  `yaml:"correctable"`
 	Uncorrectable int  `yaml:"uncorrectable"`
 	Pending       bool `yaml:"pending"`
 	Failed        bool `yaml:"failed"`
+	// Banks moves banks out of "max" availability: how many have high,
+	// partial, low and no spare rows left.
+	Banks *RemapBanks `yaml:"banks"`
+	// WalkEvery walks the GPU's banks toward exhaustion: from At on, one
+	// bank loses one level of spare rows (max, high, partial, low, none)
+	// every WalkEvery, one bank to none before the next; each step is one
+	// more row remapped for an uncorrectable error. Past Until the banks
+	// stay as they were (spare rows do not come back).
+	WalkEvery Duration `yaml:"walkEvery"`
 }
+
+// RemapBanks counts banks by the spare rows they have left.
+type RemapBanks struct {
+	High    int `yaml:"high"`
+	Partial int `yaml:"partial"`
+	Low     int `yaml:"low"`
+	None    int `yaml:"none"`
+}
+
+// SimulatedRemapBanks is how many memory banks a simulated GPU's row
+// remapper reports (an A100 reports 640).
+const SimulatedRemapBanks = 640
 
 // DevicePluginFault makes the kubelet's allocatable devices drop to
 // Allocatable (0: the device plugin lost its capacity) while pods keep running.
@@ -849,6 +871,22 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 		}
 		if r.Uncorrectable < 0 {
 			return s.errorAt(append(p, "remap", "uncorrectable"), "%d remapped rows: a count is 0 or more", r.Uncorrectable)
+		}
+		if b := r.Banks; b != nil {
+			for _, c := range []struct {
+				name string
+				n    int
+			}{{"high", b.High}, {"partial", b.Partial}, {"low", b.Low}, {"none", b.None}} {
+				if c.n < 0 {
+					return s.errorAt(append(p, "remap", "banks", c.name), "%d banks: a count is 0 or more", c.n)
+				}
+			}
+			if n := b.High + b.Partial + b.Low + b.None; n > SimulatedRemapBanks {
+				return s.errorAt(append(p, "remap", "banks"), "%d banks out of max availability: a simulated GPU has %d banks", n, SimulatedRemapBanks)
+			}
+		}
+		if r.WalkEvery < 0 || (r.WalkEvery > 0 && time.Duration(r.WalkEvery) < time.Second) {
+			return s.errorAt(append(p, "remap", "walkEvery"), "%s: a walk steps at most once a second; give 1s or more", time.Duration(r.WalkEvery))
 		}
 	}
 	for j, r := range f.Throttle {

@@ -245,6 +245,7 @@ var everyBranch = []string{
 	"gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_power_limit_watts",
 	"gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
 	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
+	"gpu_row_remap_banks", "gpu_row_remap_banks_low_availability",
 	// R470 names the clock event reasons "throttle reasons"; same bits.
 	"gpu_clock_event_active",
 	"gpu_pcie_replay_errors_total", "gpu_nvlink_errors_total", "gpu_nvlink_active_links",
@@ -389,6 +390,48 @@ func TestRealBinarySurvivesFailingGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return up(f, 1) == 1 && up(f, 2) == 1 }, "GPUs 1 and 2 back")
+}
+
+// TestRealBinaryServesRowRemapperHistogram: the banks a driver reports by
+// spare rows left reach the page, and the ones with low or none left are
+// counted for the replacement signal; they follow the driver as a GPU's
+// banks wear down.
+func TestRealBinaryServesRowRemapperHistogram(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 2, fakenvml.Full)
+	node.GPUs[1].RemapperHistogram = &[5]uint32{630, 4, 3, 2, 1}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	if err := node.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	e := startExporter(t, fakenvml.Full, path)
+	banks := func(f map[string]*dto.MetricFamily, gpu, lvl string) float64 {
+		v, _ := sample(f, "gpu_row_remap_banks", map[string]string{"gpu": gpu, "availability": lvl})
+		return v
+	}
+	low := func(f map[string]*dto.MetricFamily, gpu string) float64 {
+		v, _ := sample(f, "gpu_row_remap_banks_low_availability", map[string]string{"gpu": gpu})
+		return v
+	}
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return banks(f, "1", "max") == 630 }, "GPU 1's histogram")
+	for lvl, want := range map[string]float64{"high": 4, "partial": 3, "low": 2, "none": 1} {
+		if v := banks(f, "1", lvl); v != want {
+			t.Errorf("GPU 1 banks %s = %v, want %v", lvl, v, want)
+		}
+	}
+	if v := low(f, "1"); v != 3 {
+		t.Errorf("GPU 1 low availability = %v, want 3", v)
+	}
+	if v := low(f, "0"); v != 0 {
+		t.Errorf("GPU 0 low availability = %v, want 0", v)
+	}
+	node.GPUs[1].RemapperHistogram = &[5]uint32{630, 0, 0, 0, 10}
+	if err := node.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return low(f, "1") == 10 }, "GPU 1's banks exhausted")
 }
 
 // TestRealBinaryCountsXIDs: XIDs injected into the driver reach the page.

@@ -126,6 +126,9 @@ type GPU struct {
 	PCIe              *PCIe
 	ECC               *ECC
 	RemappedRows      *RemappedRows
+	// RemapperHistogram is nvmlDeviceGetRowRemapperHistogram's banks by
+	// spare rows left: max, high, partial, low, none; nil: not supported.
+	RemapperHistogram *[5]uint32
 	// RetiredPages by cause; nil: not supported (Ampere and later).
 	RetiredPages        map[nvml.PageRetirementCause][]uint64
 	RetiredPagesPending *bool
@@ -447,6 +450,9 @@ func (g *GPU) encode(m kv, p string) error {
 	}
 	if r := g.RemappedRows; r != nil {
 		m.set(p+"remapped_rows", fmt.Sprintf("%d %d %d %d", r.Correctable, r.Uncorrectable, b2i(r.Pending), b2i(r.Failed)))
+	}
+	if h := g.RemapperHistogram; h != nil {
+		m.set(p+"remapper_histogram", fmt.Sprintf("%d %d %d %d %d", h[0], h[1], h[2], h[3], h[4]))
 	}
 	for c, pages := range g.RetiredPages {
 		var s []string

@@ -260,6 +260,13 @@ func snapshotBoard(d any, g *fakenvml.GPU) {
 		}
 	}
 	if x, ok := d.(interface {
+		GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
+	}); ok {
+		if h, r := x.GetRowRemapperHistogram(); r == nvml.SUCCESS {
+			g.RemapperHistogram = &[5]uint32{h.Max, h.High, h.Partial, h.Low, h.None}
+		}
+	}
+	if x, ok := d.(interface {
 		GetCurrentClocksEventReasons() (uint64, nvml.Return)
 	}); ok {
 		var v uint64
@@ -430,7 +437,7 @@ var parityCore = []string{
 	"gpu_up", "gpu_info", "gpu_driver_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio",
 	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz", "gpu_memory_clock_hertz",
 	"gpu_power_limit_watts", "gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_clock_event_active", "gpu_recovery_action_code",
-	"gpu_nvlink_active_links",
+	"gpu_nvlink_active_links", "gpu_row_remap_banks", "gpu_row_remap_banks_low_availability",
 }
 
 // Families that describe the exporter itself or time, not the node.

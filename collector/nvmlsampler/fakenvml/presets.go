@@ -47,6 +47,7 @@ func FromModel(cfg gpus.Config, index int) GPU {
 		PCIe:                       &PCIe{Gen: 5, Width: 16, MaxGen: 5, MaxWidth: 16},
 		ECC:                        &ECC{Enabled: true},
 		RemappedRows:               &RemappedRows{},
+		RemapperHistogram:          &[5]uint32{640, 0, 0, 0, 0},
 		ClockEventReasons:          Ptr[uint64](nvml.ClocksEventReasonGpuIdle),
 		SupportedClockEventReasons: Ptr[uint64](0x1ff),
 		Fields:                     map[uint32]uint64{nvml.FI_DEV_GET_GPU_RECOVERY_ACTION: uint64(nvml.GPU_RECOVERY_ACTION_NONE)},
