@@ -105,8 +105,8 @@ func walkBanks(h [5]int, steps int) [5]int {
 		if lvl < 0 {
 			return h // every bank is exhausted
 		}
-		h[lvl]--
-		h[lvl+1]++ //nolint:gosec // G602: lvl is at most 3 of 5
+		h[lvl]-- //nolint:gosec // G602: lvl is at most 3 of 5
+		h[lvl+1]++
 	}
 	return h
 }
