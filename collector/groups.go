@@ -273,9 +273,9 @@ func init() {
 		}
 	}
 	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
-		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc, nvmlInitsDesc)
-	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc)
-	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc, xidUncoveredDesc)
+		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc)
+	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc, nvmlInitsDesc, xidUncoveredDesc)
+	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc)
 	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, remapBanksLowDesc, eccLastIncreaseDesc)
 	inGroup(GroupECCCorrected, eccCorrectedDesc)
 	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, remapBanksDesc, eccEventsDesc)

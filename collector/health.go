@@ -46,12 +46,13 @@ var (
 		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"}, nil)
 	// remapBanksDesc is the row remapper's histogram (group ecc_detail);
 	// remapBanksLowDesc the part of it that says a GPU is running out of
-	// spare rows (group ecc), for the replacement signal on every profile.
+	// spare rows (group ecc), for the replacement signal on every profile:
+	// sparse, like the ECC increase time, so it costs a healthy GPU nothing.
 	remapBanksDesc = prometheus.NewDesc("gpu_row_remap_banks",
 		"Memory banks by the spare rows they have left for row remapping (nvmlDeviceGetRowRemapperHistogram; Ampere and later): availability max, high, partial, low or none. A bank with none left cannot repair another uncorrectable error by remapping.",
 		[]string{"gpu", "uuid", "availability"}, nil)
 	remapBanksLowDesc = prometheus.NewDesc("gpu_row_remap_banks_low_availability",
-		"Memory banks with low or no spare rows left for row remapping (the low and none levels of gpu_row_remap_banks; Ampere and later): above 0, the GPU is running out of memory repairs.",
+		"Memory banks with low or no spare rows left for row remapping (the low and none levels of gpu_row_remap_banks; Ampere and later): the GPU is running out of memory repairs. Served only for GPUs that have such banks, so that a healthy fleet pays no series for it.",
 		[]string{"gpu", "uuid"}, nil)
 	clockEventDesc = prometheus.NewDesc("gpu_clock_event_active",
 		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
@@ -114,7 +115,9 @@ func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 		for i, n := range b.V {
 			ch <- prometheus.MustNewConstMetric(remapBanksDesc, prometheus.GaugeValue, float64(n), gpu, uuid, sample.RemapAvailabilityNames[i])
 		}
-		ch <- prometheus.MustNewConstMetric(remapBanksLowDesc, prometheus.GaugeValue, float64(b.V[3]+b.V[4]), gpu, uuid)
+		if low := b.V[3] + b.V[4]; low > 0 {
+			ch <- prometheus.MustNewConstMetric(remapBanksLowDesc, prometheus.GaugeValue, float64(low), gpu, uuid)
+		}
 	}
 	if h.ClockReasons.OK {
 		for _, r := range sample.ClockEventReasons {

@@ -46,7 +46,11 @@ faults:
 					t.Errorf("banks %s = %s, want %d", lvl, v, step.banks[i])
 				}
 			}
-			if v := value(t, p, "gpu_row_remap_banks_low_availability", `gpu="1"`); v != strconv.Itoa(step.low) {
+			if step.low == 0 {
+				if s := series(p, "gpu_row_remap_banks_low_availability", `gpu="1"`); len(s) != 0 {
+					t.Errorf("low availability served with no bank low: %v", s)
+				}
+			} else if v := value(t, p, "gpu_row_remap_banks_low_availability", `gpu="1"`); v != strconv.Itoa(step.low) {
 				t.Errorf("low availability = %s, want %d", v, step.low)
 			}
 			if v := value(t, p, "gpu_remapped_rows", `gpu="1"`, `type="uncorrectable"`); v != strconv.Itoa(step.remapped) {

@@ -245,7 +245,7 @@ var everyBranch = []string{
 	"gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_power_limit_watts",
 	"gpu_slowdown_temperature_celsius", "gpu_shutdown_temperature_celsius",
 	"gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
-	"gpu_row_remap_banks", "gpu_row_remap_banks_low_availability",
+	"gpu_row_remap_banks",
 	// R470 names the clock event reasons "throttle reasons"; same bits.
 	"gpu_clock_event_active",
 	"gpu_pcie_replay_errors_total", "gpu_nvlink_errors_total", "gpu_nvlink_active_links",

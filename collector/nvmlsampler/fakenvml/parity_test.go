@@ -437,7 +437,7 @@ var parityCore = []string{
 	"gpu_up", "gpu_info", "gpu_driver_info", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization_ratio",
 	"gpu_temperature_celsius", "gpu_power_watts", "gpu_energy_joules_total", "gpu_sm_clock_hertz", "gpu_memory_clock_hertz",
 	"gpu_power_limit_watts", "gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_clock_event_active", "gpu_recovery_action_code",
-	"gpu_nvlink_active_links", "gpu_row_remap_banks", "gpu_row_remap_banks_low_availability",
+	"gpu_nvlink_active_links", "gpu_row_remap_banks",
 }
 
 // Families that describe the exporter itself or time, not the node.
