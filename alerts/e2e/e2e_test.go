@@ -817,34 +817,17 @@ func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values m
 // label key ("" for a scalar or a series without it); two series with one
 // key are an error.
 func queryByLabel(prom, expr, key, at string) (map[string]float64, error) {
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := getJSON(prom+"/api/v1/query?time="+at+"&query="+url.QueryEscape(expr), &r); err != nil {
+	vs, err := queryVectorAt(prom, expr, at)
+	if err != nil {
 		return nil, err
 	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("%s: %s", expr, r.Error)
-	}
 	out := map[string]float64{}
-	for _, s := range r.Data.Result {
-		k := s.Metric[key]
+	for _, v := range vs {
+		k := v.Labels[key]
 		if _, dup := out[k]; dup {
 			return nil, fmt.Errorf("%s: two series with %s=%q", expr, key, k)
 		}
-		str, _ := s.Value[1].(string)
-		v, err := strconv.ParseFloat(str, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: value %v", expr, s.Value[1])
-		}
-		out[k] = v
+		out[k] = v.Value
 	}
 	return out, nil
 }

@@ -20,7 +20,10 @@ type vectorSample struct {
 	Value  float64
 }
 
-func queryVector(prom, expr string) ([]vectorSample, error) {
+func queryVector(prom, expr string) ([]vectorSample, error) { return queryVectorAt(prom, expr, "") }
+
+// queryVectorAt runs an instant query at time at (now when "").
+func queryVectorAt(prom, expr, at string) ([]vectorSample, error) {
 	var r struct {
 		Status string `json:"status"`
 		Error  string `json:"error"`
@@ -31,7 +34,11 @@ func queryVector(prom, expr string) ([]vectorSample, error) {
 			} `json:"result"`
 		} `json:"data"`
 	}
-	if err := getJSON(prom+"/api/v1/query?query="+url.QueryEscape(expr), &r); err != nil {
+	q := prom + "/api/v1/query?query=" + url.QueryEscape(expr)
+	if at != "" {
+		q += "&time=" + at
+	}
+	if err := getJSON(q, &r); err != nil {
 		return nil, err
 	}
 	if r.Status != "success" {
