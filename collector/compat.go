@@ -329,6 +329,11 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 		hs := st.compatHolders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
 		if d.IsMIG() {
 			hs = giHolders(st.compatHolders, g, d.GPUInstance)
+			if !r.cfg.VirtualGPUs && len(hs) > 1 {
+				// One series per GPU instance, as for a shared GPU: the
+				// holder of its first compute instance that has one.
+				hs = hs[:1]
+			}
 		}
 		if len(hs) == 0 {
 			hs = []Holder{{}}

@@ -394,3 +394,48 @@ gpus:
 		t.Errorf("GPU_I_PROFILE is not the GPU instance's profile")
 	}
 }
+
+// Two pods on two compute instances of one GPU instance: one series per
+// GPU instance, labelled with one of them, unless every holder is asked
+// for (kubernetes-virtual-gpus).
+func TestCompatComputeInstanceHolders(t *testing.T) {
+	sc, err := simnode.ParseScenario("ci.yaml", []byte(`
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - {index: 0, mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 4g.40gb}]}
+pods:
+  - {namespace: a, name: p0, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: b, name: p1, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		virtual bool
+		want    int
+	}{{"one series per GPU instance", false, 1}, {"every holder", true, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tn := newTestExporter(t, withScenario(sc), withRealTime(), withKubelet(), withGroups(fullGroups()),
+				withConfig(func(c *collector.Config) {
+					c.Compat = &collector.CompatConfig{Hostname: "n", VirtualGPUs: tc.virtual}
+				}))
+			if err := tn.client.Refresh(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			tn.e.SampleOnce(context.Background())
+			if _, err := tn.e.Registry().Gather(); err != nil {
+				t.Fatalf("registry refused the page: %v", err)
+			}
+			got := series(tn.e.Page(), "DCGM_FI_DEV_FB_USED", `GPU_I_PROFILE="3g.40gb"`)
+			if len(got) != tc.want {
+				t.Errorf("3g.40gb: %d series, want %d: %v", len(got), tc.want, got)
+			}
+			for _, l := range got {
+				if !strings.Contains(l, `pod="p0"`) && !strings.Contains(l, `pod="p1"`) {
+					t.Errorf("series without a holder: %s", l)
+				}
+			}
+		})
+	}
+}
