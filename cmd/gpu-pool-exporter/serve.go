@@ -155,14 +155,22 @@ const (
 	bcryptQueue      = 16
 	bcryptWait       = 2 * time.Second
 	bcryptRetryAfter = 2 // seconds
+
+	// An address that comes back within busyCooldown of an attempt turned
+	// away with bcrypt busy waits among the failing addresses: a scraper
+	// asks once per scrape interval (Prometheus' shortest is a second), a
+	// flood at once again, so a flood from many addresses that were only
+	// turned away (never checked, so never failed) cannot keep a scraper
+	// that has not logged in yet out of the queue.
+	busyCooldown = time.Second
 )
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
 // never wait for a bcrypt slot, and a slot that frees goes to an attempt
-// from an address with no recent failure before one from an address that
-// has failed; a full queue makes room for the former by refusing the
-// newest of the latter.
+// from a clean address (no recent failure, and not back at once after
+// being turned away) before one from another address; a full queue makes
+// room for the former by refusing the newest of the latter.
 type authenticator struct {
 	now     func() time.Time
 	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests
@@ -190,6 +198,13 @@ type bcryptWaiter struct {
 type failBucket struct {
 	tokens float64
 	at     time.Time
+	busyAt time.Time // an attempt was last turned away with bcrypt busy
+}
+
+// cleanLocked: b has no recent failure and was not turned away within
+// busyCooldown.
+func (a *authenticator) cleanLocked(b *failBucket) bool {
+	return b.tokens >= failBurst && a.now().Sub(b.busyAt) >= busyCooldown
 }
 
 func newAuthenticator() *authenticator {
@@ -313,7 +328,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.refused.Add(1)
 		return http.StatusTooManyRequests
 	}
-	clean := b.tokens >= failBurst
+	clean := a.cleanLocked(b)
 	b.tokens--
 	if !a.acquireLocked(r, clean) {
 		// Refused unseen: the attempt is given back, so a scraper turned
@@ -321,6 +336,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.mu.Lock()
 		if b := a.fails[client]; b != nil {
 			b.tokens = min(failBurst, b.tokens+1)
+			b.busyAt = a.now()
 		}
 		a.mu.Unlock()
 		a.busy.Add(1)
@@ -356,7 +372,7 @@ func (a *authenticator) bucketLocked(client string) *failBucket {
 	if b == nil {
 		if len(a.fails) >= maxFailClients {
 			for k, x := range a.fails { // forget the addresses that have recovered
-				if a.refillLocked(x); x.tokens >= failBurst {
+				if a.refillLocked(x); a.cleanLocked(x) {
 					delete(a.fails, k)
 				}
 			}

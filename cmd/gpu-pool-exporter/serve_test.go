@@ -472,3 +472,96 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 		t.Errorf("no slot within the bound: %d, Retry-After %q; want 503 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
+
+// Addresses that come back at once after being turned away (bcrypt busy)
+// lose their place among the addresses with no failure: a flood from many
+// addresses that have not failed yet, only been refused, cannot keep a
+// scraper that has not logged in yet out of the queue.
+func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
+	users := map[string]string{"prometheus": "hash:right"}
+	started := make(chan string, 100)
+	release := make(chan struct{}, 100)
+	a := newAuthenticator()
+	a.free, a.queue, a.wait = 1, 2, time.Hour
+	now := time.Unix(1e9, 0)
+	a.now = func() time.Time { return now }
+	a.compare = func(hash, pass []byte) error { // blocks until released
+		started <- string(pass)
+		<-release
+		if string(hash) == "hash:"+string(pass) {
+			return nil
+		}
+		return bcrypt.ErrMismatchedHashAndPassword
+	}
+	async := func(addr, pass string) chan int {
+		c := make(chan int, 1)
+		go func() {
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			req.RemoteAddr = addr + ":1000"
+			req.SetBasicAuth("prometheus", pass)
+			c <- a.check(users, req)
+		}()
+		return c
+	}
+	result := func(what string, c chan int) int { // a liveness bound, no latency asserted
+		select {
+		case code := <-c:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: still waiting for a bcrypt slot", what)
+			return 0
+		}
+	}
+	waiting := func(n int) {
+		for i := 0; a.waiting() != n; i++ {
+			if i > 30000 {
+				t.Fatalf("never %d attempts waiting (%d)", n, a.waiting())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Three addresses with no failure take the slot and the queue; a
+	// fourth is turned away (not counted as a failure).
+	first := async("10.3.0.1", "wrong-1")
+	if p := <-started; p != "wrong-1" {
+		t.Fatalf("the slot went to %q", p)
+	}
+	second := async("10.3.0.2", "wrong-2")
+	waiting(1)
+	third := async("10.3.0.3", "wrong-3")
+	waiting(2)
+	if code := result("turned away", async("10.3.0.4", "wrong-4")); code != http.StatusServiceUnavailable {
+		t.Fatalf("attempt past a full queue: %d, want 503", code)
+	}
+	release <- struct{}{}
+	if p := <-started; p != "wrong-2" {
+		t.Fatalf("the slot went to %q, want the first waiting", p)
+	}
+	// The turned-away address comes back at once: it waits behind, and
+	// gives way to, a scraper logging in for the first time.
+	retry := async("10.3.0.4", "wrong-4-again")
+	waiting(2)
+	scraper := async("10.9.0.9", "right")
+	select {
+	case code := <-scraper:
+		t.Fatalf("scraper logging in for the first time: answered %d at once, while the address that came back "+
+			"at once after being turned away kept its place in the queue; want the scraper queued and that address pushed out (503)", code)
+	case code := <-retry:
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("address that came back at once after being turned away: %d, want 503 (pushed out by the scraper)", code)
+		}
+	case <-time.After(30 * time.Second): // a liveness bound, no latency asserted
+		t.Fatal("neither the scraper nor the retrying address was answered")
+	}
+	for i := 0; i < 10; i++ {
+		release <- struct{}{}
+	}
+	if code := result("first login", scraper); code != 0 {
+		t.Errorf("scraper logging in for the first time beside retrying addresses: %d, want 0", code)
+	}
+	for _, c := range []chan int{first, second, third} {
+		if code := result("flood", c); code != http.StatusUnauthorized {
+			t.Errorf("wrong password: %d, want 401", code)
+		}
+	}
+}
