@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"errors"
@@ -418,7 +419,9 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(k, v)
 	}
 	if len(c.users) > 0 {
-		switch code := h.auth.check(c.users, r); code {
+		code := h.auth.check(c.users, r)
+		markLoginRefused(r, code != 0)
+		switch code {
 		case 0:
 		case http.StatusTooManyRequests:
 			w.Header().Set("Retry-After", fmt.Sprint(int(failRefill.Seconds())))
@@ -437,11 +440,37 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(w, r)
 }
 
+// connKey is the context key of the connection a request came on.
+type connKey struct{}
+
+// withConn is the servers' ConnContext hook: it lets a handler reach the
+// connection its request came on.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// markLoginRefused records on r's connection whether its last login was
+// refused (a wrong password, or refused before bcrypt): at the connection
+// cap such a connection gives way first, even with a request in flight.
+func markLoginRefused(r *http.Request, refused bool) {
+	c, _ := r.Context().Value(connKey{}).(net.Conn)
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if lc, ok := c.(*limitedConn); ok {
+		lc.refused.Store(refused)
+	}
+}
+
 // limitListener keeps at most n connections open. At the cap, a new
-// connection closes one that is not serving a request (a client still
-// sending its headers or its TLS handshake, or an idle keep-alive): the
-// oldest of those from the client address holding the most connections; if
-// all n are serving requests, the new one is closed. So slow clients hold
+// connection closes one whose last login was refused, even with a request
+// in flight (a client sending wrong passwords), or else one that is not
+// serving a request (a client still sending its headers or its TLS
+// handshake, or an idle keep-alive): the oldest of those from the client
+// address holding the most connections; if all n are serving requests and
+// none was refused, the new one is closed. So a flood of wrong passwords
+// from more clients than the cap closes its own connections, not the
+// scraper's idle keep-alive. So slow clients hold
 // at most n connections, not the pod's memory, and cannot hold them against
 // a scraper: one address with thousands of connections loses them first,
 // and the scraper's connection is the newest and sends its request at once.
@@ -474,13 +503,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		l.mu.Lock()
 		if len(l.conns) >= l.max {
 			var victim *limitedConn
+			victimRefused := false
 			for x := range l.conns {
-				if st := http.ConnState(x.state.Load()); st != http.StateNew && st != http.StateIdle {
+				refused := x.refused.Load()
+				if st := http.ConnState(x.state.Load()); !refused && st != http.StateNew && st != http.StateIdle {
 					continue
 				}
-				if victim == nil || l.byAddr[x.addr] > l.byAddr[victim.addr] ||
-					(l.byAddr[x.addr] == l.byAddr[victim.addr] && x.since.Before(victim.since)) {
-					victim = x
+				if victim == nil || (refused && !victimRefused) || (refused == victimRefused &&
+					(l.byAddr[x.addr] > l.byAddr[victim.addr] ||
+						(l.byAddr[x.addr] == l.byAddr[victim.addr] && x.since.Before(victim.since)))) {
+					victim, victimRefused = x, refused
 				}
 			}
 			if victim == nil { // every connection is serving a request
@@ -529,7 +561,9 @@ type limitedConn struct {
 	l     *limitListener
 	addr  string       // client address
 	state atomic.Int32 // http.ConnState, from the server's ConnState hook
-	since time.Time    // when it entered that state; under l.mu
+	// refused: the last login on it was refused (markLoginRefused)
+	refused atomic.Bool
+	since   time.Time // when it entered that state; under l.mu
 }
 
 func (c *limitedConn) Close() error {

@@ -565,3 +565,55 @@ func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
 		}
 	}
 }
+
+// At the connection cap, a connection whose login was refused gives way
+// first, even with a request in flight, before the scraper's idle
+// keep-alive: a flood of wrong passwords from more clients than the cap
+// closes its own connections.
+func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := newLimitListener(l, 2).(*limitListener)
+	defer ll.Close()
+	accepted := make(chan *limitedConn, 4)
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c.(*limitedConn)
+		}
+	}()
+	dial := func(ip string) *limitedConn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case lc := <-accepted:
+			return lc
+		case <-time.After(30 * time.Second): // liveness bound only
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}
+	scraper := dial("127.0.0.2")
+	trackConnState(scraper, http.StateIdle) // a keep-alive between scrapes
+	flood := dial("127.0.0.1")
+	trackConnState(flood, http.StateActive) // waiting for its wrong password to be checked
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	markLoginRefused(req.WithContext(withConn(req.Context(), flood)), true)
+	dial("127.0.0.1") // at the cap
+	ll.mu.Lock()
+	_, scraperOpen := ll.conns[scraper]
+	_, floodOpen := ll.conns[flood]
+	ll.mu.Unlock()
+	if !scraperOpen || floodOpen {
+		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", scraperOpen, floodOpen)
+	}
+}
