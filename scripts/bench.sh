@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # make bench: the Go benchmarks, then a load run of the built binary on two
 # simulated nodes (the built-in 8-GPU node, and 8 x 7 MIG instances with 200
-# pods), printed as one markdown table, then two hostile-client runs: memory
-# under 8,000 slow connections (fails above the chart's 100 MiB limit) and the
-# scraper's latency beside a wrong-password flood. Run from the repository root.
+# pods), printed as one markdown table, then hostile-client runs: memory
+# under 8,000 slow connections (fails above the chart's 100 MiB limit), the
+# scraper's latency beside a wrong-password flood, and a scraper's (and the
+# kubelet prober's) latency beside slow request bodies, slow bodies on the
+# probe port and wrong passwords from 253 addresses (each fails when a scrape
+# or probe is lost). Run from the repository root.
 #
 # BENCHTIME (default 1s) is go test's -benchtime; BENCH_ARGS go to the load
-# program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5").
+# program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5"; a quick run of
+# the last three: BENCH_ARGS="-runs slow-body,probe-port,auth-addrs -attack-for 5s").
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

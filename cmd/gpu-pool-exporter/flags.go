@@ -170,7 +170,7 @@ func addLogFlags(app *kingpin.Application, o *options) {
 // web config come from the exporter toolkit.
 func addWebFlags(app *kingpin.Application, o *options) {
 	named(app.Flag("web.max-requests", "Maximum number of scrapes being prepared at once; more are answered 503 at once. A scrape gives its slot back when it starts writing (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
-	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; at the cap a new connection closes one without a request in flight (the oldest from the address holding the most), or is closed itself when all are serving. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; at the cap a new connection closes one whose last login was refused, else one without a request in flight (the oldest from the address holding the most), or is closed itself when all are serving. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
 	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
 	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
 	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)

@@ -72,6 +72,31 @@ func h2Attack(t *testing.T, addr string, pool *x509.CertPool, mode string, strea
 	return c
 }
 
+// h2MaxStreams is the SETTINGS_MAX_CONCURRENT_STREAMS the server announces
+// on a new HTTP/2 connection (0: none announced, so unlimited).
+func h2MaxStreams(t *testing.T, addr string, pool *x509.CertPool) uint32 {
+	t.Helper()
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // a guard against a hang
+	_, _ = c.Write([]byte(http2.ClientPreface))
+	fr := http2.NewFramer(c, c)
+	_ = fr.WriteSettings()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the server's HTTP/2 settings: %v", err)
+		}
+		if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+			v, _ := s.Value(http2.SettingMaxConcurrentStreams)
+			return v
+		}
+	}
+}
+
 // HTTP/2 clients that hold streams at window 0 or open and reset streams
 // rapidly leave the scrape slots free: a real scrape over HTTP/2 is served
 // beside them.
@@ -125,5 +150,10 @@ func TestHTTP2StalledAndResetStreams(t *testing.T) {
 		if code, body := scrape(); code != 200 || !strings.Contains(body, "gpu_memory_used_bytes") {
 			t.Fatalf("scrape %d beside stalled and reset HTTP/2 streams, --web.max-requests=2: %d %.200s", i, code, body)
 		}
+	}
+	// Each stalled stream is a handler waiting on its client: one
+	// connection may hold at most 8 (Go's default is 250).
+	if n := h2MaxStreams(t, addr, pool); n == 0 || n > 8 {
+		t.Errorf("the server lets one HTTP/2 connection open %d streams at once (0: no limit), want at most 8", n)
 	}
 }

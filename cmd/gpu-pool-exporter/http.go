@@ -50,6 +50,7 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		ConnState:         trackConnState,
+		ConnContext:       withConn,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},
 	}
 }

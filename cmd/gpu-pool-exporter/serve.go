@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"errors"
@@ -155,14 +156,22 @@ const (
 	bcryptQueue      = 16
 	bcryptWait       = 2 * time.Second
 	bcryptRetryAfter = 2 // seconds
+
+	// An address that comes back within busyCooldown of an attempt turned
+	// away with bcrypt busy waits among the failing addresses: a scraper
+	// asks once per scrape interval (Prometheus' shortest is a second), a
+	// flood at once again, so a flood from many addresses that were only
+	// turned away (never checked, so never failed) cannot keep a scraper
+	// that has not logged in yet out of the queue.
+	busyCooldown = time.Second
 )
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
 // never wait for a bcrypt slot, and a slot that frees goes to an attempt
-// from an address with no recent failure before one from an address that
-// has failed; a full queue makes room for the former by refusing the
-// newest of the latter.
+// from a clean address (no recent failure, and not back at once after
+// being turned away) before one from another address; a full queue makes
+// room for the former by refusing the newest of the latter.
 type authenticator struct {
 	now     func() time.Time
 	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests
@@ -190,6 +199,13 @@ type bcryptWaiter struct {
 type failBucket struct {
 	tokens float64
 	at     time.Time
+	busyAt time.Time // an attempt was last turned away with bcrypt busy
+}
+
+// cleanLocked: b has no recent failure and was not turned away within
+// busyCooldown.
+func (a *authenticator) cleanLocked(b *failBucket) bool {
+	return b.tokens >= failBurst && a.now().Sub(b.busyAt) >= busyCooldown
 }
 
 func newAuthenticator() *authenticator {
@@ -313,7 +329,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.refused.Add(1)
 		return http.StatusTooManyRequests
 	}
-	clean := b.tokens >= failBurst
+	clean := a.cleanLocked(b)
 	b.tokens--
 	if !a.acquireLocked(r, clean) {
 		// Refused unseen: the attempt is given back, so a scraper turned
@@ -321,6 +337,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.mu.Lock()
 		if b := a.fails[client]; b != nil {
 			b.tokens = min(failBurst, b.tokens+1)
+			b.busyAt = a.now()
 		}
 		a.mu.Unlock()
 		a.busy.Add(1)
@@ -356,7 +373,7 @@ func (a *authenticator) bucketLocked(client string) *failBucket {
 	if b == nil {
 		if len(a.fails) >= maxFailClients {
 			for k, x := range a.fails { // forget the addresses that have recovered
-				if a.refillLocked(x); x.tokens >= failBurst {
+				if a.refillLocked(x); a.cleanLocked(x) {
 					delete(a.fails, k)
 				}
 			}
@@ -402,7 +419,9 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(k, v)
 	}
 	if len(c.users) > 0 {
-		switch code := h.auth.check(c.users, r); code {
+		code := h.auth.check(c.users, r)
+		markLoginRefused(r, code != 0)
+		switch code {
 		case 0:
 		case http.StatusTooManyRequests:
 			w.Header().Set("Retry-After", fmt.Sprint(int(failRefill.Seconds())))
@@ -421,11 +440,37 @@ func (h *webHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.next.ServeHTTP(w, r)
 }
 
+// connKey is the context key of the connection a request came on.
+type connKey struct{}
+
+// withConn is the servers' ConnContext hook: it lets a handler reach the
+// connection its request came on.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// markLoginRefused records on r's connection whether its last login was
+// refused (a wrong password, or refused before bcrypt): at the connection
+// cap such a connection gives way first, even with a request in flight.
+func markLoginRefused(r *http.Request, refused bool) {
+	c, _ := r.Context().Value(connKey{}).(net.Conn)
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if lc, ok := c.(*limitedConn); ok {
+		lc.refused.Store(refused)
+	}
+}
+
 // limitListener keeps at most n connections open. At the cap, a new
-// connection closes one that is not serving a request (a client still
-// sending its headers or its TLS handshake, or an idle keep-alive): the
-// oldest of those from the client address holding the most connections; if
-// all n are serving requests, the new one is closed. So slow clients hold
+// connection closes one whose last login was refused, even with a request
+// in flight (a client sending wrong passwords), or else one that is not
+// serving a request (a client still sending its headers or its TLS
+// handshake, or an idle keep-alive): the oldest of those from the client
+// address holding the most connections; if all n are serving requests and
+// none was refused, the new one is closed. So a flood of wrong passwords
+// from more clients than the cap closes its own connections, not the
+// scraper's idle keep-alive. So slow clients hold
 // at most n connections, not the pod's memory, and cannot hold them against
 // a scraper: one address with thousands of connections loses them first,
 // and the scraper's connection is the newest and sends its request at once.
@@ -458,13 +503,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		l.mu.Lock()
 		if len(l.conns) >= l.max {
 			var victim *limitedConn
+			victimRefused := false
 			for x := range l.conns {
-				if st := http.ConnState(x.state.Load()); st != http.StateNew && st != http.StateIdle {
+				refused := x.refused.Load()
+				if st := http.ConnState(x.state.Load()); !refused && st != http.StateNew && st != http.StateIdle {
 					continue
 				}
-				if victim == nil || l.byAddr[x.addr] > l.byAddr[victim.addr] ||
-					(l.byAddr[x.addr] == l.byAddr[victim.addr] && x.since.Before(victim.since)) {
-					victim = x
+				if victim == nil || (refused && !victimRefused) || (refused == victimRefused &&
+					(l.byAddr[x.addr] > l.byAddr[victim.addr] ||
+						(l.byAddr[x.addr] == l.byAddr[victim.addr] && x.since.Before(victim.since)))) {
+					victim, victimRefused = x, refused
 				}
 			}
 			if victim == nil { // every connection is serving a request
@@ -513,7 +561,9 @@ type limitedConn struct {
 	l     *limitListener
 	addr  string       // client address
 	state atomic.Int32 // http.ConnState, from the server's ConnState hook
-	since time.Time    // when it entered that state; under l.mu
+	// refused: the last login on it was refused (markLoginRefused)
+	refused atomic.Bool
+	since   time.Time // when it entered that state; under l.mu
 }
 
 func (c *limitedConn) Close() error {

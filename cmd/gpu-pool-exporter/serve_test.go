@@ -472,3 +472,148 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 		t.Errorf("no slot within the bound: %d, Retry-After %q; want 503 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
+
+// Addresses that come back at once after being turned away (bcrypt busy)
+// lose their place among the addresses with no failure: a flood from many
+// addresses that have not failed yet, only been refused, cannot keep a
+// scraper that has not logged in yet out of the queue.
+func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
+	users := map[string]string{"prometheus": "hash:right"}
+	started := make(chan string, 100)
+	release := make(chan struct{}, 100)
+	a := newAuthenticator()
+	a.free, a.queue, a.wait = 1, 2, time.Hour
+	now := time.Unix(1e9, 0)
+	a.now = func() time.Time { return now }
+	a.compare = func(hash, pass []byte) error { // blocks until released
+		started <- string(pass)
+		<-release
+		if string(hash) == "hash:"+string(pass) {
+			return nil
+		}
+		return bcrypt.ErrMismatchedHashAndPassword
+	}
+	async := func(addr, pass string) chan int {
+		c := make(chan int, 1)
+		go func() {
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			req.RemoteAddr = addr + ":1000"
+			req.SetBasicAuth("prometheus", pass)
+			c <- a.check(users, req)
+		}()
+		return c
+	}
+	result := func(what string, c chan int) int { // a liveness bound, no latency asserted
+		select {
+		case code := <-c:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: still waiting for a bcrypt slot", what)
+			return 0
+		}
+	}
+	waiting := func(n int) {
+		for i := 0; a.waiting() != n; i++ {
+			if i > 30000 {
+				t.Fatalf("never %d attempts waiting (%d)", n, a.waiting())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Three addresses with no failure take the slot and the queue; a
+	// fourth is turned away (not counted as a failure).
+	first := async("10.3.0.1", "wrong-1")
+	if p := <-started; p != "wrong-1" {
+		t.Fatalf("the slot went to %q", p)
+	}
+	second := async("10.3.0.2", "wrong-2")
+	waiting(1)
+	third := async("10.3.0.3", "wrong-3")
+	waiting(2)
+	if code := result("turned away", async("10.3.0.4", "wrong-4")); code != http.StatusServiceUnavailable {
+		t.Fatalf("attempt past a full queue: %d, want 503", code)
+	}
+	release <- struct{}{}
+	if p := <-started; p != "wrong-2" {
+		t.Fatalf("the slot went to %q, want the first waiting", p)
+	}
+	// The turned-away address comes back at once: it waits behind, and
+	// gives way to, a scraper logging in for the first time.
+	retry := async("10.3.0.4", "wrong-4-again")
+	waiting(2)
+	scraper := async("10.9.0.9", "right")
+	select {
+	case code := <-scraper:
+		t.Fatalf("scraper logging in for the first time: answered %d at once, while the address that came back "+
+			"at once after being turned away kept its place in the queue; want the scraper queued and that address pushed out (503)", code)
+	case code := <-retry:
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("address that came back at once after being turned away: %d, want 503 (pushed out by the scraper)", code)
+		}
+	case <-time.After(30 * time.Second): // a liveness bound, no latency asserted
+		t.Fatal("neither the scraper nor the retrying address was answered")
+	}
+	for i := 0; i < 10; i++ {
+		release <- struct{}{}
+	}
+	if code := result("first login", scraper); code != 0 {
+		t.Errorf("scraper logging in for the first time beside retrying addresses: %d, want 0", code)
+	}
+	for _, c := range []chan int{first, second, third} {
+		if code := result("flood", c); code != http.StatusUnauthorized {
+			t.Errorf("wrong password: %d, want 401", code)
+		}
+	}
+}
+
+// At the connection cap, a connection whose login was refused gives way
+// first, even with a request in flight, before the scraper's idle
+// keep-alive: a flood of wrong passwords from more clients than the cap
+// closes its own connections.
+func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := newLimitListener(l, 2).(*limitListener)
+	defer ll.Close()
+	accepted := make(chan *limitedConn, 4)
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c.(*limitedConn)
+		}
+	}()
+	dial := func(ip string) *limitedConn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case lc := <-accepted:
+			return lc
+		case <-time.After(30 * time.Second): // liveness bound only
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}
+	scraper := dial("127.0.0.2")
+	trackConnState(scraper, http.StateIdle) // a keep-alive between scrapes
+	flood := dial("127.0.0.1")
+	trackConnState(flood, http.StateActive) // waiting for its wrong password to be checked
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	markLoginRefused(req.WithContext(withConn(req.Context(), flood)), true)
+	dial("127.0.0.1") // at the cap
+	ll.mu.Lock()
+	_, scraperOpen := ll.conns[scraper]
+	_, floodOpen := ll.conns[flood]
+	ll.mu.Unlock()
+	if !scraperOpen || floodOpen {
+		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", scraperOpen, floodOpen)
+	}
+}

@@ -301,14 +301,90 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	return r, nil
 }
 
-func printHardening(w io.Writer, cfg config, s slowResult, f floodResult) {
+// hostile runs the hostile-client runs chosen by cfg.runs, prints their
+// table and returns what failed: RSS above the limit, a scrape or probe
+// lost beside an attack.
+func hostile(w io.Writer, cfg config) (fails []string) {
+	var rows [][2]string
+	row := func(run, figure string) { rows = append(rows, [2]string{run, figure}) }
+	if cfg.runs["slow-conns"] {
+		fmt.Fprintf(os.Stderr, "bench: %d slow connections ...\n", cfg.slowConns)
+		s, err := measureSlowConns(cfg)
+		if err != nil {
+			fatalf("slow connections: %v", err)
+		}
+		row(fmt.Sprintf("%d slow connections for %s (%d opened, %d reopened)", cfg.slowConns, cfg.slowFor, s.conns, s.reopened),
+			fmt.Sprintf("RSS %.1f MiB idle, %.1f MiB max (limit %d MiB); scrapes beside them p50 %s ms, max %s ms, %d ok, %d failed",
+				float64(s.rssIdle)/(1<<20), float64(s.rssMax)/(1<<20), cfg.memLimit, ms(s.scrapeP50), ms(s.scrapeMax), s.scrapes, s.scrapeFailed))
+		if s.rssMax > cfg.memLimit<<20 {
+			fails = append(fails, fmt.Sprintf("RSS %.1f MiB under %d slow connections is above the %d MiB limit", float64(s.rssMax)/(1<<20), cfg.slowConns, cfg.memLimit))
+		}
+	}
+	if cfg.runs["auth-flood"] {
+		fmt.Fprintf(os.Stderr, "bench: wrong-password flood ...\n")
+		f, err := measureAuthFlood(cfg)
+		if err != nil {
+			fatalf("auth flood: %v", err)
+		}
+		row(fmt.Sprintf("%d clients sending wrong passwords for %s (bcrypt cost 10)", f.clients, cfg.floodFor),
+			fmt.Sprintf("scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401)",
+				ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)), f.floodRequests, f.refused, f.unauthorized))
+	}
+	if cfg.runs["slow-body"] {
+		fmt.Fprintf(os.Stderr, "bench: %d slow request bodies ...\n", cfg.bodyConns)
+		b, err := measureSlowBodies(cfg)
+		if err != nil {
+			fatalf("slow bodies: %v", err)
+		}
+		row(fmt.Sprintf("%d clients sending `GET /metrics` with a 200 KB body at 1 byte/s for %s (reconnecting 1 s after each answer)", cfg.bodyConns, cfg.attackFor),
+			fmt.Sprintf("%s; a scraper every 100 ms beside them: %s", b.bodies, b.scraper))
+		if n := b.scraper.failed(); n > 0 {
+			fails = append(fails, fmt.Sprintf("%d of %d scrapes lost beside %d slow request bodies", n, n+len(b.scraper.lat), cfg.bodyConns))
+		}
+	}
+	if cfg.runs["probe-port"] {
+		fmt.Fprintf(os.Stderr, "bench: %d slow bodies on the probe port ...\n", cfg.probeConns)
+		p, err := measureProbePort(cfg)
+		if err != nil {
+			fatalf("probe port: %v", err)
+		}
+		row(fmt.Sprintf("%d clients sending `POST /healthz` with a 200 KB body at 1 byte/s to the probe port for %s", cfg.probeConns, cfg.attackFor),
+			fmt.Sprintf("%s; a prober every 100 ms (new connection, 1 s timeout): /healthz %s; /readyz %s; a scraper on the web port every 100 ms: %s",
+				p.bodies, p.healthz, p.readyz, p.scraper))
+		for _, x := range []struct {
+			what string
+			s    *clientStats
+		}{{"/healthz probes", p.healthz}, {"/readyz probes", p.readyz}, {"scrapes", p.scraper}} {
+			if n := x.s.failed(); n > 0 {
+				fails = append(fails, fmt.Sprintf("%d of %d %s lost beside %d slow bodies on the probe port", n, n+len(x.s.lat), x.what, cfg.probeConns))
+			}
+		}
+	}
+	if cfg.runs["auth-addrs"] {
+		fmt.Fprintf(os.Stderr, "bench: wrong passwords from %d addresses ...\n", cfg.authAddrs)
+		a, err := measureManyAddrAuth(cfg)
+		if err != nil {
+			fatalf("wrong passwords from many addresses: %v", err)
+		}
+		row(fmt.Sprintf("%d clients sending wrong passwords from %d addresses for %s (bcrypt cost 10)", a.clients, a.addrs, cfg.attackFor),
+			fmt.Sprintf("%d requests: %d checked (401), %d refused before bcrypt (429), %d refused with bcrypt busy (503), %d unanswered; exporter CPU %.2f cores; "+
+				"a scraper logged in before, every 100 ms: %s; a scraper logging in for the first time, every 1 s: %s",
+				a.requests, a.unauthorized, a.throttled, a.busy, a.errs, a.cpuCores, a.scraper, a.fresh))
+		if n := a.scraper.failed(); n > 0 {
+			fails = append(fails, fmt.Sprintf("%d of %d logged-in scrapes lost beside wrong passwords from %d addresses", n, n+len(a.scraper.lat), a.addrs))
+		}
+		if n := a.fresh.failed(); n > 0 {
+			fails = append(fails, fmt.Sprintf("%d of %d first logins lost beside wrong passwords from %d addresses", n, n+len(a.fresh.lat), a.addrs))
+		}
+	}
+	if len(rows) == 0 {
+		return fails
+	}
 	fmt.Fprintf(w, "\nHostile clients (built binary, --simulate, loopback, default flags):\n\n")
 	fmt.Fprintln(w, "| run | figure |")
 	fmt.Fprintln(w, "|---|---|")
-	fmt.Fprintf(w, "| %d slow connections for %s (%d opened, %d reopened) | RSS %.1f MiB idle, %.1f MiB max (limit %d MiB); scrapes beside them p50 %s ms, max %s ms, %d ok, %d failed |\n",
-		cfg.slowConns, cfg.slowFor, s.conns, s.reopened, float64(s.rssIdle)/(1<<20), float64(s.rssMax)/(1<<20), cfg.memLimit,
-		ms(s.scrapeP50), ms(s.scrapeMax), s.scrapes, s.scrapeFailed)
-	fmt.Fprintf(w, "| %d clients sending wrong passwords for %s (bcrypt cost 10) | scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401) |\n",
-		f.clients, cfg.floodFor, ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)),
-		f.floodRequests, f.refused, f.unauthorized)
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s |\n", r[0], r[1])
+	}
+	return fails
 }

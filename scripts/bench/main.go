@@ -13,10 +13,16 @@
 //     scrape;
 //   - its RSS (VmRSS, max over the run), and bytes and series per scrape;
 //
-// and then, on the built-in node, two hostile-client runs (hardening.go):
-// peak RSS under -slow-conns slowloris connections (failing above
-// -mem-limit-mib) with a scraper beside them, and a scraper's latency
-// beside -flood-clients clients sending wrong passwords.
+// and then, on the built-in node, hostile-client runs (hardening.go,
+// attacks.go): peak RSS under -slow-conns slowloris connections (failing
+// above -mem-limit-mib) with a scraper beside them; a scraper's latency
+// beside -flood-clients clients sending wrong passwords from one address;
+// and, each for -attack-for, with a scraper's latency beside them (failing
+// when a scrape or probe is lost): -body-conns clients sending request
+// bodies a byte a second to /metrics, -probe-conns doing so to the probe
+// port while a prober polls it, and -auth-clients clients sending wrong
+// passwords from -auth-addrs addresses beside a logged-in scraper and one
+// that logs in for the first time. -runs chooses which parts run.
 //
 // Usage:
 //
@@ -38,6 +44,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,7 +80,17 @@ type config struct {
 	floodClients  int
 	floodFor      time.Duration
 	skipHardening bool
+
+	attackFor   time.Duration
+	bodyConns   int
+	probeConns  int
+	authAddrs   int
+	authClients int
+	runs        map[string]bool
 }
+
+// benchRuns are the parts of the bench, in the order they run.
+var benchRuns = []string{"load", "slow-conns", "auth-flood", "slow-body", "probe-port", "auth-addrs"}
 
 // result is one table row.
 type result struct {
@@ -105,12 +122,31 @@ func main() {
 	flag.Int64Var(&cfg.memLimit, "mem-limit-mib", 100, "the chart's memory limit: the slow-connection run fails above it")
 	flag.IntVar(&cfg.floodClients, "flood-clients", 128, "clients sending wrong passwords in the auth-flood run")
 	flag.DurationVar(&cfg.floodFor, "flood-for", 10*time.Second, "how long the wrong-password flood lasts")
-	flag.BoolVar(&cfg.skipHardening, "skip-hardening", false, "skip the slow-connection and auth-flood runs")
+	flag.BoolVar(&cfg.skipHardening, "skip-hardening", false, "skip the hostile-client runs (all but load)")
+	flag.DurationVar(&cfg.attackFor, "attack-for", 10*time.Second, "how long each of the slow-body, probe-port and auth-addrs runs lasts")
+	flag.IntVar(&cfg.bodyConns, "body-conns", 40, "clients sending GET /metrics with a body at a byte a second in the slow-body run")
+	flag.IntVar(&cfg.probeConns, "probe-conns", 40, "clients sending POST /healthz with a body at a byte a second to the probe port in the probe-port run")
+	flag.IntVar(&cfg.authAddrs, "auth-addrs", 253, "loopback addresses (127.0.0.1 on, at most 253) the wrong passwords come from in the auth-addrs run")
+	flag.IntVar(&cfg.authClients, "auth-clients", 400, "clients sending wrong passwords, spread over -auth-addrs, in the auth-addrs run")
+	runs := flag.String("runs", strings.Join(benchRuns, ","), "comma-separated parts to run: "+strings.Join(benchRuns, ", "))
 	serve := flag.String("serve-static", "", "internal: serve this file's bytes at -listen (the static floor)")
 	listen := flag.String("listen", "", "internal: address for -serve-static")
 	flag.Parse()
 	if *serve != "" {
 		fatalf("static server: %v", serveStatic(*serve, *listen))
+	}
+	cfg.runs = map[string]bool{}
+	for _, r := range strings.Split(*runs, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		if !slices.Contains(benchRuns, r) {
+			fatalf("-runs: unknown run %q; the runs are %s", r, strings.Join(benchRuns, ", "))
+		}
+		cfg.runs[r] = true
+	}
+	if cfg.skipHardening {
+		cfg.runs = map[string]bool{"load": cfg.runs["load"]}
 	}
 	if len(nodes) == 0 {
 		_ = nodes.Set("default=")
@@ -118,32 +154,23 @@ func main() {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		fatalf("bench needs Linux's /proc: %v", err)
 	}
-	var rows []result
-	for _, n := range nodes {
-		fmt.Fprintf(os.Stderr, "bench: node %s ...\n", n.name)
-		r, err := measure(cfg, n.name, n.scenario)
-		if err != nil {
-			fatalf("node %s: %v", n.name, err)
+	if cfg.runs["load"] {
+		var rows []result
+		for _, n := range nodes {
+			fmt.Fprintf(os.Stderr, "bench: node %s ...\n", n.name)
+			r, err := measure(cfg, n.name, n.scenario)
+			if err != nil {
+				fatalf("node %s: %v", n.name, err)
+			}
+			rows = append(rows, r)
 		}
-		rows = append(rows, r)
+		printTable(os.Stdout, cfg, rows)
 	}
-	printTable(os.Stdout, cfg, rows)
-	if cfg.skipHardening {
-		return
-	}
-	fmt.Fprintf(os.Stderr, "bench: %d slow connections ...\n", cfg.slowConns)
-	slow, err := measureSlowConns(cfg)
-	if err != nil {
-		fatalf("slow connections: %v", err)
-	}
-	fmt.Fprintf(os.Stderr, "bench: wrong-password flood ...\n")
-	flood, err := measureAuthFlood(cfg)
-	if err != nil {
-		fatalf("auth flood: %v", err)
-	}
-	printHardening(os.Stdout, cfg, slow, flood)
-	if slow.rssMax > cfg.memLimit<<20 {
-		fatalf("RSS %.1f MiB under %d slow connections is above the %d MiB limit", float64(slow.rssMax)/(1<<20), cfg.slowConns, cfg.memLimit)
+	if fails := hostile(os.Stdout, cfg); len(fails) > 0 {
+		for _, f := range fails {
+			fmt.Fprintf(os.Stderr, "bench: FAIL: %s\n", f)
+		}
+		os.Exit(1)
 	}
 }
 
