@@ -150,13 +150,18 @@ func toEntityKind(g godcgm.Field_Entity_Group) (EntityKind, bool) {
 		return EntityGPU, true
 	case godcgm.FE_GPU_I:
 		return EntityGPUInstance, true
+	case godcgm.FE_GPU_CI:
+		return EntityComputeInstance, true
 	}
 	return 0, false
 }
 
 func toEntityGroup(k EntityKind) godcgm.Field_Entity_Group {
-	if k == EntityGPUInstance {
+	switch k {
+	case EntityGPUInstance:
 		return godcgm.FE_GPU_I
+	case EntityComputeInstance:
+		return godcgm.FE_GPU_CI
 	}
 	return godcgm.FE_GPU
 }
@@ -178,7 +183,7 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 	for _, id := range ids {
 		uuid, idx := r.gpuIdentity(id)
 		index[id] = len(out)
-		out = append(out, DeviceInfo{Entity: Entity{EntityGPU, id}, GPU: idx, UUID: uuid, GPUInstance: -1, Parent: id})
+		out = append(out, DeviceInfo{Entity: Entity{EntityGPU, id}, GPU: idx, UUID: uuid, GPUInstance: -1, ComputeInstance: -1, Parent: id})
 	}
 	h, err := godcgm.GetGPUInstanceHierarchy()
 	if err != nil {
@@ -189,18 +194,24 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 		r.log.Debug().Err(err).Msg("DCGM MIG hierarchy unavailable")
 		return out, nil
 	}
-	for i := uint(0); i < h.Count && i < uint(len(h.EntityList)); i++ {
+	n := min(h.Count, uint(len(h.EntityList)))
+	// GPU instances first: a compute instance's parent is its GPU
+	// instance, whose parent is the GPU.
+	gis := map[uint]DeviceInfo{}
+	for i := range n {
 		e := h.EntityList[i]
 		if e.Entity.EntityGroupId != godcgm.FE_GPU_I {
 			continue
 		}
 		d := DeviceInfo{
-			Entity:      Entity{EntityGPUInstance, e.Entity.EntityId},
-			GPU:         int(e.Info.NvmlGpuIndex),
-			UUID:        e.Info.GpuUuid,
-			GPUInstance: int(e.Info.NvmlInstanceId),
-			Parent:      e.Parent.EntityId,
+			Entity:          Entity{EntityGPUInstance, e.Entity.EntityId},
+			GPU:             int(e.Info.NvmlGpuIndex),
+			UUID:            e.Info.GpuUuid,
+			GPUInstance:     int(e.Info.NvmlInstanceId),
+			ComputeInstance: -1,
+			Parent:          e.Parent.EntityId,
 		}
+		gis[e.Entity.EntityId] = d
 		if p, ok := index[d.Parent]; ok {
 			// The hierarchy knows the NVML index and UUID for sure.
 			out[p].GPU = d.GPU
@@ -209,6 +220,21 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 			}
 		}
 		out = append(out, d)
+	}
+	for i := range n {
+		e := h.EntityList[i]
+		if e.Entity.EntityGroupId != godcgm.FE_GPU_CI || e.Parent.EntityGroupId != godcgm.FE_GPU_I {
+			continue
+		}
+		gi, ok := gis[e.Parent.EntityId]
+		if !ok {
+			continue
+		}
+		// The GPU, UUID and GPU instance are its GPU instance's.
+		ci := gi
+		ci.Entity = Entity{EntityComputeInstance, e.Entity.EntityId}
+		ci.ComputeInstance = int(e.Info.NvmlComputeInstanceId)
+		out = append(out, ci)
 	}
 	return out, nil
 }

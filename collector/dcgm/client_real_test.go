@@ -117,3 +117,20 @@ func TestConnectionLossByReturnCode(t *testing.T) {
 		t.Errorf("return code %d, %v; want DCGM_ST_CONNECTION_NOT_VALID", code, ok)
 	}
 }
+
+// TestEntityKindsMatchGoDCGM: each kind the sampler watches is the DCGM
+// entity group of that name, both ways.
+func TestEntityKindsMatchGoDCGM(t *testing.T) {
+	for k, g := range map[EntityKind]godcgm.Field_Entity_Group{
+		EntityGPU:             godcgm.FE_GPU,
+		EntityGPUInstance:     godcgm.FE_GPU_I,
+		EntityComputeInstance: godcgm.FE_GPU_CI,
+	} {
+		if got := toEntityGroup(k); got != g {
+			t.Errorf("%s: group %v, want %v", k, got, g)
+		}
+		if got, ok := toEntityKind(g); !ok || got != k {
+			t.Errorf("group %v: kind %v, want %s", g, got, k)
+		}
+	}
+}
