@@ -228,3 +228,42 @@ gpus:
 		t.Errorf("GPU instance 0 DRAM activity %v, want the GPU instance's %v", v, dcgm.SimValue(dcgm.DRAMActive, 0.45))
 	}
 }
+
+// DCGM's numbering of a GPU need not be NVML's (DCGM falls back to its own
+// GPU ID where it reports no NVML index): an XID DCGM hands over is placed
+// by the GPU's UUID, on the GPU NVML knows by that UUID, and is not counted
+// a second time beside NVML's event of it.
+func TestDCGMXIDPlacedByUUID(t *testing.T) {
+	// The default node's UUIDs are the same on every run.
+	probe, err := simnode.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := probe.Devices()[5].UUID()
+	probe.Close()
+	// DCGM knows NVML's GPU 5 as its GPU 0.
+	fake := dcgm.NewFake(dcgm.SimDevice{GPU: 0, UUID: uuid})
+	reader := xid.NewReader(nil, nil)
+	d := newDCGMNode(t, fake.Open, reader)
+	if got := d.node.Devices()[5].UUID(); got != uuid {
+		t.Fatalf("GPU 5 is %s, was %s", got, uuid)
+	}
+	d.e.SampleOnce(context.Background()) // the exporter learns NVML's UUIDs
+	at := time.Now()
+	reader.Counter().Add(5, uuid, 48, at) // NVML's event
+	calls := fake.Calls("Latest")
+	fake.SetXID(uuid, 48, at) // DCGM's last-XID field says the same
+	waitFor(t, "DCGM to read the XID", func() bool { return fake.Calls("Latest") >= calls+2 })
+	d.e.SampleOnce(context.Background())
+	p := d.e.Page()
+	if v := value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`); v != "1" {
+		t.Errorf("XID 48 on GPU 5 counted %s times, want 1", v)
+	}
+	if s := series(p, "gpu_xid_errors_total", `gpu="0"`); len(s) != 0 {
+		t.Errorf("DCGM's XID placed on DCGM's GPU number: %v", s)
+	}
+	fake.SetXID(uuid, 48, at.Add(time.Minute)) // a new occurrence only DCGM saw
+	d.until(t, "the DCGM-only XID on GPU 5", func(p *collector.Page) bool {
+		return value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`) == "2"
+	})
+}

@@ -191,7 +191,9 @@ func NewSampler(cfg Config, open func(Config) (Client, error)) *Sampler {
 // SetXIDSink hands each XID DCGM records for a whole GPU to sink (call it
 // before Run), once, from the Run goroutine: DCGM keeps only the last XID, so
 // the XID log (collector/xid) counts them as they come and drops what
-// NVML's events already counted. DCGM's GPU IDs are NVML's indexes.
+// NVML's events already counted. gpu is the NVML index DCGM reports for the
+// GPU (DCGM_FI_DEV_NVML_INDEX), or DCGM's own GPU ID where it reports none,
+// which need not be NVML's: place the XID by uuid where it is known.
 func (s *Sampler) SetXIDSink(sink func(gpu int, uuid string, code int, at time.Time)) {
 	s.onXID = sink
 }
