@@ -190,7 +190,7 @@ pods:
 // byte rates for the GPU instance too.
 func splitGPUInstanceActivity(f *dcgm.Fake, n *simnode.Node) {
 	f.SetClock(time.Now)
-	f.SetActivity(func(gpu, gi, ci int) (float64, bool) {
+	f.SetActivity(func(_, gi, ci int) (float64, bool) {
 		switch {
 		case gi < 0:
 			return 0.2, true
