@@ -194,6 +194,13 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 		r.log.Debug().Err(err).Msg("DCGM MIG hierarchy unavailable")
 		return out, nil
 	}
+	return migDevices(out, index, &h), nil
+}
+
+// migDevices adds the GPU and compute instances of DCGM's MIG hierarchy to
+// the whole GPUs in out (index: their positions by DCGM GPU ID), in any
+// order DCGM lists them.
+func migDevices(out []DeviceInfo, index map[uint]int, h *godcgm.MigHierarchy_v2) []DeviceInfo {
 	n := min(h.Count, uint(len(h.EntityList)))
 	// GPU instances first: a compute instance's parent is its GPU
 	// instance, whose parent is the GPU.
@@ -236,7 +243,7 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 		ci.ComputeInstance = int(e.Info.NvmlComputeInstanceId)
 		out = append(out, ci)
 	}
-	return out, nil
+	return out
 }
 
 // gpuIdentity reads a GPU's UUID and NVML index; DCGM's GPU ID stands in
