@@ -89,8 +89,14 @@ type realClient struct {
 	fieldGroups []godcgm.FieldHandle
 	hasWatch    bool
 	hasHealth   bool
+	// ciGroup holds the compute instances, watched for the profiling
+	// fields apart from the GPUs and GPU instances: a DCGM that refuses
+	// them costs only the per-compute-instance values.
+	ciGroup    godcgm.GroupHandle
+	hasCIGroup bool
 
 	warnedProfiling bool
+	warnedCI        bool
 	broken          bool // the connection failed: skip clean-up calls
 	closed          bool
 }
@@ -273,12 +279,15 @@ func (r *realClient) gpuIdentity(id uint) (string, int) {
 
 func (r *realClient) unwatch() {
 	if r.broken {
-		r.fieldGroups, r.hasWatch, r.hasHealth = nil, false, false
+		r.fieldGroups, r.hasWatch, r.hasHealth, r.hasCIGroup = nil, false, false, false
 		return
 	}
 	for _, fg := range r.fieldGroups {
 		if r.hasWatch {
 			_ = godcgm.UnwatchFields(fg, r.watchGroup)
+		}
+		if r.hasCIGroup {
+			_ = godcgm.UnwatchFields(fg, r.ciGroup)
 		}
 		_ = godcgm.FieldGroupDestroy(fg)
 	}
@@ -286,6 +295,10 @@ func (r *realClient) unwatch() {
 	if r.hasWatch {
 		_ = godcgm.DestroyGroup(r.watchGroup)
 		r.hasWatch = false
+	}
+	if r.hasCIGroup {
+		_ = godcgm.DestroyGroup(r.ciGroup)
+		r.hasCIGroup = false
 	}
 	if r.hasHealth {
 		_ = godcgm.DestroyGroup(r.healthGroup)
@@ -311,7 +324,12 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 	}
 	r.watchGroup, r.hasWatch = g, true
 	var gpus []uint
+	var cis []Entity
 	for _, e := range entities {
+		if e.Kind == EntityComputeInstance {
+			cis = append(cis, e)
+			continue
+		}
 		if err := godcgm.AddEntityToGroup(g, toEntityGroup(e.Kind), e.ID); err != nil {
 			if isConnectionError(err) {
 				return r.check(err, "add DCGM entity")
@@ -340,6 +358,8 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 		usec = 1
 	}
 	keepSec := keep.Seconds()
+	var profFG godcgm.FieldHandle
+	hasProf := false
 	for i, fields := range [][]godcgm.Short{dev, prof} {
 		if len(fields) == 0 {
 			continue
@@ -353,6 +373,9 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 			return r.check(err, "create DCGM field group")
 		}
 		r.fieldGroups = append(r.fieldGroups, fg)
+		if i == 1 {
+			profFG, hasProf = fg, true
+		}
 		if err := godcgm.WatchFieldsWithGroupEx(fg, g, usec, keepSec, 0); err != nil {
 			if isConnectionError(err) || i == 0 {
 				return r.check(err, "watch DCGM fields")
@@ -361,6 +384,12 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 				r.warnedProfiling = true
 				r.log.Warn().Err(err).Msg("DCGM profiling fields (SM active, occupancy, tensor, DRAM, PCIe/NVLink bytes) not watched; they will be absent")
 			}
+		}
+	}
+
+	if len(cis) > 0 && hasProf {
+		if err := r.watchComputeInstances(cis, profFG, usec, keepSec); err != nil {
+			return err
 		}
 	}
 
@@ -386,6 +415,36 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 			r.log.Warn().Err(err).Msg("DCGM health watches not set; gpu_dcgm_health will be absent")
 			_ = godcgm.DestroyGroup(hg)
 			r.hasHealth = false
+		}
+	}
+	return nil
+}
+
+// watchComputeInstances watches the profiling fields on the compute
+// instances, in a group of their own. Only a lost connection is an error:
+// a DCGM that will not watch them leaves the compute instances of split GPU
+// instances without DCGM values (one log line), the rest unharmed.
+func (r *realClient) watchComputeInstances(cis []Entity, fg godcgm.FieldHandle, usec int64, keepSec float64) error {
+	g, err := godcgm.CreateGroup(groupName("ci"))
+	if err != nil {
+		return r.check(err, "create DCGM compute instance group")
+	}
+	r.ciGroup, r.hasCIGroup = g, true
+	for _, e := range cis {
+		if err := godcgm.AddEntityToGroup(g, godcgm.FE_GPU_CI, e.ID); err != nil {
+			if isConnectionError(err) {
+				return r.check(err, "add DCGM compute instance")
+			}
+			r.log.Debug().Err(err).Stringer("entity", e).Msg("DCGM compute instance not added to the watch group")
+		}
+	}
+	if err := godcgm.WatchFieldsWithGroupEx(fg, g, usec, keepSec, 0); err != nil {
+		if isConnectionError(err) {
+			return r.check(err, "watch DCGM fields on compute instances")
+		}
+		if !r.warnedCI {
+			r.warnedCI = true
+			r.log.Info().Err(err).Msg("DCGM does not watch profiling fields per compute instance; compute instances of GPU instances split in several get no DCGM values")
 		}
 	}
 	return nil
