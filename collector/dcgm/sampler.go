@@ -397,6 +397,7 @@ func (s *Sampler) discover(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("discover: %w", err)
 	}
+	infos = dropLoneComputeInstances(infos)
 	slices.SortFunc(infos, func(a, b DeviceInfo) int {
 		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.GPUInstance, b.GPUInstance),
 			cmp.Compare(a.ComputeInstance, b.ComputeInstance),
@@ -453,6 +454,27 @@ func (s *Sampler) discover(now time.Time) error {
 	}
 	s.lastDiscover = now
 	return nil
+}
+
+// dropLoneComputeInstances leaves out the compute instances that fill their
+// GPU instance alone: their values are their GPU instance's, which is
+// watched anyway, and most GPU instances are not split, so watching them
+// would double what a MIG node reads from DCGM for nothing.
+func dropLoneComputeInstances(infos []DeviceInfo) []DeviceInfo {
+	type gi struct {
+		uuid string
+		gpu  int
+		id   int
+	}
+	n := map[gi]int{}
+	for _, d := range infos {
+		if d.Entity.Kind == EntityComputeInstance {
+			n[gi{d.UUID, d.GPU, d.GPUInstance}]++
+		}
+	}
+	return slices.DeleteFunc(infos, func(d DeviceInfo) bool {
+		return d.Entity.Kind == EntityComputeInstance && n[gi{d.UUID, d.GPU, d.GPUInstance}] < 2
+	})
 }
 
 // sampleOnce reads every value and publishes a snapshot.

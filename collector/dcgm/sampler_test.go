@@ -451,9 +451,10 @@ func TestCountersMonotonicThroughRun(t *testing.T) {
 }
 
 func TestMIGInstanceValues(t *testing.T) {
-	// GPU 0: GPU instance 1 whole (one compute instance), GPU instance 2
-	// split into compute instances 0 (busy) and 1 (idle).
-	act := map[[3]int]float64{{0, -1, -1}: 0.8, {0, 1, -1}: 0.2, {0, 1, 0}: 0.2, {0, 2, -1}: 0.45, {0, 2, 0}: 0.9, {0, 2, 1}: 0, {1, -1, -1}: 0.4}
+	// GPU 0: GPU instance 1 whole (one compute instance, whose values are
+	// the GPU instance's and which is not watched), GPU instance 2 split
+	// into compute instances 0 (busy) and 1 (idle).
+	act := map[[3]int]float64{{0, -1, -1}: 0.8, {0, 1, -1}: 0.2, {0, 2, -1}: 0.45, {0, 2, 0}: 0.9, {0, 2, 1}: 0, {1, -1, -1}: 0.4}
 	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1, 2}, ComputeInstances: map[int][]int{2: {0, 1}}}, {GPU: 1, UUID: uuid1}},
 		func(gpu, gi, ci int) (float64, bool) {
 			a, ok := act[[3]int{gpu, gi, ci}]
@@ -499,7 +500,10 @@ func TestMIGInstanceValues(t *testing.T) {
 	}
 	// Order: by GPU, whole GPU first, each GPU instance before its compute
 	// instances.
-	want := [][3]int{{0, -1, -1}, {0, 1, -1}, {0, 1, 0}, {0, 2, -1}, {0, 2, 0}, {0, 2, 1}, {1, -1, -1}}
+	if _, ok := snap.FindComputeInstance(uuid0, 1, 0); ok {
+		t.Error("the compute instance that fills GPU instance 1 alone was read")
+	}
+	want := [][3]int{{0, -1, -1}, {0, 1, -1}, {0, 2, -1}, {0, 2, 0}, {0, 2, 1}, {1, -1, -1}}
 	for i, d := range snap.Devices {
 		if [3]int{d.GPU, d.GPUInstance, d.ComputeInstance} != want[i] {
 			t.Errorf("device %d = %d/%d/%d, want %v", i, d.GPU, d.GPUInstance, d.ComputeInstance, want[i])
@@ -510,7 +514,7 @@ func TestMIGInstanceValues(t *testing.T) {
 	for _, e := range ents {
 		kinds[e.Kind]++
 	}
-	if kinds[EntityGPUInstance] != 2 || kinds[EntityComputeInstance] != 3 || every != testConfig().Interval {
+	if kinds[EntityGPUInstance] != 2 || kinds[EntityComputeInstance] != 2 || every != testConfig().Interval {
 		t.Errorf("watched %v every %s", ents, every)
 	}
 	// SimValue is deterministic and clamps ratios.
