@@ -314,12 +314,13 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 		devs = devs[:0]
 		// DCGM's entity and dcgm-exporter's labels are the GPU instance
 		// (GPU_I_ID): compute instances of one GPU instance are served
-		// once, on the first, with all their holders.
+		// once, on the first, with all their holders and the GPU
+		// instance's DCGM values.
 		seen := map[int]bool{}
 		for j := range g.MIG {
 			if g.MIG[j].Up && !seen[g.MIG[j].GPUInstance] {
 				seen[g.MIG[j].GPUInstance] = true
-				devs = append(devs, &g.MIG[j])
+				devs = append(devs, withGPUInstanceDCGM(g, &g.MIG[j]))
 			}
 		}
 	}

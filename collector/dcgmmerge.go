@@ -44,6 +44,16 @@ type XIDSink interface {
 // mergeDCGM adds DCGM's fields and health to the sample's devices, one way:
 // nothing flows back into a source. A device NVML reports down gets
 // nothing: DCGM values of a lost GPU would be stale.
+//
+// A MIG device that is its GPU instance's only compute instance gets the GPU
+// instance's values. The compute instances of a GPU instance split in
+// several get only what DCGM measures for each of them (DCGM's compute
+// instance entities: SM, engine and pipe activity), never the GPU
+// instance's values: those are the sum of the neighbours' work, which would
+// hide an idle holder behind a busy one. DCGM's DRAM ratio, measured for the
+// GPU instance only, is therefore absent on them. Byte counters come only
+// from whole GPUs (the dcgm sampler takes no GPU-level field from a MIG
+// entity), so summing a GPU's series never counts its traffic twice.
 func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 	if snap == nil || !snap.Up {
 		return
@@ -59,11 +69,49 @@ func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			if dv, ok := snap.Find(g.UUID, m.GPUInstance); ok && m.Up {
+			if !m.Up {
+				continue
+			}
+			var dv dcgm.DeviceValues
+			var ok bool
+			if computeInstances(g, m.GPUInstance) > 1 {
+				dv, ok = snap.FindComputeInstance(g.UUID, m.GPUInstance, m.ComputeInstance)
+				if gv, found := snap.Find(g.UUID, m.GPUInstance); found {
+					if g.DCGMGPUInstances == nil {
+						g.DCGMGPUInstances = map[int]sample.Values{}
+					}
+					var v sample.DeviceState
+					setDCGM(&v, gv)
+					g.DCGMGPUInstances[m.GPUInstance] = v.Values
+				}
+			} else {
+				dv, ok = snap.Find(g.UUID, m.GPUInstance)
+			}
+			if ok {
 				setDCGM(m, dv)
 			}
 		}
 	}
+}
+
+// withGPUInstanceDCGM returns d, or where d is a compute instance of a GPU
+// instance split into several, a copy of d with the GPU instance's DCGM
+// values in place of its own: DCGM's GPU instance entity, which
+// dcgm-exporter's families describe.
+func withGPUInstanceDCGM(g *sample.GPUState, d *sample.DeviceState) *sample.DeviceState {
+	v, ok := g.DCGMGPUInstances[d.GPUInstance]
+	if !ok || !d.IsMIG() {
+		return d
+	}
+	c := *d
+	for _, f := range dcgmFields {
+		c.Values.Clear(f)
+		c.Rates.Clear(f)
+		if x, ok := v.Get(f); ok {
+			c.Values.Set(f, x)
+		}
+	}
+	return &c
 }
 
 func setDCGM(d *sample.DeviceState, dv dcgm.DeviceValues) {

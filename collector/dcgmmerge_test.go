@@ -2,12 +2,14 @@ package collector_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
@@ -113,6 +115,155 @@ func TestDCGMXIDNotCountedTwice(t *testing.T) {
 	}
 	d.fake.SetXID(uuid, 48, at.Add(time.Minute)) // a new occurrence only DCGM saw
 	d.until(t, "the DCGM-only XID", func(p *collector.Page) bool {
+		return value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`) == "2"
+	})
+}
+
+// Two pods on the two compute instances of one GPU instance, one busy and
+// one idle: each holder is judged on its own compute instance's DCGM
+// activity, not on the GPU instance's (which mixes in its neighbour's), and
+// a byte counter that DCGM also answers for the GPU instance is not served
+// once per compute instance: the series of the GPU sum to the GPU's own.
+func TestDCGMComputeInstancesJudgedApart(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+pods:
+  - {namespace: a, name: busy, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: a, name: idle, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`)
+	tn := newTestExporter(t, withScenario(sc), withKubelet(), withGroups(fullGroups()),
+		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}),
+		withDCGM(nil, splitGPUInstanceActivity))
+	gi0 := `gpu_instance="0"`
+	waitFor(t, "DCGM values on both compute instances", func() bool {
+		p := tn.step(t, 0)
+		return len(series(p, "gpu_sm_active_ratio", gi0)) == 2 && len(series(p, "gpu_pcie_transmit_bytes_total", `gpu_instance=""`)) == 1
+	})
+	var p *collector.Page
+	for range 5 {
+		p = tn.step(t, 20*time.Second)
+	}
+	for ci, want := range map[string]float64{"0": 0.9, "1": 0} {
+		if v := num(t, p, "gpu_sm_active_ratio", gi0, `compute_instance="`+ci+`"`); !near(v, want) {
+			t.Errorf("compute instance %s: SM active %v, want %v (its own, not its GPU instance's)", ci, v, want)
+		}
+		if s := series(p, "gpu_dram_active_ratio", gi0, `compute_instance="`+ci+`"`); len(s) != 0 {
+			t.Errorf("compute instance %s serves its GPU instance's DRAM ratio: %v", ci, s)
+		}
+	}
+	if v := value(t, p, "gpu_allocation_idle", `pod="idle"`); v != "1" {
+		t.Errorf("the idle holder's gpu_allocation_idle = %s, want 1: judged on its neighbour's activity", v)
+	}
+	if v := value(t, p, "gpu_allocation_idle", `pod="busy"`); v != "0" {
+		t.Errorf("the busy holder's gpu_allocation_idle = %s, want 0", v)
+	}
+	// The whole GPU and the undivided 1g.10gb keep what they had.
+	if v := num(t, p, "gpu_sm_active_ratio", `gpu_instance="1"`); !near(v, 0.3) {
+		t.Errorf("1g.10gb SM active %v, want 0.3", v)
+	}
+	if s := series(p, "gpu_dram_active_ratio", `gpu_instance="1"`); len(s) != 1 {
+		t.Errorf("1g.10gb lost its DRAM ratio: %v", s)
+	}
+	for _, m := range []string{"gpu_pcie_transmit_bytes_total", "gpu_pcie_receive_bytes_total", "gpu_nvlink_transmit_bytes_total"} {
+		gpu := num(t, p, m, `gpu="0"`, `gpu_instance=""`)
+		var sum float64
+		for _, l := range series(p, m, `gpu="0"`) {
+			v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += v
+		}
+		if !near(sum, gpu) {
+			t.Errorf("%s: the GPU's series sum to %v, the GPU's own is %v: traffic counted twice", m, sum, gpu)
+		}
+	}
+}
+
+// splitGPUInstanceActivity sets a fake DCGM for a GPU whose GPU instance 0
+// is split into a busy compute instance 0 and an idle compute instance 1.
+// The fake runs on real time (the DCGM sampler does) while the node's
+// clock stands still between steps, and its profiling back-end answers
+// byte rates for the GPU instance too.
+func splitGPUInstanceActivity(f *dcgm.Fake, n *simnode.Node) {
+	f.SetClock(time.Now)
+	f.SetActivity(func(_, gi, ci int) (float64, bool) {
+		switch {
+		case gi < 0:
+			return 0.2, true
+		case gi == 0 && ci == 0:
+			return 0.9, true
+		case gi == 0 && ci == 1:
+			return 0, true
+		case gi == 0:
+			return 0.45, true // the GPU instance: the mean of the two
+		}
+		return 0.3, true
+	})
+	f.SetValue(n.Devices()[0].UUID(), 0, dcgm.PCIeTxBytes, 5e8)
+}
+
+// dcgm-exporter's families are labelled by GPU instance: a GPU instance
+// split into compute instances is served with its own DCGM values, not
+// with those of the compute instance it is served on.
+func TestCompatSplitGPUInstanceDCGMValues(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+`)
+	tn := newTestExporter(t, withScenario(sc), withRealTime(), withGroups(fullGroups()), withDCGM(nil, splitGPUInstanceActivity),
+		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "n"} }))
+	p := tn.until(t, "DCGM values", func(p *collector.Page) bool {
+		return len(series(p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`)) == 1
+	})
+	if v := num(t, p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`); !near(v, dcgm.SimValue(dcgm.GraphicsActive, 0.45)) {
+		t.Errorf("GPU instance 0 engine activity %v, want the GPU instance's %v", v, dcgm.SimValue(dcgm.GraphicsActive, 0.45))
+	}
+	if v := num(t, p, "DCGM_FI_PROF_DRAM_ACTIVE", `GPU_I_ID="0"`); !near(v, dcgm.SimValue(dcgm.DRAMActive, 0.45)) {
+		t.Errorf("GPU instance 0 DRAM activity %v, want the GPU instance's %v", v, dcgm.SimValue(dcgm.DRAMActive, 0.45))
+	}
+}
+
+// DCGM's numbering of a GPU need not be NVML's (DCGM falls back to its own
+// GPU ID where it reports no NVML index): an XID DCGM hands over is placed
+// by the GPU's UUID, on the GPU NVML knows by that UUID, and is not counted
+// a second time beside NVML's event of it.
+func TestDCGMXIDPlacedByUUID(t *testing.T) {
+	// The default node's UUIDs are the same on every run.
+	probe, err := simnode.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := probe.Devices()[5].UUID()
+	probe.Close()
+	// DCGM knows NVML's GPU 5 as its GPU 0.
+	fake := dcgm.NewFake(dcgm.SimDevice{GPU: 0, UUID: uuid})
+	reader := xid.NewReader(nil, nil)
+	d := newDCGMNode(t, fake.Open, reader)
+	if got := d.node.Devices()[5].UUID(); got != uuid {
+		t.Fatalf("GPU 5 is %s, was %s", got, uuid)
+	}
+	d.e.SampleOnce(context.Background()) // the exporter learns NVML's UUIDs
+	at := time.Now()
+	reader.Counter().Add(5, uuid, 48, at) // NVML's event
+	calls := fake.Calls("Latest")
+	fake.SetXID(uuid, 48, at) // DCGM's last-XID field says the same
+	waitFor(t, "DCGM to read the XID", func() bool { return fake.Calls("Latest") >= calls+2 })
+	d.e.SampleOnce(context.Background())
+	p := d.e.Page()
+	if v := value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`); v != "1" {
+		t.Errorf("XID 48 on GPU 5 counted %s times, want 1", v)
+	}
+	if s := series(p, "gpu_xid_errors_total", `gpu="0"`); len(s) != 0 {
+		t.Errorf("DCGM's XID placed on DCGM's GPU number: %v", s)
+	}
+	fake.SetXID(uuid, 48, at.Add(time.Minute)) // a new occurrence only DCGM saw
+	d.until(t, "the DCGM-only XID on GPU 5", func(p *collector.Page) bool {
 		return value(t, p, "gpu_xid_errors_total", `gpu="5"`, `xid="48"`) == "2"
 	})
 }

@@ -162,6 +162,10 @@ type Exporter struct {
 	// (under renderMu).
 	procRootDown bool
 	compat       *compatRenderer
+	// gpuByUUID maps the physical GPUs' UUIDs to their NVML indexes, as of
+	// the last sample: the XIDs DCGM hands over are placed by UUID, as
+	// DCGM's own GPU numbering need not be NVML's.
+	gpuByUUID atomic.Pointer[map[string]int]
 }
 
 type renderResult struct{ err error }
@@ -213,11 +217,41 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	if sink, ok := cfg.DCGM.(XIDSink); ok && cfg.XID != nil {
 		counter := cfg.XID.Counter()
 		sink.SetXIDSink(func(gpu int, uuid string, code int, at time.Time) {
+			if m := e.gpuByUUID.Load(); m != nil && uuid != "" {
+				if i, ok := (*m)[uuid]; ok {
+					gpu = i
+				}
+			}
 			counter.AddFrom(xid.SourceDCGM, gpu, uuid, code, at)
 		})
 	}
 	e.reg.MustRegister(stateCollector{e})
 	return e, nil
+}
+
+// noteGPUIndexes updates gpuByUUID when the sample's GPUs differ from it.
+func (e *Exporter) noteGPUIndexes(s *sample.NodeSample) {
+	if m := e.gpuByUUID.Load(); m != nil {
+		same := true
+		for i := range s.GPUs {
+			if g := &s.GPUs[i]; g.UUID != "" {
+				if idx, ok := (*m)[g.UUID]; !ok || idx != g.GPU {
+					same = false
+					break
+				}
+			}
+		}
+		if same {
+			return
+		}
+	}
+	m := make(map[string]int, len(s.GPUs))
+	for i := range s.GPUs {
+		if g := &s.GPUs[i]; g.UUID != "" {
+			m[g.UUID] = g.GPU
+		}
+	}
+	e.gpuByUUID.Store(&m)
 }
 
 // Registry is where the rendered metrics come from; tests gather from it.
@@ -250,6 +284,7 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 		e.lastGood = make([]time.Time, len(s.GPUs))
 		e.lastAns = make([]time.Time, len(s.GPUs))
 	}
+	e.noteGPUIndexes(s)
 	for i, g := range s.GPUs {
 		if g.Up {
 			e.lastGood[i] = s.Time

@@ -1,9 +1,12 @@
 package collector
 
 import (
+	"cmp"
+	"slices"
 	"strconv"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -36,7 +39,7 @@ var (
 		"XID errors reported by the driver, by code, with the category and the immediate action of NVIDIA's Xid catalog. Every occurrence counts.",
 		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
 	migXIDDesc = prometheus.NewDesc("gpu_mig_xid_errors_total",
-		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU); join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod.",
+		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU); join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod. One NVML attributes to a GPU instance but to none of its compute instances is counted on each of them, as it hits every holder of the GPU instance: count a GPU's XIDs with gpu_xid_errors_total, not by summing these.",
 		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "xid", "category", "action"}, nil)
 	eccEventsDesc = prometheus.NewDesc("gpu_ecc_error_events_total",
 		"ECC error events delivered by NVML's event set since the exporter started: single_bit (corrected) or double_bit (uncorrected).",
@@ -140,7 +143,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(xidFirstDesc, prometheus.GaugeValue, float64(x.First.UnixNano())/1e9, lv...)
 		ch <- prometheus.MustNewConstMetric(xidLastDesc, prometheus.GaugeValue, float64(x.Last.UnixNano())/1e9, lv...)
 	}
-	for _, x := range st.XIDInstances {
+	for _, x := range migXIDCounts(s, st.XIDInstances) {
 		ci := ""
 		if x.Instance.ComputeInstance >= 0 {
 			ci = strconv.Itoa(x.Instance.ComputeInstance)
@@ -204,4 +207,64 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// migXIDCounts are the per-MIG-device XID counts as served: an XID NVML
+// attributes to a GPU instance but to none of its compute instances is
+// added to each compute instance the sample shows in that GPU instance (a
+// GPU instance not split has one), so that it joins the allocation of every
+// pod on the GPU instance; only a GPU instance the sample no longer shows
+// keeps compute_instance "". The result is ordered like
+// xid.Reader.InstanceCounts.
+func migXIDCounts(s *sample.NodeSample, in []xid.InstanceCount) []xid.InstanceCount {
+	type key struct {
+		gpu      int
+		uuid     string
+		instance xid.Instance
+		code     int
+	}
+	var out []xid.InstanceCount
+	at := map[key]int{}
+	add := func(x xid.InstanceCount, ci int) {
+		x.Instance.ComputeInstance = ci
+		k := key{x.GPU, x.UUID, x.Instance, x.Code}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, x)
+			return
+		}
+		out[i].Total += x.Total
+		if x.Last.After(out[i].Last) {
+			out[i].Last = x.Last
+		}
+	}
+	for _, x := range in {
+		if x.Instance.ComputeInstance >= 0 {
+			add(x, x.Instance.ComputeInstance)
+			continue
+		}
+		spread := false
+		for i := range s.GPUs {
+			g := &s.GPUs[i]
+			if (x.UUID != "" && g.UUID != x.UUID) || (x.UUID == "" && g.GPU != x.GPU) {
+				continue
+			}
+			for j := range g.MIG {
+				if g.MIG[j].GPUInstance == x.Instance.GPUInstance {
+					add(x, g.MIG[j].ComputeInstance)
+					spread = true
+				}
+			}
+		}
+		if !spread {
+			add(x, -1)
+		}
+	}
+	slices.SortFunc(out, func(a, b xid.InstanceCount) int {
+		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.UUID, b.UUID),
+			cmp.Compare(a.Instance.GPUInstance, b.Instance.GPUInstance),
+			cmp.Compare(a.Instance.ComputeInstance, b.Instance.ComputeInstance), cmp.Compare(a.Code, b.Code))
+	})
+	return out
 }

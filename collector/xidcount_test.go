@@ -164,3 +164,56 @@ func TestECCEventsExported(t *testing.T) {
 		})
 	}
 }
+
+// An XID NVML attributes to a GPU instance but to none of its compute
+// instances (the event's compute instance ID is 0xFFFFFFFF) hits every
+// holder of the GPU instance: it is counted on each of its compute
+// instances, so that every series joins gpu_allocation_info on uuid,
+// gpu_instance and compute_instance, and on the GPU once.
+func TestXIDOnGPUInstanceJoinsItsHolders(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+pods:
+  - {namespace: a, name: p0, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: b, name: p1, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+  - {namespace: c, name: p2, containers: [{name: c, devices: [{gpu: 0, mig: 2}]}]}
+`)
+	clk := newClock()
+	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	migs := node.Devices()[0].MIG()
+	split, whole := migs[0].GPUInstance(), migs[2].GPUInstance()
+	uuid := node.Devices()[0].UUID()
+	ev := func(gi, ci int) xid.Event {
+		return xid.Event{GPU: 0, UUID: uuid, Type: nvml.EventTypeXidCriticalError, Data: 31,
+			Instance: &xid.Instance{GPUInstance: gi, ComputeInstance: ci}}
+	}
+	src := &eccSource{events: []xid.Event{ev(split, -1), ev(split, 1), ev(whole, -1)}}
+	tn := newTestExporter(t, withNode(node), withClock(clk), withKubelet(), withXIDSource(src), withGroups(fullGroups()))
+	tn.waitXIDEvents(t, 3)
+	p := tn.step(t, time.Second)
+	for k, want := range map[[2]int]string{{split, 0}: "1", {split, 1}: "2", {whole, 0}: "1"} {
+		gi, ci := `gpu_instance="`+strconv.Itoa(k[0])+`"`, `compute_instance="`+strconv.Itoa(k[1])+`"`
+		if v := value(t, p, "gpu_mig_xid_errors_total", gi, ci, `xid="31"`); v != want {
+			t.Errorf("XID 31 on %s %s = %s, want %s", gi, ci, v, want)
+		}
+	}
+	if s := series(p, "gpu_mig_xid_errors_total", `compute_instance=""`); len(s) != 0 {
+		t.Errorf("an XID of a GPU instance that has compute instances is served without one: %v", s)
+	}
+	for _, l := range series(p, "gpu_mig_xid_errors_total") {
+		lb := parseLabels(l)
+		if a := series(p, "gpu_allocation_info", `uuid="`+lb["uuid"]+`"`, `gpu_instance="`+lb["gpu_instance"]+`"`, `compute_instance="`+lb["compute_instance"]+`"`); len(a) != 1 {
+			t.Errorf("%s joins %d allocations, want 1", l, len(a))
+		}
+	}
+	if v := value(t, p, "gpu_xid_errors_total", `gpu="0"`, `xid="31"`); v != "3" {
+		t.Errorf("XID 31 on the GPU = %s, want 3 (each event once)", v)
+	}
+}

@@ -35,22 +35,28 @@ var (
 // EntityKind is the kind of a DCGM entity the sampler watches.
 type EntityKind int
 
-// Entity kinds (DCGM_FE_GPU and DCGM_FE_GPU_I).
+// Entity kinds (DCGM_FE_GPU, DCGM_FE_GPU_I and DCGM_FE_GPU_CI), from the
+// coarsest to the finest: a GPU holds GPU instances, a GPU instance holds
+// compute instances.
 const (
-	EntityGPU         EntityKind = iota // a whole GPU
-	EntityGPUInstance                   // a MIG GPU instance
+	EntityGPU             EntityKind = iota // a whole GPU
+	EntityGPUInstance                       // a MIG GPU instance
+	EntityComputeInstance                   // a MIG compute instance
 )
 
 func (k EntityKind) String() string {
-	if k == EntityGPUInstance {
+	switch k {
+	case EntityGPUInstance:
 		return "gpu_instance"
+	case EntityComputeInstance:
+		return "compute_instance"
 	}
 	return "gpu"
 }
 
-// Entity names one DCGM entity: a kind and DCGM's ID for it (DCGM's GPU ID
-// or GPU instance entity ID; neither is necessarily the NVML index or the
-// NVML GPU instance ID).
+// Entity names one DCGM entity: a kind and DCGM's ID for it (DCGM's GPU ID,
+// GPU instance or compute instance entity ID; none is necessarily the NVML
+// index or the NVML instance ID).
 type Entity struct {
 	Kind EntityKind
 	ID   uint
@@ -65,9 +71,12 @@ type DeviceInfo struct {
 	GPU int
 	// UUID is the physical GPU's UUID (the parent's for a MIG instance).
 	UUID string
-	// GPUInstance is the NVML GPU instance ID of a MIG instance, -1 for a
-	// whole GPU.
+	// GPUInstance is the NVML GPU instance ID of a MIG instance (of a
+	// compute instance: of its GPU instance), -1 for a whole GPU.
 	GPUInstance int
+	// ComputeInstance is the NVML compute instance ID of a compute
+	// instance, -1 for a whole GPU or a GPU instance.
+	ComputeInstance int
 	// Parent is the DCGM GPU ID of a MIG instance's GPU (its own ID for a
 	// whole GPU).
 	Parent uint
@@ -105,8 +114,9 @@ type HealthIncident struct {
 // A Client is used from one goroutine at a time. Errors that mean the host
 // engine is gone wrap ErrConnection.
 type Client interface {
-	// Devices discovers the GPUs DCGM supports and their MIG GPU instances
-	// (dcgmGetAllSupportedDevices, dcgmGetGpuInstanceHierarchy).
+	// Devices discovers the GPUs DCGM supports, their MIG GPU instances
+	// and the compute instances of those (dcgmGetAllSupportedDevices,
+	// dcgmGetGpuInstanceHierarchy).
 	Devices() ([]DeviceInfo, error)
 	// Watch replaces any earlier watch: it groups the entities, creates a
 	// field group with fieldIDs and has DCGM sample them every `every`,

@@ -89,8 +89,14 @@ type realClient struct {
 	fieldGroups []godcgm.FieldHandle
 	hasWatch    bool
 	hasHealth   bool
+	// ciGroup holds the compute instances, watched for the profiling
+	// fields apart from the GPUs and GPU instances: a DCGM that refuses
+	// them costs only the per-compute-instance values.
+	ciGroup    godcgm.GroupHandle
+	hasCIGroup bool
 
 	warnedProfiling bool
+	warnedCI        bool
 	broken          bool // the connection failed: skip clean-up calls
 	closed          bool
 }
@@ -150,13 +156,18 @@ func toEntityKind(g godcgm.Field_Entity_Group) (EntityKind, bool) {
 		return EntityGPU, true
 	case godcgm.FE_GPU_I:
 		return EntityGPUInstance, true
+	case godcgm.FE_GPU_CI:
+		return EntityComputeInstance, true
 	}
 	return 0, false
 }
 
 func toEntityGroup(k EntityKind) godcgm.Field_Entity_Group {
-	if k == EntityGPUInstance {
+	switch k {
+	case EntityGPUInstance:
 		return godcgm.FE_GPU_I
+	case EntityComputeInstance:
+		return godcgm.FE_GPU_CI
 	}
 	return godcgm.FE_GPU
 }
@@ -178,7 +189,7 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 	for _, id := range ids {
 		uuid, idx := r.gpuIdentity(id)
 		index[id] = len(out)
-		out = append(out, DeviceInfo{Entity: Entity{EntityGPU, id}, GPU: idx, UUID: uuid, GPUInstance: -1, Parent: id})
+		out = append(out, DeviceInfo{Entity: Entity{EntityGPU, id}, GPU: idx, UUID: uuid, GPUInstance: -1, ComputeInstance: -1, Parent: id})
 	}
 	h, err := godcgm.GetGPUInstanceHierarchy()
 	if err != nil {
@@ -189,18 +200,31 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 		r.log.Debug().Err(err).Msg("DCGM MIG hierarchy unavailable")
 		return out, nil
 	}
-	for i := uint(0); i < h.Count && i < uint(len(h.EntityList)); i++ {
+	return migDevices(out, index, &h), nil
+}
+
+// migDevices adds the GPU and compute instances of DCGM's MIG hierarchy to
+// the whole GPUs in out (index: their positions by DCGM GPU ID), in any
+// order DCGM lists them.
+func migDevices(out []DeviceInfo, index map[uint]int, h *godcgm.MigHierarchy_v2) []DeviceInfo {
+	n := min(h.Count, uint(len(h.EntityList)))
+	// GPU instances first: a compute instance's parent is its GPU
+	// instance, whose parent is the GPU.
+	gis := map[uint]DeviceInfo{}
+	for i := range n {
 		e := h.EntityList[i]
 		if e.Entity.EntityGroupId != godcgm.FE_GPU_I {
 			continue
 		}
 		d := DeviceInfo{
-			Entity:      Entity{EntityGPUInstance, e.Entity.EntityId},
-			GPU:         int(e.Info.NvmlGpuIndex),
-			UUID:        e.Info.GpuUuid,
-			GPUInstance: int(e.Info.NvmlInstanceId),
-			Parent:      e.Parent.EntityId,
+			Entity:          Entity{EntityGPUInstance, e.Entity.EntityId},
+			GPU:             int(e.Info.NvmlGpuIndex),
+			UUID:            e.Info.GpuUuid,
+			GPUInstance:     int(e.Info.NvmlInstanceId),
+			ComputeInstance: -1,
+			Parent:          e.Parent.EntityId,
 		}
+		gis[e.Entity.EntityId] = d
 		if p, ok := index[d.Parent]; ok {
 			// The hierarchy knows the NVML index and UUID for sure.
 			out[p].GPU = d.GPU
@@ -210,7 +234,22 @@ func (r *realClient) Devices() ([]DeviceInfo, error) {
 		}
 		out = append(out, d)
 	}
-	return out, nil
+	for i := range n {
+		e := h.EntityList[i]
+		if e.Entity.EntityGroupId != godcgm.FE_GPU_CI || e.Parent.EntityGroupId != godcgm.FE_GPU_I {
+			continue
+		}
+		gi, ok := gis[e.Parent.EntityId]
+		if !ok {
+			continue
+		}
+		// The GPU, UUID and GPU instance are its GPU instance's.
+		ci := gi
+		ci.Entity = Entity{EntityComputeInstance, e.Entity.EntityId}
+		ci.ComputeInstance = int(e.Info.NvmlComputeInstanceId)
+		out = append(out, ci)
+	}
+	return out
 }
 
 // gpuIdentity reads a GPU's UUID and NVML index; DCGM's GPU ID stands in
@@ -240,12 +279,15 @@ func (r *realClient) gpuIdentity(id uint) (string, int) {
 
 func (r *realClient) unwatch() {
 	if r.broken {
-		r.fieldGroups, r.hasWatch, r.hasHealth = nil, false, false
+		r.fieldGroups, r.hasWatch, r.hasHealth, r.hasCIGroup = nil, false, false, false
 		return
 	}
 	for _, fg := range r.fieldGroups {
 		if r.hasWatch {
 			_ = godcgm.UnwatchFields(fg, r.watchGroup)
+		}
+		if r.hasCIGroup {
+			_ = godcgm.UnwatchFields(fg, r.ciGroup)
 		}
 		_ = godcgm.FieldGroupDestroy(fg)
 	}
@@ -253,6 +295,10 @@ func (r *realClient) unwatch() {
 	if r.hasWatch {
 		_ = godcgm.DestroyGroup(r.watchGroup)
 		r.hasWatch = false
+	}
+	if r.hasCIGroup {
+		_ = godcgm.DestroyGroup(r.ciGroup)
+		r.hasCIGroup = false
 	}
 	if r.hasHealth {
 		_ = godcgm.DestroyGroup(r.healthGroup)
@@ -278,7 +324,12 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 	}
 	r.watchGroup, r.hasWatch = g, true
 	var gpus []uint
+	var cis []Entity
 	for _, e := range entities {
+		if e.Kind == EntityComputeInstance {
+			cis = append(cis, e)
+			continue
+		}
 		if err := godcgm.AddEntityToGroup(g, toEntityGroup(e.Kind), e.ID); err != nil {
 			if isConnectionError(err) {
 				return r.check(err, "add DCGM entity")
@@ -307,6 +358,8 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 		usec = 1
 	}
 	keepSec := keep.Seconds()
+	var profFG godcgm.FieldHandle
+	hasProf := false
 	for i, fields := range [][]godcgm.Short{dev, prof} {
 		if len(fields) == 0 {
 			continue
@@ -320,6 +373,9 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 			return r.check(err, "create DCGM field group")
 		}
 		r.fieldGroups = append(r.fieldGroups, fg)
+		if i == 1 {
+			profFG, hasProf = fg, true
+		}
 		if err := godcgm.WatchFieldsWithGroupEx(fg, g, usec, keepSec, 0); err != nil {
 			if isConnectionError(err) || i == 0 {
 				return r.check(err, "watch DCGM fields")
@@ -328,6 +384,12 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 				r.warnedProfiling = true
 				r.log.Warn().Err(err).Msg("DCGM profiling fields (SM active, occupancy, tensor, DRAM, PCIe/NVLink bytes) not watched; they will be absent")
 			}
+		}
+	}
+
+	if len(cis) > 0 && hasProf {
+		if err := r.watchComputeInstances(cis, profFG, usec, keepSec); err != nil {
+			return err
 		}
 	}
 
@@ -353,6 +415,36 @@ func (r *realClient) Watch(entities []Entity, fieldIDs []uint16, every, keep tim
 			r.log.Warn().Err(err).Msg("DCGM health watches not set; gpu_dcgm_health will be absent")
 			_ = godcgm.DestroyGroup(hg)
 			r.hasHealth = false
+		}
+	}
+	return nil
+}
+
+// watchComputeInstances watches the profiling fields on the compute
+// instances, in a group of their own. Only a lost connection is an error:
+// a DCGM that will not watch them leaves the compute instances of split GPU
+// instances without DCGM values (one log line), the rest unharmed.
+func (r *realClient) watchComputeInstances(cis []Entity, fg godcgm.FieldHandle, usec int64, keepSec float64) error {
+	g, err := godcgm.CreateGroup(groupName("ci"))
+	if err != nil {
+		return r.check(err, "create DCGM compute instance group")
+	}
+	r.ciGroup, r.hasCIGroup = g, true
+	for _, e := range cis {
+		if err := godcgm.AddEntityToGroup(g, godcgm.FE_GPU_CI, e.ID); err != nil {
+			if isConnectionError(err) {
+				return r.check(err, "add DCGM compute instance")
+			}
+			r.log.Debug().Err(err).Stringer("entity", e).Msg("DCGM compute instance not added to the watch group")
+		}
+	}
+	if err := godcgm.WatchFieldsWithGroupEx(fg, g, usec, keepSec, 0); err != nil {
+		if isConnectionError(err) {
+			return r.check(err, "watch DCGM fields on compute instances")
+		}
+		if !r.warnedCI {
+			r.warnedCI = true
+			r.log.Info().Err(err).Msg("DCGM does not watch profiling fields per compute instance; compute instances of GPU instances split in several get no DCGM values")
 		}
 	}
 	return nil

@@ -117,3 +117,58 @@ func TestConnectionLossByReturnCode(t *testing.T) {
 		t.Errorf("return code %d, %v; want DCGM_ST_CONNECTION_NOT_VALID", code, ok)
 	}
 }
+
+// TestEntityKindsMatchGoDCGM: each kind the sampler watches is the DCGM
+// entity group of that name, both ways.
+func TestEntityKindsMatchGoDCGM(t *testing.T) {
+	for k, g := range map[EntityKind]godcgm.Field_Entity_Group{
+		EntityGPU:             godcgm.FE_GPU,
+		EntityGPUInstance:     godcgm.FE_GPU_I,
+		EntityComputeInstance: godcgm.FE_GPU_CI,
+	} {
+		if got := toEntityGroup(k); got != g {
+			t.Errorf("%s: group %v, want %v", k, got, g)
+		}
+		if got, ok := toEntityKind(g); !ok || got != k {
+			t.Errorf("group %v: kind %v, want %s", g, got, k)
+		}
+	}
+}
+
+// TestMIGHierarchy: DCGM's hierarchy lists GPU instances under GPUs and
+// compute instances under GPU instances, in whatever order; each compute
+// instance becomes an entity with its GPU instance's GPU, UUID and NVML
+// GPU instance ID and its own NVML compute instance ID.
+func TestMIGHierarchy(t *testing.T) {
+	const uuid = "GPU-11111111-2222-3333-4444-555555555555"
+	var h godcgm.MigHierarchy_v2
+	add := func(g godcgm.Field_Entity_Group, id uint, pg godcgm.Field_Entity_Group, pid uint, gi, ci uint) {
+		h.EntityList[h.Count] = godcgm.MigHierarchyInfo_v2{
+			Entity: godcgm.GroupEntityPair{EntityGroupId: g, EntityId: id},
+			Parent: godcgm.GroupEntityPair{EntityGroupId: pg, EntityId: pid},
+			Info:   godcgm.MigEntityInfo{GpuUuid: uuid, NvmlGpuIndex: 3, NvmlInstanceId: gi, NvmlComputeInstanceId: ci},
+		}
+		h.Count++
+	}
+	// A compute instance listed before its GPU instance; GPU instance 7
+	// (DCGM entity 1) split into compute instances 0 and 1, GPU instance
+	// 2 (entity 0) whole.
+	add(godcgm.FE_GPU_CI, 5, godcgm.FE_GPU_I, 1, 7, 1)
+	add(godcgm.FE_GPU_I, 0, godcgm.FE_GPU, 0, 2, 0xFFFFFFFF)
+	add(godcgm.FE_GPU_CI, 4, godcgm.FE_GPU_I, 0, 2, 0)
+	add(godcgm.FE_GPU_I, 1, godcgm.FE_GPU, 0, 7, 0xFFFFFFFF)
+	add(godcgm.FE_GPU_CI, 6, godcgm.FE_GPU_I, 1, 7, 0)
+	gpus := []DeviceInfo{{Entity: Entity{EntityGPU, 0}, GPU: 0, GPUInstance: -1, ComputeInstance: -1}}
+	got := migDevices(gpus, map[uint]int{0: 0}, &h)
+	want := []DeviceInfo{
+		{Entity: Entity{EntityGPU, 0}, GPU: 3, UUID: uuid, GPUInstance: -1, ComputeInstance: -1},
+		{Entity: Entity{EntityGPUInstance, 0}, GPU: 3, UUID: uuid, GPUInstance: 2, ComputeInstance: -1},
+		{Entity: Entity{EntityGPUInstance, 1}, GPU: 3, UUID: uuid, GPUInstance: 7, ComputeInstance: -1},
+		{Entity: Entity{EntityComputeInstance, 5}, GPU: 3, UUID: uuid, GPUInstance: 7, ComputeInstance: 1},
+		{Entity: Entity{EntityComputeInstance, 4}, GPU: 3, UUID: uuid, GPUInstance: 2, ComputeInstance: 0},
+		{Entity: Entity{EntityComputeInstance, 6}, GPU: 3, UUID: uuid, GPUInstance: 7, ComputeInstance: 0},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("devices\n got %v\nwant %v", got, want)
+	}
+}

@@ -7,18 +7,25 @@ import (
 )
 
 // SimDevice is one GPU of a Fake: its NVML index, physical UUID and, for a
-// MIG-enabled GPU, the NVML GPU instance IDs of its MIG instances.
+// MIG-enabled GPU, the NVML GPU instance IDs of its MIG instances and their
+// compute instances.
 type SimDevice struct {
 	GPU          int
 	UUID         string
 	GPUInstances []int
+	// ComputeInstances lists the NVML compute instance IDs of a GPU
+	// instance, by GPU instance ID; a GPU instance not listed has one,
+	// compute instance 0. DCGM lists every compute instance as an entity of
+	// its own (DCGM_FE_GPU_CI), one that fills its GPU instance included.
+	ComputeInstances map[int][]int
 }
 
 // ActivityFunc gives the SM active ratio (0-1) of a whole GPU (gpuInstance
-// -1) or of a MIG GPU instance at the moment the fake is read; ok false
-// means "no data" (DCGM returns blanks). The simulated node derives it from
-// its utilisation curves.
-type ActivityFunc func(gpu, gpuInstance int) (smActive float64, ok bool)
+// and computeInstance -1), of a MIG GPU instance (computeInstance -1) or of
+// a MIG compute instance at the moment the fake is read; ok false means "no
+// data" (DCGM returns blanks). The simulated node derives it from its
+// utilisation curves.
+type ActivityFunc func(gpu, gpuInstance, computeInstance int) (smActive float64, ok bool)
 
 // How a Fake derives the other fields from the SM active ratio a
 // (deterministic, so tests and the simulated node can predict them). The
@@ -64,6 +71,7 @@ func fieldType(id uint16) byte {
 type fakeKey struct {
 	uuid string
 	gi   int
+	ci   int
 	f    Field
 }
 
@@ -129,8 +137,10 @@ func NewFake(devices ...SimDevice) *Fake {
 
 // NewSimulated returns a Fake whose fields follow activity: SM active is
 // activity's value and the other fields are derived from it (SimValue),
-// per whole GPU and per MIG GPU instance. DCGM gives no PCIe or NVLink
-// values for MIG instances, and neither does the fake.
+// per whole GPU, MIG GPU instance and MIG compute instance, as far as DCGM
+// measures the field there (Field.Level): like DCGM, the fake answers a
+// field read from a finer entity than its level with no data, so a compute
+// instance has no DRAM ratio and no MIG instance has PCIe or NVLink bytes.
 func NewSimulated(devices []SimDevice, activity ActivityFunc) *Fake {
 	f := NewFake(devices...)
 	f.activity = activity
@@ -148,18 +158,29 @@ func (f *Fake) SetDevices(devices []SimDevice) {
 func (f *Fake) setDevices(devices []SimDevice) {
 	f.ents = nil
 	f.byEntity = map[Entity]DeviceInfo{}
-	var giID uint
+	var giID, ciID uint
 	for i, d := range devices {
-		// DCGM's entity IDs are its own: GPUs by position, GPU instances
-		// numbered across the node, neither equal to NVML's numbers.
-		g := DeviceInfo{Entity: Entity{EntityGPU, uint(i)}, GPU: d.GPU, UUID: d.UUID, GPUInstance: -1, Parent: uint(i)}
+		// DCGM's entity IDs are its own: GPUs by position, GPU and compute
+		// instances numbered across the node, none equal to NVML's numbers.
+		g := DeviceInfo{Entity: Entity{EntityGPU, uint(i)}, GPU: d.GPU, UUID: d.UUID, GPUInstance: -1, ComputeInstance: -1, Parent: uint(i)}
 		f.ents = append(f.ents, fakeEntity{g})
 		f.byEntity[g.Entity] = g
 		for _, gi := range d.GPUInstances {
-			e := DeviceInfo{Entity: Entity{EntityGPUInstance, giID}, GPU: d.GPU, UUID: d.UUID, GPUInstance: gi, Parent: uint(i)}
+			e := DeviceInfo{Entity: Entity{EntityGPUInstance, giID}, GPU: d.GPU, UUID: d.UUID, GPUInstance: gi, ComputeInstance: -1, Parent: uint(i)}
 			giID++
 			f.ents = append(f.ents, fakeEntity{e})
 			f.byEntity[e.Entity] = e
+			cis, ok := d.ComputeInstances[gi]
+			if !ok {
+				cis = []int{0}
+			}
+			for _, ci := range cis {
+				c := e
+				c.Entity, c.ComputeInstance = Entity{EntityComputeInstance, ciID}, ci
+				ciID++
+				f.ents = append(f.ents, fakeEntity{c})
+				f.byEntity[c.Entity] = c
+			}
 		}
 	}
 }
@@ -178,27 +199,35 @@ func (f *Fake) SetClock(now func() time.Time) {
 	f.now = now
 }
 
-// SetValue sets a field of a whole GPU (gi -1) or MIG instance; for the
-// byte fields v is a rate in bytes/s. It overrides the activity function.
+// SetValue sets a field of a whole GPU (gi -1) or MIG GPU instance; for
+// the byte fields v is a rate in bytes/s. It overrides the activity
+// function, and is answered even where DCGM would have no data (a byte
+// rate on a GPU instance), as older DCGM profiling back-ends do.
 func (f *Fake) SetValue(uuid string, gi int, field Field, v float64) {
-	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeSet, v: v})
+	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeSet, v: v})
+}
+
+// SetComputeInstanceValue is SetValue for compute instance ci of GPU
+// instance gi.
+func (f *Fake) SetComputeInstanceValue(uuid string, gi, ci int, field Field, v float64) {
+	f.set(fakeKey{uuid, gi, ci, field}, fakeValue{kind: fakeSet, v: v})
 }
 
 // SetBlank makes a field come back as DCGM's blank sentinel.
 func (f *Fake) SetBlank(uuid string, gi int, field Field) {
-	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeBlank})
+	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeBlank})
 }
 
 // SetNotSupported makes a field come back not supported (status and
 // sentinel value, as DCGM does).
 func (f *Fake) SetNotSupported(uuid string, gi int, field Field) {
-	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeNotSupported})
+	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeNotSupported})
 }
 
 // Freeze sets a field's value with a DCGM timestamp that stays at `at`:
 // DCGM stopped updating it.
 func (f *Fake) Freeze(uuid string, gi int, field Field, v float64, at time.Time) {
-	f.set(fakeKey{uuid, gi, field}, fakeValue{kind: fakeSet, v: v, frozen: at})
+	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeSet, v: v, frozen: at})
 }
 
 // ClearValue removes what SetValue, SetBlank, SetNotSupported or Freeze
@@ -206,7 +235,7 @@ func (f *Fake) Freeze(uuid string, gi int, field Field, v float64, at time.Time)
 func (f *Fake) ClearValue(uuid string, gi int, field Field) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.values, fakeKey{uuid, gi, field})
+	delete(f.values, fakeKey{uuid, gi, -1, field})
 }
 
 func (f *Fake) set(k fakeKey, v fakeValue) {
@@ -341,7 +370,7 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 		var act float64
 		actOK := false
 		if known && f.activity != nil {
-			act, actOK = f.activity(info.GPU, info.GPUInstance)
+			act, actOK = f.activity(info.GPU, info.GPUInstance, info.ComputeInstance)
 		}
 		for _, id := range fieldIDs {
 			rv := RawValue{Entity: e, FieldID: id, Type: fieldType(id), Time: now}
@@ -367,7 +396,7 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 				out = append(out, rv)
 				continue
 			}
-			fv, set := f.values[fakeKey{info.UUID, info.GPUInstance, field}]
+			fv, set := f.values[fakeKey{info.UUID, info.GPUInstance, info.ComputeInstance, field}]
 			switch {
 			case set && fv.kind == fakeBlank:
 				setBlank(&rv)
@@ -378,8 +407,11 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 				if !fv.frozen.IsZero() {
 					rv.Time = fv.frozen
 				}
-			case e.Kind == EntityGPUInstance && field.IsCounter():
-				setNotSupported(&rv) // no PCIe/NVLink per MIG instance
+			case !field.MeasuredFor(e.Kind):
+				// Measured only for the entity above (DRAM per GPU
+				// instance, bytes per GPU): DCGM has no data here.
+				rv.Status = StatusNoData
+				setBlank(&rv)
 			case actOK:
 				setNumber(&rv, SimValue(field, act))
 			default:

@@ -2,8 +2,9 @@ package dcgm
 
 import "math"
 
-// Field is one DCGM value the sampler reads per device (whole GPU or MIG GPU
-// instance). The ratio fields are DCGM profiling (DCP) metrics in 0-1; the
+// Field is one DCGM value the sampler reads per device (whole GPU, MIG GPU
+// instance or MIG compute instance, as far as DCGM measures it there: see
+// Level). The ratio fields are DCGM profiling (DCP) metrics in 0-1; the
 // PCIe and NVLink fields are byte counters that the sampler integrates from
 // DCGM's byte rates (see PCIeTxBytes).
 type Field int
@@ -129,6 +130,44 @@ func (f Field) String() string {
 // byte counter (integrated from a DCGM rate) rather than a 0-1 ratio.
 func (f Field) IsCounter() bool {
 	return f >= PCIeTxBytes && f <= NVLinkRxBytes
+}
+
+// fieldLevels is the finest entity DCGM measures each field for: the
+// entity level of DCGM's field metadata (dcgmlib/src/dcgm_fields.cpp, DCGM
+// 4.x). The engine and pipe ratios are measured per compute instance, the
+// DRAM ratio per GPU instance (the compute instances of a GPU instance share
+// its memory), the PCIe and NVLink bytes per GPU only. DCGM answers a field
+// watched on a finer entity with no data (DCGM_ST_NO_DATA), or on older
+// profiling back-ends with the value of the entity above it.
+var fieldLevels = [NumFields]EntityKind{
+	GraphicsActive: EntityComputeInstance,
+	SMActive:       EntityComputeInstance,
+	SMOccupancy:    EntityComputeInstance,
+	TensorActive:   EntityComputeInstance,
+	DRAMActive:     EntityGPUInstance,
+	FP64Active:     EntityComputeInstance,
+	FP32Active:     EntityComputeInstance,
+	FP16Active:     EntityComputeInstance,
+	PCIeTxBytes:    EntityGPU,
+	PCIeRxBytes:    EntityGPU,
+	NVLinkTxBytes:  EntityGPU,
+	NVLinkRxBytes:  EntityGPU,
+}
+
+// Level returns the finest entity DCGM measures the field for.
+func (f Field) Level() EntityKind {
+	if f < 0 || int(f) >= NumFields {
+		return EntityGPU
+	}
+	return fieldLevels[f]
+}
+
+// MeasuredFor reports whether DCGM measures the field for entities of kind
+// k itself, rather than for an entity that holds them: a value of a field
+// read from a finer entity than its level is its parent's, and is never
+// taken (it would count the parent once per child).
+func (f Field) MeasuredFor(k EntityKind) bool {
+	return k <= f.Level()
 }
 
 // Fields returns all fields in order.

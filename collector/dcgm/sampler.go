@@ -1,7 +1,8 @@
 // Package dcgm samples NVIDIA DCGM in the background for the exporter: the
 // profiling ratios (SM active and occupancy, tensor, DRAM, FP pipes, graphics
-// engine) per GPU and per MIG GPU instance, PCIe and NVLink byte counters,
-// health watches and the last XID.
+// engine) per GPU, per MIG GPU instance and per MIG compute instance, as far
+// as DCGM measures each field there (Field.Level), PCIe and NVLink byte
+// counters per GPU, health watches and the last XID.
 //
 // A Sampler runs one goroutine (Run) that connects (embedded host engine or
 // a standalone nv-hostengine), watches the fields, reads them every
@@ -43,26 +44,39 @@ type Snapshot struct {
 // Find returns the values of a whole GPU (gpuInstance -1) or of a MIG GPU
 // instance, by physical GPU UUID.
 func (s *Snapshot) Find(uuid string, gpuInstance int) (DeviceValues, bool) {
+	return s.FindComputeInstance(uuid, gpuInstance, -1)
+}
+
+// FindComputeInstance returns the values of a MIG compute instance of a GPU
+// instance (computeInstance -1: of the GPU instance itself), by physical GPU
+// UUID.
+func (s *Snapshot) FindComputeInstance(uuid string, gpuInstance, computeInstance int) (DeviceValues, bool) {
 	if s == nil {
 		return DeviceValues{}, false
 	}
 	for _, d := range s.Devices {
-		if d.UUID == uuid && d.GPUInstance == gpuInstance {
+		if d.UUID == uuid && d.GPUInstance == gpuInstance && d.ComputeInstance == computeInstance {
 			return d, true
 		}
 	}
 	return DeviceValues{}, false
 }
 
-// DeviceValues are the fresh DCGM values of one whole GPU or MIG GPU
-// instance. Fields DCGM gave no fresh value for (blank, not supported, not
-// watched, older than MaxMissed intervals) are absent from Values.
+// DeviceValues are the fresh DCGM values of one whole GPU, MIG GPU instance
+// or MIG compute instance. Fields DCGM gave no fresh value for (blank, not
+// supported, not watched, older than MaxMissed intervals) are absent from
+// Values, and so are fields DCGM does not measure for the entity itself
+// (Field.MeasuredFor): a compute instance has no DRAM ratio and no byte
+// counters, a GPU instance no byte counters.
 type DeviceValues struct {
 	GPU  int    // NVML index (the parent's for a MIG instance)
 	UUID string // physical GPU UUID (the parent's for a MIG instance)
 	// GPUInstance is the NVML GPU instance ID of a MIG instance, -1 for a
 	// whole GPU.
 	GPUInstance int
+	// ComputeInstance is the NVML compute instance ID of a MIG compute
+	// instance, -1 for a whole GPU or a GPU instance.
+	ComputeInstance int
 	// Values: ratios 0-1, and for the PCIe/NVLink fields monotonically
 	// increasing byte counters (see PCIeTxBytes).
 	Values map[Field]float64
@@ -96,6 +110,7 @@ func (d DeviceValues) Rate(f Field) (float64, bool) {
 type devKey struct {
 	uuid string
 	gi   int
+	ci   int
 }
 
 // fieldState tracks one field of one entity during a connection.
@@ -176,7 +191,9 @@ func NewSampler(cfg Config, open func(Config) (Client, error)) *Sampler {
 // SetXIDSink hands each XID DCGM records for a whole GPU to sink (call it
 // before Run), once, from the Run goroutine: DCGM keeps only the last XID, so
 // the XID log (collector/xid) counts them as they come and drops what
-// NVML's events already counted. DCGM's GPU IDs are NVML's indexes.
+// NVML's events already counted. gpu is the NVML index DCGM reports for the
+// GPU (DCGM_FI_DEV_NVML_INDEX), or DCGM's own GPU ID where it reports none,
+// which need not be NVML's: place the XID by uuid where it is known.
 func (s *Sampler) SetXIDSink(sink func(gpu int, uuid string, code int, at time.Time)) {
 	s.onXID = sink
 }
@@ -380,8 +397,10 @@ func (s *Sampler) discover(now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("discover: %w", err)
 	}
+	infos = dropLoneComputeInstances(infos)
 	slices.SortFunc(infos, func(a, b DeviceInfo) int {
 		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.GPUInstance, b.GPUInstance),
+			cmp.Compare(a.ComputeInstance, b.ComputeInstance),
 			cmp.Compare(a.Entity.Kind, b.Entity.Kind), cmp.Compare(a.Entity.ID, b.Entity.ID))
 	})
 	entities := make([]Entity, len(infos))
@@ -393,7 +412,11 @@ func (s *Sampler) discover(now time.Time) error {
 	s.devs = make([]*devState, 0, len(infos))
 	s.byEntity = make(map[Entity]*devState, len(infos))
 	for _, d := range infos {
-		k := devKey{d.UUID, d.GPUInstance}
+		ci := d.ComputeInstance
+		if d.Entity.Kind != EntityComputeInstance {
+			ci = -1
+		}
+		k := devKey{d.UUID, d.GPUInstance, ci}
 		if k.uuid == "" {
 			k.uuid = fmt.Sprintf("dcgm-gpu-%d", d.Parent)
 		}
@@ -431,6 +454,27 @@ func (s *Sampler) discover(now time.Time) error {
 	}
 	s.lastDiscover = now
 	return nil
+}
+
+// dropLoneComputeInstances leaves out the compute instances that fill their
+// GPU instance alone: their values are their GPU instance's, which is
+// watched anyway, and most GPU instances are not split, so watching them
+// would double what a MIG node reads from DCGM for nothing.
+func dropLoneComputeInstances(infos []DeviceInfo) []DeviceInfo {
+	type gi struct {
+		uuid string
+		gpu  int
+		id   int
+	}
+	n := map[gi]int{}
+	for _, d := range infos {
+		if d.Entity.Kind == EntityComputeInstance {
+			n[gi{d.UUID, d.GPU, d.GPUInstance}]++
+		}
+	}
+	return slices.DeleteFunc(infos, func(d DeviceInfo) bool {
+		return d.Entity.Kind == EntityComputeInstance && n[gi{d.UUID, d.GPU, d.GPUInstance}] < 2
+	})
 }
 
 // sampleOnce reads every value and publishes a snapshot.
@@ -498,7 +542,10 @@ func (s *Sampler) merge(now time.Time, raw []RawValue) {
 			continue
 		}
 		f, ok := fieldByID(rv.FieldID)
-		if !ok || v < 0 {
+		if !ok || v < 0 || !f.MeasuredFor(rv.Entity.Kind) {
+			// A field DCGM measures only for the GPU (instance) above
+			// this entity: what it answers is the parent's value, which
+			// served per child would count the parent once per child.
 			continue
 		}
 		fs := &st.fields[f]
@@ -538,7 +585,8 @@ func (s *Sampler) merge(now time.Time, raw []RawValue) {
 }
 
 // build makes the published device list: fresh values only; whole GPUs
-// always (they carry health), MIG instances when they have values.
+// always (they carry health), MIG GPU and compute instances when they have
+// values.
 func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool) []DeviceValues {
 	var worst map[devKey]map[string]string
 	if healthOK {
@@ -548,7 +596,7 @@ func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool
 			if st == nil {
 				continue
 			}
-			if in.Entity.Kind == EntityGPUInstance {
+			if in.Entity.Kind != EntityGPU {
 				if st = s.byEntity[Entity{EntityGPU, st.info.Parent}]; st == nil {
 					continue
 				}
@@ -567,11 +615,12 @@ func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool
 	out := make([]DeviceValues, 0, len(s.devs))
 	for _, st := range s.devs {
 		d := DeviceValues{
-			GPU:         st.info.GPU,
-			UUID:        st.info.UUID,
-			GPUInstance: st.info.GPUInstance,
-			Values:      map[Field]float64{},
-			Rates:       map[Field]float64{},
+			GPU:             st.info.GPU,
+			UUID:            st.info.UUID,
+			GPUInstance:     st.info.GPUInstance,
+			ComputeInstance: st.key.ci,
+			Values:          map[Field]float64{},
+			Rates:           map[Field]float64{},
 		}
 		for f := range st.fields {
 			fs := &st.fields[f]
@@ -587,7 +636,7 @@ func (s *Sampler) build(now time.Time, incidents []HealthIncident, healthOK bool
 				d.Rates[Field(f)] = fs.rate
 			}
 		}
-		if st.info.Entity.Kind == EntityGPUInstance {
+		if st.info.Entity.Kind != EntityGPU {
 			if len(d.Values) > 0 {
 				out = append(out, d)
 			}

@@ -120,7 +120,7 @@ func TestFieldIDs(t *testing.T) {
 func TestMergeSkipsBlankAndNotSupported(t *testing.T) {
 	s := NewSampler(testConfig(), NewFake().Open)
 	gpu := Entity{EntityGPU, 0}
-	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1}}
+	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1, -1}}
 	s.devs, s.byEntity = []*devState{st}, map[Entity]*devState{gpu: st}
 	now := time.Now()
 	d := func(f Field, v float64, status int) RawValue {
@@ -361,7 +361,7 @@ func TestCounterIntegration(t *testing.T) {
 	cfg.Interval = time.Second // max age 3.5s
 	s := NewSampler(cfg, NewFake().Open)
 	gpu := Entity{EntityGPU, 0}
-	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1}}
+	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1, -1}}
 	s.devs, s.byEntity = []*devState{st}, map[Entity]*devState{gpu: st}
 	t0 := time.Now()
 	step := func(sec float64, rate int64, blank bool) (float64, float64) {
@@ -451,53 +451,70 @@ func TestCountersMonotonicThroughRun(t *testing.T) {
 }
 
 func TestMIGInstanceValues(t *testing.T) {
-	act := map[[2]int]float64{{0, -1}: 0.8, {0, 1}: 0.2, {0, 2}: 0.6, {1, -1}: 0.4}
-	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1, 2}}, {GPU: 1, UUID: uuid1}},
-		func(gpu, gi int) (float64, bool) {
-			a, ok := act[[2]int{gpu, gi}]
+	// GPU 0: GPU instance 1 whole (one compute instance, whose values are
+	// the GPU instance's and which is not watched), GPU instance 2 split
+	// into compute instances 0 (busy) and 1 (idle).
+	act := map[[3]int]float64{{0, -1, -1}: 0.8, {0, 1, -1}: 0.2, {0, 2, -1}: 0.45, {0, 2, 0}: 0.9, {0, 2, 1}: 0, {1, -1, -1}: 0.4}
+	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1, 2}, ComputeInstances: map[int][]int{2: {0, 1}}}, {GPU: 1, UUID: uuid1}},
+		func(gpu, gi, ci int) (float64, bool) {
+			a, ok := act[[3]int{gpu, gi, ci}]
 			return a, ok
 		})
 	s := NewSampler(testConfig(), f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "all devices", upWith(s, func(snap *Snapshot) bool { return len(snap.Devices) == 4 }))
+	waitFor(t, 2*time.Second, "all devices", upWith(s, func(snap *Snapshot) bool { return len(snap.Devices) == len(act) }))
 	snap := s.Snapshot()
 	for k, a := range act {
-		d, ok := snap.Find(map[int]string{0: uuid0, 1: uuid1}[k[0]], k[1])
+		d, ok := snap.FindComputeInstance(map[int]string{0: uuid0, 1: uuid1}[k[0]], k[1], k[2])
 		if !ok {
-			t.Errorf("gpu %d gi %d missing", k[0], k[1])
+			t.Errorf("gpu %d gi %d ci %d missing", k[0], k[1], k[2])
 			continue
 		}
-		if d.GPU != k[0] || d.GPUInstance != k[1] {
-			t.Errorf("identity %d/%d, want %d/%d", d.GPU, d.GPUInstance, k[0], k[1])
+		if d.GPU != k[0] || d.GPUInstance != k[1] || d.ComputeInstance != k[2] {
+			t.Errorf("identity %d/%d/%d, want %v", d.GPU, d.GPUInstance, d.ComputeInstance, k)
 		}
 		for _, fld := range []Field{SMActive, SMOccupancy, TensorActive, DRAMActive} {
-			if got, want := d.Values[fld], SimValue(fld, a); math.Abs(got-want) > 1e-12 {
-				t.Errorf("gpu %d gi %d %s = %v, want %v", k[0], k[1], fld, got, want)
+			got, has := d.Values[fld]
+			if fld == DRAMActive && k[2] >= 0 {
+				// DCGM measures DRAM per GPU instance: a compute
+				// instance has none of its own.
+				if has {
+					t.Errorf("gpu %d gi %d ci %d has a DRAM ratio %v", k[0], k[1], k[2], got)
+				}
+				continue
+			}
+			if want := SimValue(fld, a); !has || math.Abs(got-want) > 1e-12 {
+				t.Errorf("gpu %d gi %d ci %d %s = %v, want %v", k[0], k[1], k[2], fld, got, want)
 			}
 		}
 		_, hasPCIe := d.Values[PCIeTxBytes]
 		if hasPCIe != (k[1] == -1) {
-			t.Errorf("gpu %d gi %d: PCIe counter present = %v", k[0], k[1], hasPCIe)
+			t.Errorf("gpu %d gi %d ci %d: PCIe counter present = %v", k[0], k[1], k[2], hasPCIe)
 		}
 		if (d.Health != nil) != (k[1] == -1) {
-			t.Errorf("gpu %d gi %d: health = %v", k[0], k[1], d.Health)
+			t.Errorf("gpu %d gi %d ci %d: health = %v", k[0], k[1], k[2], d.Health)
 		}
 	}
-	// Order: by GPU, whole GPU first.
-	want := [][2]int{{0, -1}, {0, 1}, {0, 2}, {1, -1}}
+	if d, _ := snap.Find(uuid0, 2); d.ComputeInstance != -1 {
+		t.Errorf("Find gave compute instance %d, want the GPU instance", d.ComputeInstance)
+	}
+	// Order: by GPU, whole GPU first, each GPU instance before its compute
+	// instances.
+	if _, ok := snap.FindComputeInstance(uuid0, 1, 0); ok {
+		t.Error("the compute instance that fills GPU instance 1 alone was read")
+	}
+	want := [][3]int{{0, -1, -1}, {0, 1, -1}, {0, 2, -1}, {0, 2, 0}, {0, 2, 1}, {1, -1, -1}}
 	for i, d := range snap.Devices {
-		if [2]int{d.GPU, d.GPUInstance} != want[i] {
-			t.Errorf("device %d = %d/%d, want %v", i, d.GPU, d.GPUInstance, want[i])
+		if [3]int{d.GPU, d.GPUInstance, d.ComputeInstance} != want[i] {
+			t.Errorf("device %d = %d/%d/%d, want %v", i, d.GPU, d.GPUInstance, d.ComputeInstance, want[i])
 		}
 	}
 	ents, every := f.Watched()
-	var gis int
+	kinds := map[EntityKind]int{}
 	for _, e := range ents {
-		if e.Kind == EntityGPUInstance {
-			gis++
-		}
+		kinds[e.Kind]++
 	}
-	if gis != 2 || every != testConfig().Interval {
+	if kinds[EntityGPUInstance] != 2 || kinds[EntityComputeInstance] != 2 || every != testConfig().Interval {
 		t.Errorf("watched %v every %s", ents, every)
 	}
 	// SimValue is deterministic and clamps ratios.
@@ -506,9 +523,57 @@ func TestMIGInstanceValues(t *testing.T) {
 	}
 }
 
+// A field DCGM measures for a coarser entity is never taken from a finer
+// one, whatever DCGM answers there: a DCGM whose profiling back-end copies a
+// GPU instance's byte rates and DRAM ratio to its compute instances (and a
+// GPU's to its GPU instances) must not have them counted once per child.
+func TestParentValuesNotTakenFromChildren(t *testing.T) {
+	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}, ComputeInstances: map[int][]int{1: {0, 1}}}},
+		func(_, _, _ int) (float64, bool) { return 0.5, true })
+	f.SetValue(uuid0, 1, PCIeTxBytes, 1e9)
+	f.SetValue(uuid0, 1, NVLinkRxBytes, 1e9)
+	for _, ci := range []int{0, 1} {
+		f.SetComputeInstanceValue(uuid0, 1, ci, DRAMActive, 0.7)
+		f.SetComputeInstanceValue(uuid0, 1, ci, PCIeTxBytes, 1e9)
+	}
+	s := NewSampler(testConfig(), f.Open)
+	start(t, s)
+	waitFor(t, 2*time.Second, "MIG values", upWith(s, func(snap *Snapshot) bool {
+		_, a := snap.FindComputeInstance(uuid0, 1, 1)
+		_, b := snap.Find(uuid0, 1)
+		return a && b
+	}))
+	snap := s.Snapshot()
+	gi, _ := snap.Find(uuid0, 1)
+	for _, fld := range []Field{PCIeTxBytes, NVLinkRxBytes} {
+		if v, ok := gi.Values[fld]; ok {
+			t.Errorf("GPU instance has %s %v: DCGM measures it per GPU", fld, v)
+		}
+	}
+	if _, ok := gi.Values[DRAMActive]; !ok {
+		t.Error("GPU instance lost its DRAM ratio")
+	}
+	for _, ci := range []int{0, 1} {
+		d, _ := snap.FindComputeInstance(uuid0, 1, ci)
+		for _, fld := range []Field{DRAMActive, PCIeTxBytes} {
+			if v, ok := d.Values[fld]; ok {
+				t.Errorf("compute instance %d has %s %v: DCGM measures it for a coarser entity", ci, fld, v)
+			}
+		}
+		if _, ok := d.Values[SMActive]; !ok {
+			t.Errorf("compute instance %d lost its SM ratio", ci)
+		}
+	}
+	for _, f := range Fields() {
+		if f.Level() == EntityGPU && !f.IsCounter() {
+			t.Errorf("%s is measured per GPU only but is not a byte counter", f)
+		}
+	}
+}
+
 func TestMIGReconfiguration(t *testing.T) {
 	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}}},
-		func(_, _ int) (float64, bool) { return 0.5, true })
+		func(_, _, _ int) (float64, bool) { return 0.5, true })
 	cfg := testConfig()
 	cfg.Rediscover = 20 * time.Millisecond
 	s := NewSampler(cfg, f.Open)
@@ -563,7 +628,7 @@ func TestHealthHold(t *testing.T) {
 	cfg := testConfig()
 	cfg.HealthHold = time.Hour
 	s := NewSampler(cfg, nil)
-	k := devKey{uuid0, -1}
+	k := devKey{uuid0, -1, -1}
 	now := time.Now()
 	if h := s.healthOf(now, k, map[string]string{HealthMemory: HealthFail}); h[HealthMemory] != HealthFail {
 		t.Fatalf("memory = %q", h[HealthMemory])

@@ -71,6 +71,12 @@ type GPUState struct {
 	// Hung: driver calls on the GPU did not return within the device
 	// timeout (unlike a lost GPU, which answers with an error).
 	Hung bool
+	// DCGMGPUInstances are DCGM's values of the GPU instances split into
+	// several compute instances, by GPU instance ID: each of their compute
+	// instances carries only what DCGM measures for it, and what is labelled
+	// by GPU instance (the dcgm-exporter compatibility families) reads
+	// these. Nil where there are none.
+	DCGMGPUInstances map[int]Values
 }
 
 // MIGLayout is a MIG GPU's profiles, their possible placements, and where

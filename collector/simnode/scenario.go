@@ -229,6 +229,10 @@ type MIGSpec struct {
 	// instances (default 1), each its own MIG device with its own UUID,
 	// as nvidia-smi mig -cci does.
 	ComputeInstances int `yaml:"computeInstances"`
+	// ComputeInstanceWorkloads, when set, gives the compute instances
+	// workloads of their own, in order (compute instance 0 first); one not
+	// listed runs Workload.
+	ComputeInstanceWorkloads []*Workload `yaml:"computeInstanceWorkloads"`
 	// Placement, when set, is the start (in memory slices) of the
 	// placement the GPU instance takes; it must be one the profile allows.
 	Placement *int `yaml:"placement"`
@@ -656,6 +660,14 @@ func (s *Scenario) validate() error {
 				}
 				if m.ComputeInstances < 0 || m.ComputeInstances > 8 {
 					return s.errorAt(append(p, "mig", j, "computeInstances"), "%d compute instances: a GPU instance holds 1 to 8", m.ComputeInstances)
+				}
+				if n := len(m.ComputeInstanceWorkloads); n > max(1, m.ComputeInstances) {
+					return s.errorAt(append(p, "mig", j, "computeInstanceWorkloads"), "%d workloads for %d compute instances: give one per compute instance at most (set computeInstances)", n, max(1, m.ComputeInstances))
+				}
+				for k, w := range m.ComputeInstanceWorkloads {
+					if err := s.validateWorkload(w, append(p, "mig", j, "computeInstanceWorkloads", k)); err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -441,11 +441,15 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 		n := max(1, specs[i].ComputeInstances)
 		for ci := 0; ci < n; ci++ {
 			slot := len(d.migs)
+			w := specs[i].Workload
+			if ci < len(specs[i].ComputeInstanceWorkloads) && specs[i].ComputeInstanceWorkloads[ci] != nil {
+				w = specs[i].ComputeInstanceWorkloads[ci]
+			}
 			m := &MIGDevice{
 				parent: d, slot: slot, profile: p.profile.Name, geo: p.profile, placement: p.placement,
 				gi: gi, ci: ci, cis: n,
 				uuid:     stableUUID("MIG", d.node.Scenario.Seed, d.index, slot),
-				workload: resolveWorkload(specs[i].Workload, d.index),
+				workload: resolveWorkload(w, d.index),
 			}
 			d.migs = append(d.migs, m)
 		}
