@@ -39,6 +39,15 @@ var models = map[string]gpus.Config{
 	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
 	"H200-NVL-141GB":  board(gpus.H200_SXM5_141GB, "H200-NVL-141GB", 0x233B10DE),
 	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
+	"H20-96GB":        board(gpus.H100_SXM5_80GB, "H20-96GB", 0x232910DE),
+	"GB200-186GB":     board(gpus.B200_SXM5_180GB, "GB200-186GB", 0x294110DE),
+	// A Blackwell workstation-class board (GB202, compute capability 12.0)
+	// with MIG: four slices, graphics (+gfx) and media-engine variants.
+	"RTX-PRO-6000-BSE-96GB": func() gpus.Config {
+		c := board(gpus.B200_SXM5_180GB, "RTX-PRO-6000-BSE-96GB", 0x2BB510DE)
+		c.CudaMajor, c.CudaMinor = 12, 0
+		return c
+	}(),
 	// An inference board of the Ada generation: GDDR6 (no HBM temperature
 	// field), PCIe only (no NVLink), no MIG.
 	"L4-24GB": {Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
