@@ -90,7 +90,17 @@ type boardSpec struct {
 	pcieGen, pcieWidth int
 }
 
+// gddrPCIe reports a board with GDDR memory on PCIe only: no NVLink and no
+// memory temperature sensor (Ada's L4; Blackwell's GB20x workstation-class
+// boards such as the RTX PRO 6000, compute capability 12.x).
+func gddrPCIe(cfg gpus.Config) bool {
+	return cfg.Architecture == nvml.DEVICE_ARCH_ADA || (cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL && cfg.CudaMajor >= 12)
+}
+
 func boardFor(cfg gpus.Config) boardSpec {
+	if cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL && gddrPCIe(cfg) {
+		return boardSpec{idleW: 30, maxW: 600, smMHz: 2430, memMHz: 14001, pcieGen: 5, pcieWidth: 16}
+	}
 	switch cfg.Architecture {
 	case nvml.DEVICE_ARCH_AMPERE:
 		return boardSpec{idleW: 55, maxW: 400, smMHz: 1410, memMHz: 1593, pcieGen: 4, pcieWidth: 16}
