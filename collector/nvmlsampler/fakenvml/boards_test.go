@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
@@ -177,4 +178,48 @@ func noErrorLogs(t *testing.T, e *exporter, notice string) {
 	if notice != "" && seen != 1 {
 		t.Errorf("the notice %q was logged %d times; want once", notice, seen)
 	}
+}
+
+// rtxPro6000 is an RTX PRO 6000 Blackwell Server Edition as NVML names it
+// in the MIG geometry table: GB202, compute capability 12.0, GDDR7 on PCIe.
+var rtxPro6000 = gpus.Config{Name: "NVIDIA RTX PRO 6000 Blackwell Server Edition", Architecture: nvml.DEVICE_ARCH_BLACKWELL,
+	Brand: nvml.BRAND_NVIDIA, MemoryMB: 98304, CudaMajor: 12, CudaMinor: 0, PciDeviceId: 0x2BB510DE}
+
+// TestRealBinaryOnRTXPro6000MIG: MIG on a four-slice board whose profiles
+// are asked for with NVML's +gfx, -me and +me.all profile constants. The real
+// binary names the GPU instances as the driver does and counts free slices
+// and placeable instances on four slices.
+func TestRealBinaryOnRTXPro6000MIG(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(rtxPro6000, 1, fakenvml.Full)
+	g := &node.GPUs[0]
+	g.NVLinks = nil
+	if g.MIG == nil {
+		t.Fatal("the MIG geometry table has no profiles for " + rtxPro6000.Name)
+	}
+	for _, idx := range []int{nvml.GPU_INSTANCE_PROFILE_2_SLICE_GFX, nvml.GPU_INSTANCE_PROFILE_1_SLICE_NO_ME} {
+		if _, err := g.AddGPUInstance(idx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := startBoard(t, node)
+	info := func(f map[string]*dto.MetricFamily, p string) bool {
+		_, ok := sample(f, "gpu_mig_info", map[string]string{"mig_profile": p})
+		return ok
+	}
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return info(f, "2g.48gb+gfx") && info(f, "1g.24gb-me")
+	}, "MIG instances 2g.48gb+gfx and 1g.24gb-me")
+	if v, ok := sample(f, "gpu_mig_free_slices", map[string]string{"gpu": "0"}); !ok || v != 1 {
+		t.Errorf("gpu_mig_free_slices = %v (present %v); want 1 of 4", v, ok)
+	}
+	for p, want := range map[string]float64{"1g.24gb": 1, "1g.24gb+gfx": 1, "1g.24gb+me.all": 1, "2g.48gb": 0, "2g.48gb+gfx": 0, "4g.96gb+gfx": 0} {
+		if v, ok := sample(f, "gpu_mig_placeable_instances", map[string]string{"mig_profile": p}); !ok || v != want {
+			t.Errorf("gpu_mig_placeable_instances{mig_profile=%q} = %v (present %v); want %v", p, v, ok, want)
+		}
+	}
+	absent(t, f, "gpu_nvlink_errors_total", "gpu_memory_temperature_celsius")
+	noErrorLogs(t, e, "")
 }
