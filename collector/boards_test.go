@@ -2,6 +2,7 @@ package collector_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +33,11 @@ func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
 			[]string{"gpu_temperature_celsius", "gpu_utilization_ratio"}},
 		{"H100 without events", `node: {model: H100-SXM5-80GB, count: 1, unsupported: [events]}`, false,
 			nil, []string{"gpu_power_watts", "gpu_memory_temperature_celsius"}},
+		// A Blackwell workstation-class board (GB202): GDDR7 on PCIe, no
+		// NVLink, no memory temperature sensor, MIG.
+		{"RTX PRO 6000 Blackwell Server Edition", "node: {model: RTX-PRO-6000-BSE-96GB, count: 2}\ngpus: [{index: 0, mig: [{profile: 2g.48gb+gfx}, {profile: 1g.24gb-me}]}]", true,
+			[]string{"gpu_memory_temperature_celsius", "gpu_nvlink_errors_total"},
+			[]string{"gpu_power_watts", "gpu_temperature_celsius", "gpu_ecc_errors_total", "gpu_mig_info"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newClock()
@@ -92,7 +98,7 @@ func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
 					t.Errorf("%s served on a board without it: %v", f, got)
 				}
 			}
-			if tc.scenario[:14] == "node: {model: " && tc.scenario[14:16] == "L4" {
+			if strings.Contains(tc.scenario, "L4-24GB") || strings.Contains(tc.scenario, "RTX-PRO") {
 				for _, l := range series(p, "gpu_nvlink_active_links") {
 					if l[len(l)-2:] != " 0" {
 						t.Errorf("a PCIe board has active NVLinks: %s", l)

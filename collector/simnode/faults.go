@@ -288,6 +288,9 @@ func (d *Device) GetPcieReplayCounter() (int, nvml.Return) {
 }
 
 func (d *Device) nvlinks() int {
+	if gddrPCIe(d.cfg) {
+		return 0
+	}
 	switch d.cfg.Architecture {
 	case nvml.DEVICE_ARCH_HOPPER, nvml.DEVICE_ARCH_BLACKWELL:
 		return 18
@@ -382,7 +385,7 @@ func (d *Device) GetFieldValues(fv []nvml.FieldValue) nvml.Return {
 			fv[i].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
 			binary.LittleEndian.PutUint32(fv[i].Value[:4], uint32(d.faults().recovery))
 		case nvml.FI_DEV_MEMORY_TEMP:
-			if d.cfg.Architecture == nvml.DEVICE_ARCH_ADA { // GDDR: no memory sensor
+			if gddrPCIe(d.cfg) { // GDDR: no memory sensor
 				fv[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
 				continue
 			}

@@ -39,6 +39,15 @@ var models = map[string]gpus.Config{
 	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
 	"H200-NVL-141GB":  board(gpus.H200_SXM5_141GB, "H200-NVL-141GB", 0x233B10DE),
 	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
+	"H20-96GB":        board(gpus.H100_SXM5_80GB, "H20-96GB", 0x232910DE),
+	"GB200-186GB":     board(gpus.B200_SXM5_180GB, "GB200-186GB", 0x294110DE),
+	// A Blackwell workstation-class board (GB202, compute capability 12.0)
+	// with MIG: four slices, graphics (+gfx) and media-engine variants.
+	"RTX-PRO-6000-BSE-96GB": func() gpus.Config {
+		c := board(gpus.B200_SXM5_180GB, "RTX-PRO-6000-BSE-96GB", 0x2BB510DE)
+		c.CudaMajor, c.CudaMinor = 12, 0
+		return c
+	}(),
 	// An inference board of the Ada generation: GDDR6 (no HBM temperature
 	// field), PCIe only (no NVLink), no MIG.
 	"L4-24GB": {Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
@@ -81,7 +90,17 @@ type boardSpec struct {
 	pcieGen, pcieWidth int
 }
 
+// gddrPCIe reports a board with GDDR memory on PCIe only: no NVLink and no
+// memory temperature sensor (Ada's L4; Blackwell's GB20x workstation-class
+// boards such as the RTX PRO 6000, compute capability 12.x).
+func gddrPCIe(cfg gpus.Config) bool {
+	return cfg.Architecture == nvml.DEVICE_ARCH_ADA || (cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL && cfg.CudaMajor >= 12)
+}
+
 func boardFor(cfg gpus.Config) boardSpec {
+	if cfg.Architecture == nvml.DEVICE_ARCH_BLACKWELL && gddrPCIe(cfg) {
+		return boardSpec{idleW: 30, maxW: 600, smMHz: 2430, memMHz: 14001, pcieGen: 5, pcieWidth: 16}
+	}
 	switch cfg.Architecture {
 	case nvml.DEVICE_ARCH_AMPERE:
 		return boardSpec{idleW: 55, maxW: 400, smMHz: 1410, memMHz: 1593, pcieGen: 4, pcieWidth: 16}

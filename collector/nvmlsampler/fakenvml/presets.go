@@ -187,3 +187,36 @@ func NewNode(cfg gpus.Config, count int, branch string) *Node {
 	}
 	return n
 }
+
+// L4 is an inference board of the L4 class (Ada, GDDR6, PCIe only), as the
+// simulator's L4-24GB model describes it.
+var L4 = gpus.Config{Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
+	MemoryMB: 23034, CudaMajor: 8, CudaMinor: 9, PciDeviceId: 0x27B810DE}
+
+// L4Class returns an L4-class GPU: no NVLink (every NVLink call answers
+// NOT_SUPPORTED), no memory temperature sensor on its GDDR memory
+// (NVML_FI_DEV_MEMORY_TEMP answers NOT_SUPPORTED), no MIG, a 72 W board on
+// PCIe Gen4; ECC and row remapping as a data-centre board.
+func L4Class(index int) GPU {
+	g := FromModel(L4, index)
+	g.NVLinks = nil
+	g.FieldReturns = map[uint32]nvml.Return{nvml.FI_DEV_MEMORY_TEMP: nvml.ERROR_NOT_SUPPORTED}
+	g.PowerUsage, g.PowerLimit, g.EnforcedLimit = Ptr[uint32](16_000), Ptr[uint32](72_000), Ptr[uint32](72_000)
+	g.PCIe = &PCIe{Gen: 4, Width: 16, MaxGen: 4, MaxWidth: 16}
+	g.Clocks = map[nvml.ClockType]uint32{nvml.CLOCK_SM: 210, nvml.CLOCK_MEM: 6251, nvml.CLOCK_GRAPHICS: 210}
+	g.MaxClocks = map[nvml.ClockType]uint32{nvml.CLOCK_SM: 2040, nvml.CLOCK_MEM: 6251}
+	g.Thresholds = map[nvml.TemperatureThresholds]uint32{nvml.TEMPERATURE_THRESHOLD_SHUTDOWN: 95, nvml.TEMPERATURE_THRESHOLD_SLOWDOWN: 92}
+	return g
+}
+
+// WithoutECCPowerEvents makes g a board that answers NOT_SUPPORTED for ECC
+// (counters, row remapping), power (usage, energy, limits) and NVML events
+// (it supports no event type, so registering it fails), as consumer boards
+// and some vGPU guests do. A driver that cannot create event sets at all is
+// Node.Returns["nvmlEventSetCreate"] = nvml.ERROR_NOT_SUPPORTED.
+func WithoutECCPowerEvents(g GPU) GPU {
+	g.ECC, g.RemappedRows, g.RemapperHistogram = nil, nil, nil
+	g.PowerUsage, g.PowerLimit, g.EnforcedLimit, g.Energy = nil, nil, nil, nil
+	g.SupportedEvents = Ptr[uint64](0)
+	return g
+}
