@@ -355,3 +355,143 @@ func TestRealBinaryDriverWideStall(t *testing.T) {
 		return value(f, "gpu_up", map[string]string{"gpu": "3"}) == 1 && value(f, "gpu_up", map[string]string{"gpu": "0"}) == 1
 	}, "GPUs back once the driver answers")
 }
+
+// migUUIDs lists every MIG UUID the page names, in any family.
+func migUUIDs(f map[string]*dto.MetricFamily) map[string]bool {
+	seen := map[string]bool{}
+	for _, mf := range f {
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "mig_uuid" && l.GetValue() != "" {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	return seen
+}
+
+// MIG reconfigured under the running exporter (nvidia-smi mig -dci -dgi,
+// then -cgi -C; or mig-parted in one go): the handles of the destroyed
+// instances go stale (INVALID_ARGUMENT), new instances reuse the GPU
+// instance IDs with new UUIDs and profiles. The first sample taken after
+// the change serves the new layout and nothing of the old one, every MIG
+// device up, without NVML being initialised again.
+func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	g := &node.GPUs[1]
+	for range 2 {
+		if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	uuids := func() []string {
+		var u []string
+		for _, d := range g.MIG.Devices {
+			u = append(u, d.UUID)
+		}
+		return u
+	}
+	migUp := func(f map[string]*dto.MetricFamily, uuid string) float64 {
+		v, ok := sample(f, "gpu_mig_info", map[string]string{"gpu": "1", "mig_uuid": uuid})
+		if !ok || v != 1 {
+			return -1
+		}
+		for _, d := range g.MIG.Devices {
+			if d.UUID == uuid {
+				up, ok := sample(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": fmt.Sprint(d.GPUInstance), "compute_instance": fmt.Sprint(d.ComputeInstance)})
+				if !ok {
+					return -1
+				}
+				return up
+			}
+		}
+		return -1
+	}
+	old := uuids()
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUp(f, old[0]) == 1 && migUp(f, old[1]) == 1 }, "both 3g.40gb MIG devices up")
+
+	// change writes the node and returns the first page sampled after it.
+	change := func() map[string]*dto.MetricFamily {
+		t.Helper()
+		writeNode(t, node, path)
+		written := float64(time.Now().UnixNano()) / 1e9
+		return e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_exporter_last_sample_timestamp_seconds", nil) > written
+		}, "a sample taken after the MIG change")
+	}
+	// onlyNew fails for a page that names a MIG UUID not in want, or lacks
+	// one of want, or reports one of want down.
+	onlyNew := func(f map[string]*dto.MetricFamily, want []string) {
+		t.Helper()
+		page := migUUIDs(f)
+		for _, u := range want {
+			if v := migUp(f, u); v != 1 {
+				t.Errorf("MIG device %s: gpu_mig_info or gpu_up %v in the first sample after the change, want up", u, v)
+			}
+			delete(page, u)
+		}
+		for u := range page {
+			t.Errorf("the page still names MIG device %s, destroyed before this sample", u)
+		}
+		if v := value(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": ""}); v != 1 {
+			t.Errorf("gpu_up of the MIG GPU = %v, want 1", v)
+		}
+	}
+
+	t.Run("destroy, then create", func(t *testing.T) {
+		for _, id := range []int{1, 2} {
+			if err := g.RemoveGPUInstance(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		onlyNew(change(), nil)
+		for _, p := range []int{nvml.GPU_INSTANCE_PROFILE_2_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE} {
+			if _, err := g.AddGPUInstance(p, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f := change()
+		onlyNew(f, uuids())
+		if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "1", "gpu_instance": "1", "mig_profile": "2g.20gb"}); !ok {
+			t.Error("no gpu_memory_total_bytes for the new 2g.20gb in GPU instance 1 (the ID of a destroyed 3g.40gb)")
+		}
+		if v := value(f, "gpu_mig_free_slices", map[string]string{"gpu": "1"}); v != 3 {
+			t.Errorf("gpu_mig_free_slices = %v, want 3 (7 less 2g + 1g + 1g)", v)
+		}
+	})
+
+	t.Run("in one step", func(t *testing.T) {
+		for _, id := range []int{1, 2, 3} {
+			if err := g.RemoveGPUInstance(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_4_SLICE, 2); err != nil {
+			t.Fatal(err)
+		}
+		f := change()
+		onlyNew(f, uuids())
+		if _, ok := sample(f, "gpu_mig_info", map[string]string{"gpu": "1", "gpu_instance": "1", "compute_instance": "1", "mig_profile": "2c.4g.40gb"}); !ok {
+			t.Error("no gpu_mig_info for the second compute instance (2c.4g.40gb) of the new 4g.40gb")
+		}
+	})
+
+	f := e.waitFor(func(map[string]*dto.MetricFamily) bool { return true }, "a page")
+	if v := value(f, "gpu_exporter_nvml_inits_total", nil); v != 1 {
+		t.Errorf("gpu_exporter_nvml_inits_total = %v, want 1: a MIG change needs no new nvmlInit", v)
+	}
+	if v := value(f, "gpu_exporter_collector_up", map[string]string{"collector": "nvml"}); v != 1 {
+		t.Errorf("gpu_exporter_collector_up{collector=nvml} = %v, want 1", v)
+	}
+	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times, want none", n)
+	}
+}
