@@ -93,6 +93,11 @@ func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
 			if v := value(t, p, "gpu_exporter_xid_events_supported"); v != want {
 				t.Errorf("gpu_exporter_xid_events_supported = %s, want %s", v, want)
 			}
+			// Nothing to listen to is not "not listening": the alert on
+			// unregistered GPUs must stay silent on such a board.
+			if v := value(t, p, "gpu_exporter_xid_unregistered_gpus"); v != "0" {
+				t.Errorf("gpu_exporter_xid_unregistered_gpus = %s on a healthy board, want 0", v)
+			}
 			for _, f := range tc.absent {
 				if got := series(p, f); len(got) != 0 {
 					t.Errorf("%s served on a board without it: %v", f, got)

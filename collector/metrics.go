@@ -183,8 +183,11 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 				unregistered++
 			}
 		}
-		if st.XIDCoverage == nil && !st.XIDUp {
-			unregistered = len(s.GPUs) // no set open, and the source cannot say more
+		unsupported := st.XIDEventsSupported != nil && !*st.XIDEventsSupported
+		if st.XIDCoverage == nil && !st.XIDUp && !unsupported {
+			// No set open, and the source cannot say more. Boards that
+			// support no events have nothing to listen to: none counts.
+			unregistered = len(s.GPUs)
 		}
 		ch <- prometheus.MustNewConstMetric(xidUnregisteredDesc, prometheus.GaugeValue, float64(unregistered))
 		ch <- prometheus.MustNewConstMetric(xidUncoveredDesc, prometheus.CounterValue, st.XIDUncoveredSeconds)

@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
@@ -140,7 +141,7 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer waitStopped(&wg, log)
 	defer cancel()
 	cfg, err := collectorConfig(runCtx, &wg, o, sampler, node, derived, resolver, log)
 	if err != nil {
@@ -153,4 +154,25 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
 	return serve(runCtx, cancel, o, exp, ls, log), nil
+}
+
+// stopWait bounds how long the exporter waits at exit for its background
+// work. An NVML call stuck in the driver (a GPU hung holding the driver's
+// lock) never returns: waiting for it would keep the pod Terminating until
+// the kubelet kills it.
+const stopWait = 5 * time.Second
+
+// waitStopped waits for wg up to stopWait, then abandons what still runs.
+// NVML is not shut down under such a call (Sampler.Close checks).
+func waitStopped(wg *sync.WaitGroup, log zerolog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		log.Warn().Dur("waited", stopWait).Msg("exiting with NVML calls still blocked in the driver (a GPU hung in it, or a driver-wide stall); they are abandoned and NVML is not shut down")
+	}
 }

@@ -502,16 +502,38 @@ func (w *gpuWorker) read() sample.GPUState {
 	if w.processes && len(w.migHandles) == 0 {
 		g.Processes = readProcesses(w.handle, true, &w.lastSeen)
 	}
+	var destroyed bool
+	if g.MIG, destroyed = w.readMIG(); destroyed {
+		// MIG was reconfigured between the layout check and the read:
+		// read the layout and the new handles, then the devices again.
+		w.discover()
+		g.MIGEnabled, g.MIGLayout = w.ident.MIGEnabled, w.layout
+		g.MIG, _ = w.readMIG()
+	}
+	return g
+}
+
+// readMIG reads the GPU's MIG devices. destroyed says that a handle
+// answered as the driver does for a compute instance destroyed since it was
+// issued: INVALID_ARGUMENT (nvml.h, nvmlDeviceGetMigDeviceHandleByIndex:
+// the handle "would remain invalid and must be requested again"), or
+// NOT_FOUND.
+func (w *gpuWorker) readMIG() (out []sample.DeviceState, destroyed bool) {
 	for i, m := range w.migHandles {
 		ms := w.migIdent[i]
-		ms.Up, _ = readDevice(m, w.probes, &ms, nil, nil, false, nil)
+		var err error
+		ms.Up, err = readDevice(m, w.probes, &ms, nil, nil, false, nil)
+		var ret nvml.Return
+		if !ms.Up && errors.As(err, &ret) && (ret == nvml.ERROR_INVALID_ARGUMENT || ret == nvml.ERROR_NOT_FOUND) {
+			destroyed = true
+		}
 		if w.processes && ms.Up {
 			var none uint64
 			ms.Processes = readProcesses(m, false, &none)
 		}
-		g.MIG = append(g.MIG, ms)
+		out = append(out, ms)
 	}
-	return g
+	return out, destroyed
 }
 
 // readDevice reads one device's fields. Memory is the field every device

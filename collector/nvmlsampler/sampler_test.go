@@ -3,6 +3,7 @@ package nvmlsampler_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -350,4 +351,94 @@ func TestStartupDiscoveryDeadline(t *testing.T) {
 	close(lib.release)
 	waitUntil(t, "GPU 1 to join after answering", func() bool { return s.Sample(context.Background()).GPUs[1].Up })
 	s.Close()
+}
+
+// staleMIGLib hands out MIG device handles that go stale, as the driver's
+// do when their compute instance is destroyed, once epoch moves past the
+// epoch they were issued in: they answer INVALID_ARGUMENT.
+type staleMIGLib struct {
+	nvmlsampler.NVML
+	epoch *atomic.Int32
+}
+
+func (l staleMIGLib) DeviceGetHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	d, ret := l.NVML.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return d, ret
+	}
+	return staleMIGParent{Device: d, epoch: l.epoch}, ret
+}
+
+type staleMIGParent struct {
+	nvmlsampler.Device
+	epoch *atomic.Int32
+}
+
+func (p staleMIGParent) GetMigDeviceHandleByIndex(i int) (nvmlsampler.Device, nvml.Return) {
+	m, ret := p.Device.GetMigDeviceHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return m, ret
+	}
+	return staleMIGHandle{Device: m, issued: p.epoch.Load(), epoch: p.epoch}, ret
+}
+
+type staleMIGHandle struct {
+	nvmlsampler.Device
+	issued int32
+	epoch  *atomic.Int32
+}
+
+func (h staleMIGHandle) stale() bool { return h.issued != h.epoch.Load() }
+
+func (h staleMIGHandle) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	if h.stale() {
+		return nvml.Memory{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return h.Device.GetMemoryInfo()
+}
+
+func (h staleMIGHandle) GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) {
+	if h.stale() {
+		return nvml.Memory_v2{}, nvml.ERROR_INVALID_ARGUMENT
+	}
+	return h.Device.GetMemoryInfo_v2()
+}
+
+// MIG reconfigured between a sample's layout check and its read of the MIG
+// devices (mig-parted at work): the handles answer INVALID_ARGUMENT. The
+// same sample reads the layout and the handles again, and serves the MIG
+// devices up, not as lost.
+func TestMIGHandlesStaleWithinASample(t *testing.T) {
+	node, err := simnode.New(parse(t, sprintf(twoGPUs, "R580")), simnode.WithClock(fixedNow()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var epoch atomic.Int32
+	s, err := nvmlsampler.NewSampler(staleMIGLib{NVML: node, epoch: &epoch}, nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	migUp := func(out *sample.NodeSample) (up, all int) {
+		for _, g := range out.GPUs {
+			for _, m := range g.MIG {
+				all++
+				if m.Up {
+					up++
+				}
+			}
+		}
+		return up, all
+	}
+	var out *sample.NodeSample
+	waitUntil(t, "a sample with both MIG devices up", func() bool {
+		out = s.Sample(context.Background())
+		up, all := migUp(out)
+		return all == 2 && up == 2
+	})
+	epoch.Add(1) // every MIG handle issued so far is stale
+	out = s.Sample(context.Background())
+	if up, all := migUp(out); all != 2 || up != 2 {
+		t.Errorf("after the handles went stale: %d of %d MIG devices up, want 2 of 2", up, all)
+	}
 }

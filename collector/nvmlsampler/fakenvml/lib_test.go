@@ -326,6 +326,58 @@ func TestMIGLayoutInMemorySlices(t *testing.T) {
 	}
 }
 
+// A MIG device handle names its compute instance: destroyed, the handle
+// answers INVALID_ARGUMENT (nvml.h: it "would remain invalid and must be
+// requested again"), even once an instance created since fills its slot;
+// asked for again, the slot's handle serves the new instance, with a new
+// UUID.
+func TestMIGHandleGoesStaleOnReconfiguration(t *testing.T) {
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
+	g := &node.GPUs[0]
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	old := must[nvml.Device](t, "MIG handle")(d.GetMigDeviceHandleByIndex(0))
+	oldUUID := must[string](t, "MIG UUID")(old.GetUUID())
+
+	// nvidia-smi mig -dci -dgi: the slot is empty.
+	if err := g.RemoveGPUInstance(1); err != nil {
+		t.Fatal(err)
+	}
+	write(t, node)
+	if _, ret := old.GetUUID(); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("UUID of a destroyed instance's handle: %v, want INVALID_ARGUMENT", ret)
+	}
+	if _, ret := d.GetMigDeviceHandleByIndex(0); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("MIG handle of an empty slot: %v, want NOT_FOUND", ret)
+	}
+
+	// -cgi -C: a new instance, with the same GPU instance ID, in the slot.
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	write(t, node)
+	if _, ret := old.GetMemoryInfo(); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("memory of the old handle with a new instance in its slot: %v, want INVALID_ARGUMENT", ret)
+	}
+	cur := must[nvml.Device](t, "new MIG handle")(d.GetMigDeviceHandleByIndex(0))
+	uuid := must[string](t, "new MIG UUID")(cur.GetUUID())
+	if uuid == oldUUID || uuid != g.MIG.Devices[0].UUID {
+		t.Errorf("new instance's UUID %s (old %s), want %s", uuid, oldUUID, g.MIG.Devices[0].UUID)
+	}
+	if gi := must[int](t, "GI")(cur.GetGpuInstanceId()); gi != 1 {
+		t.Errorf("new instance in GPU instance %d, want 1 (the ID is reused)", gi)
+	}
+	if _, ret := old.GetUUID(); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("old handle after the new one was issued: %v, want INVALID_ARGUMENT", ret)
+	}
+	if again := must[nvml.Device](t, "MIG handle again")(d.GetMigDeviceHandleByIndex(0)); again != cur {
+		t.Error("asking again for an unchanged slot gave another handle")
+	}
+}
+
 func TestH100PlacementsInMemorySlices(t *testing.T) {
 	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
 	if _, err := node.GPUs[0].AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_7_SLICE, 1); err != nil {

@@ -296,62 +296,269 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 }
 
 // A GPU hung inside the driver holding a driver-wide lock stalls every
-// GPU: the page says so (every gpu_up 0, the sample age grows, /readyz
-// fails) and goroutines do not pile up sample after sample.
+// GPU. What the operator sees, precisely: the sampler goes on (a new
+// sample every interval) and says every GPU is down and the nvml collector
+// failing; each GPU's last answer stays where the stall began, so the page's
+// sample age is at least the stall's length; /readyz fails naming a GPU,
+// /healthz passes, and NVML is neither released nor initialised again (the
+// driver is loaded). Goroutines do not pile up: one per GPU stays blocked,
+// however many samples pass. The exporter still stops on SIGTERM during a
+// stall, without waiting for calls that never return.
 func TestRealBinaryDriverWideStall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
-	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 4, fakenvml.Full)
+	const gpuCount = 4
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, gpuCount, fakenvml.Full)
 	path := filepath.Join(t.TempDir(), "node.conf")
 	writeNode(t, node, path)
-	e := startExporter(t, fakenvml.Full, path)
-	node.Blocks = map[string]time.Duration{"all": fakenvml.Forever}
-	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	up := func(f map[string]*dto.MetricFamily, gpu int) float64 {
+		return value(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu), "gpu_instance": ""})
+	}
 	allDown := func(f map[string]*dto.MetricFamily) bool {
-		for gpu := 0; gpu < 4; gpu++ {
-			if value(f, "gpu_up", map[string]string{"gpu": fmt.Sprint(gpu)}) != 0 {
+		for gpu := 0; gpu < gpuCount; gpu++ {
+			if up(f, gpu) != 0 {
 				return false
 			}
 		}
 		return true
 	}
-	e.waitFor(allDown, "every GPU down")
-	e.waitHTTP("/readyz", "not ready", func(code int, _ string) bool { return code == http.StatusServiceUnavailable })
-	if code, _ := e.get("/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz = %d during a stall, want 200 (the driver is loaded; restarting would not help)", code)
+	allUp := func(f map[string]*dto.MetricFamily) bool {
+		for gpu := 0; gpu < gpuCount; gpu++ {
+			if up(f, gpu) != 1 {
+				return false
+			}
+		}
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": fmt.Sprint(gpuCount - 1)}) == 1
 	}
-	// Samples go on (one per second); count goroutines after a few, then
-	// after many more.
+	// samples waits for n new samples and returns the last page.
 	samples := func(n int) map[string]*dto.MetricFamily {
-		var last float64
+		t.Helper()
 		var f map[string]*dto.MetricFamily
-		for seen := 0; seen < n; {
+		last := -1.0
+		for seen := 0; seen <= n; seen++ {
 			f = e.waitFor(func(f map[string]*dto.MetricFamily) bool {
 				return value(f, "gpu_exporter_last_sample_timestamp_seconds", nil) != last
 			}, "a new sample")
 			last = value(f, "gpu_exporter_last_sample_timestamp_seconds", nil)
-			seen++
 		}
 		return f
 	}
-	f := samples(3)
-	before := value(f, "go_goroutines", nil)
-	ageBefore := value(f, "gpu_exporter_sample_age_seconds", nil)
-	f = samples(15)
-	after := value(f, "go_goroutines", nil)
-	if before == 0 || after > before+3 {
+	e.waitFor(allUp, "every GPU up and registered for events")
+	baseline := value(samples(2), "go_goroutines", nil)
+
+	stall := func() float64 {
+		t.Helper()
+		node.Blocks = map[string]time.Duration{"all": fakenvml.Forever}
+		writeNode(t, node, path)
+		return float64(time.Now().UnixNano()) / 1e9
+	}
+	stalled := stall()
+	e.waitFor(allDown, "every GPU down")
+	f1 := samples(3)
+	lastAnswer := map[int]float64{}
+	for gpu := 0; gpu < gpuCount; gpu++ {
+		v, ok := sample(f1, "gpu_last_sample_timestamp_seconds", map[string]string{"gpu": fmt.Sprint(gpu)})
+		if !ok || v > stalled {
+			t.Errorf("GPU %d: gpu_last_sample_timestamp_seconds %v (present %v), want at most %v, when the stall began", gpu, v, ok, stalled)
+		}
+		lastAnswer[gpu] = v
+	}
+	for name, want := range map[string]float64{"gpu_exporter_nvml_initialized": 1, "gpu_exporter_nvml_inits_total": 1} {
+		if v := value(f1, name, nil); v != want {
+			t.Errorf("%s = %v during a stall, want %v (the driver is loaded: a stall is not a reload)", name, v, want)
+		}
+	}
+	if v := value(f1, "gpu_exporter_collector_up", map[string]string{"collector": "nvml"}); v != 0 {
+		t.Errorf("gpu_exporter_collector_up{collector=nvml} = %v during a stall, want 0", v)
+	}
+	ts1, age1 := value(f1, "gpu_exporter_last_sample_timestamp_seconds", nil), value(f1, "gpu_exporter_sample_age_seconds", nil)
+	if age1 < ts1-stalled {
+		t.Errorf("gpu_exporter_sample_age_seconds %v, want at least %v: the time since the stall began", age1, ts1-stalled)
+	}
+	before := value(f1, "go_goroutines", nil)
+	if before > baseline+gpuCount+2 {
+		t.Errorf("%v goroutines after 3 stalled samples, %v before the stall: more than one per GPU blocked", before, baseline)
+	}
+
+	f2 := samples(15)
+	if after := value(f2, "go_goroutines", nil); after > before+2 {
 		t.Errorf("goroutines %v after 3 stalled samples, %v after 15 more: they pile up", before, after)
 	}
-	if age := value(f, "gpu_exporter_sample_age_seconds", nil); age <= ageBefore {
-		t.Errorf("gpu_exporter_sample_age_seconds %v, then %v: it must grow while the driver stalls", ageBefore, age)
+	ts2, age2 := value(f2, "gpu_exporter_last_sample_timestamp_seconds", nil), value(f2, "gpu_exporter_sample_age_seconds", nil)
+	if ts2 <= ts1 {
+		t.Errorf("gpu_exporter_last_sample_timestamp_seconds %v, then %v: the sampler must go on during a stall", ts1, ts2)
 	}
-	if !allDown(f) {
+	if age2 <= age1 || age2 < ts2-stalled {
+		t.Errorf("gpu_exporter_sample_age_seconds %v, then %v: it must grow with the stall (at least %v)", age1, age2, ts2-stalled)
+	}
+	for gpu := 0; gpu < gpuCount; gpu++ {
+		if v, _ := sample(f2, "gpu_last_sample_timestamp_seconds", map[string]string{"gpu": fmt.Sprint(gpu)}); v != lastAnswer[gpu] {
+			t.Errorf("GPU %d: gpu_last_sample_timestamp_seconds moved from %v to %v while it answered nothing", gpu, lastAnswer[gpu], v)
+		}
+	}
+	if !allDown(f2) {
 		t.Error("a GPU reported up during a driver-wide stall")
 	}
+	if code, body := e.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "has not answered") {
+		t.Errorf("/readyz during a stall: %d %q, want 503 naming a GPU that has not answered", code, body)
+	}
+	if code, _ := e.get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d during a stall, want 200 (the driver is loaded; restarting would not help)", code)
+	}
+	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times during a stall, want none", n)
+	}
+
 	node.Blocks = nil
 	writeNode(t, node, path)
-	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "gpu_up", map[string]string{"gpu": "3"}) == 1 && value(f, "gpu_up", map[string]string{"gpu": "0"}) == 1
-	}, "GPUs back once the driver answers")
+	e.waitFor(allUp, "GPUs back once the driver answers")
+
+	// SIGTERM during a stall: a clean exit, without waiting for the calls
+	// that never return (stop fails the test after 20 s).
+	stall()
+	e.waitFor(allDown, "every GPU down again")
+	e.stop()
+}
+
+// migUUIDs lists every MIG UUID the page names, in any family.
+func migUUIDs(f map[string]*dto.MetricFamily) map[string]bool {
+	seen := map[string]bool{}
+	for _, mf := range f {
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "mig_uuid" && l.GetValue() != "" {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	return seen
+}
+
+// MIG reconfigured under the running exporter (nvidia-smi mig -dci -dgi,
+// then -cgi -C; or mig-parted in one go): the handles of the destroyed
+// instances go stale (INVALID_ARGUMENT), new instances reuse the GPU
+// instance IDs with new UUIDs and profiles. The first sample taken after
+// the change serves the new layout and nothing of the old one, every MIG
+// device up, without NVML being initialised again.
+func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	g := &node.GPUs[1]
+	for range 2 {
+		if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	uuids := func() []string {
+		var u []string
+		for _, d := range g.MIG.Devices {
+			u = append(u, d.UUID)
+		}
+		return u
+	}
+	migUp := func(f map[string]*dto.MetricFamily, uuid string) float64 {
+		v, ok := sample(f, "gpu_mig_info", map[string]string{"gpu": "1", "mig_uuid": uuid})
+		if !ok || v != 1 {
+			return -1
+		}
+		for _, d := range g.MIG.Devices {
+			if d.UUID == uuid {
+				up, ok := sample(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": fmt.Sprint(d.GPUInstance), "compute_instance": fmt.Sprint(d.ComputeInstance)})
+				if !ok {
+					return -1
+				}
+				return up
+			}
+		}
+		return -1
+	}
+	old := uuids()
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUp(f, old[0]) == 1 && migUp(f, old[1]) == 1 }, "both 3g.40gb MIG devices up")
+
+	// change writes the node and returns the first page sampled after it.
+	change := func() map[string]*dto.MetricFamily {
+		t.Helper()
+		writeNode(t, node, path)
+		written := float64(time.Now().UnixNano()) / 1e9
+		return e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+			return value(f, "gpu_exporter_last_sample_timestamp_seconds", nil) > written
+		}, "a sample taken after the MIG change")
+	}
+	// onlyNew fails for a page that names a MIG UUID not in want, or lacks
+	// one of want, or reports one of want down.
+	onlyNew := func(f map[string]*dto.MetricFamily, want []string) {
+		t.Helper()
+		page := migUUIDs(f)
+		for _, u := range want {
+			if v := migUp(f, u); v != 1 {
+				t.Errorf("MIG device %s: gpu_mig_info or gpu_up %v in the first sample after the change, want up", u, v)
+			}
+			delete(page, u)
+		}
+		for u := range page {
+			t.Errorf("the page still names MIG device %s, destroyed before this sample", u)
+		}
+		if v := value(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": ""}); v != 1 {
+			t.Errorf("gpu_up of the MIG GPU = %v, want 1", v)
+		}
+	}
+
+	t.Run("destroy, then create", func(t *testing.T) {
+		for _, id := range []int{1, 2} {
+			if err := g.RemoveGPUInstance(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		onlyNew(change(), nil)
+		for _, p := range []int{nvml.GPU_INSTANCE_PROFILE_2_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE} {
+			if _, err := g.AddGPUInstance(p, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f := change()
+		onlyNew(f, uuids())
+		if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "1", "gpu_instance": "1", "mig_profile": "2g.20gb"}); !ok {
+			t.Error("no gpu_memory_total_bytes for the new 2g.20gb in GPU instance 1 (the ID of a destroyed 3g.40gb)")
+		}
+		if v := value(f, "gpu_mig_free_slices", map[string]string{"gpu": "1"}); v != 3 {
+			t.Errorf("gpu_mig_free_slices = %v, want 3 (7 less 2g + 1g + 1g)", v)
+		}
+	})
+
+	t.Run("in one step", func(t *testing.T) {
+		for _, id := range []int{1, 2, 3} {
+			if err := g.RemoveGPUInstance(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_4_SLICE, 2); err != nil {
+			t.Fatal(err)
+		}
+		f := change()
+		onlyNew(f, uuids())
+		if _, ok := sample(f, "gpu_mig_info", map[string]string{"gpu": "1", "gpu_instance": "1", "compute_instance": "1", "mig_profile": "2c.4g.40gb"}); !ok {
+			t.Error("no gpu_mig_info for the second compute instance (2c.4g.40gb) of the new 4g.40gb")
+		}
+	})
+
+	f := e.waitFor(func(map[string]*dto.MetricFamily) bool { return true }, "a page")
+	if v := value(f, "gpu_exporter_nvml_inits_total", nil); v != 1 {
+		t.Errorf("gpu_exporter_nvml_inits_total = %v, want 1: a MIG change needs no new nvmlInit", v)
+	}
+	if v := value(f, "gpu_exporter_collector_up", map[string]string{"collector": "nvml"}); v != 1 {
+		t.Errorf("gpu_exporter_collector_up{collector=nvml} = %v, want 1", v)
+	}
+	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times, want none", n)
+	}
 }

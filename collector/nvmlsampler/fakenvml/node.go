@@ -188,6 +188,10 @@ type MIG struct {
 	// Devices are the MIG device handles in index order, one per compute
 	// instance.
 	Devices []MIGDevice
+	// created counts the GPU instances AddGPUInstance made, so that an
+	// instance re-created after RemoveGPUInstance gets a new UUID, as
+	// with the driver.
+	created int
 }
 
 // GPUInstanceProfile is a profile's info and where it can be placed.

@@ -149,7 +149,7 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 			Placement: nvml.ComputeInstancePlacement{Start: uint32(c) * per, Size: per}})
 		g.MIG.Devices = append(g.MIG.Devices, MIGDevice{
 			Device: Device{
-				UUID:   fmt.Sprintf("MIG-%08x-%04x-4000-8000-%012x", 0xfa4e0000+g.Minor, id, c),
+				UUID:   fmt.Sprintf("MIG-%08x-%04x-4000-8000-%012x", 0xfa4e0000+g.Minor, id, g.MIG.created<<16|c),
 				Name:   fmt.Sprintf("%s MIG %s", g.Name, ciName),
 				Memory: &Memory{Total: memTotal, Used: 0},
 				Attributes: &nvml.DeviceAttributes{MultiprocessorCount: p.Info.MultiprocessorCount / uint32(computeInstances),
@@ -160,11 +160,43 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 			GPUInstance: id, ComputeInstance: c,
 		})
 	}
+	g.MIG.created++
 	g.MIG.GPUInstances = append(g.MIG.GPUInstances, gi)
 	sort.Slice(g.MIG.GPUInstances, func(i, j int) bool { return g.MIG.GPUInstances[i].ID < g.MIG.GPUInstances[j].ID })
 	// Real MIG GPUs answer no utilisation on the parent.
 	g.Utilization = nil
 	return &g.MIG.GPUInstances[len(g.MIG.GPUInstances)-1], nil
+}
+
+// RemoveGPUInstance destroys a GPU instance, its compute instances and
+// their MIG devices (nvidia-smi mig -dci, then -dgi). MIG stays enabled.
+// The MIG devices left keep their order; a later AddGPUInstance may reuse
+// the instance ID, with new UUIDs.
+func (g *GPU) RemoveGPUInstance(id int) error {
+	if g.MIG == nil {
+		return fmt.Errorf("%s does not support MIG", g.Name)
+	}
+	kept := g.MIG.GPUInstances[:0]
+	found := false
+	for _, gi := range g.MIG.GPUInstances {
+		if gi.ID == id {
+			found = true
+			continue
+		}
+		kept = append(kept, gi)
+	}
+	if !found {
+		return fmt.Errorf("%s has no GPU instance %d", g.Name, id)
+	}
+	g.MIG.GPUInstances = kept
+	devs := g.MIG.Devices[:0]
+	for _, d := range g.MIG.Devices {
+		if d.GPUInstance != id {
+			devs = append(devs, d)
+		}
+	}
+	g.MIG.Devices = devs
+	return nil
 }
 
 // NewNode returns a node of count GPUs of one model, on a driver of branch

@@ -29,6 +29,10 @@
 //   driver_unloaded=1     no kernel module: nvmlInit answers
 //                         DRIVER_NOT_LOADED, an initialised library is
 //                         torn down as on a reload
+// MIG device handles name the compute instance they were issued for: once
+// it is destroyed (its slot empty, or holding an instance created since) the
+// handle answers INVALID_ARGUMENT, and nvmlDeviceGetMigDeviceHandleByIndex
+// must be asked again, as with the driver (see migHandle).
 // Events are raised when the library first sees them in the file (on the
 // next call of any thread): each set registered for the GPU and type at
 // that moment gets its own copy; with no such set the event is lost, as
@@ -244,6 +248,9 @@ static nvmlReturn_t parseCode(const char *v) {
 struct nvmlDevice_st {
     unsigned magic;
     int gpu, mig; // mig < 0: the whole GPU
+    // A MIG device handle names the compute instance it was issued for
+    // ("gi ci uuid" of its slot then): see migHandle.
+    char ident[160];
 };
 struct nvmlGpuInstance_st {
     unsigned magic;
@@ -264,14 +271,19 @@ struct nvmlEventSet_st {
     unsigned head, tail;
 };
 
-static struct nvmlDevice_st devs[MAX_GPUS][MAX_MIG + 1];
+#define MIG_HANDLES 16 // handles issued per MIG slot before one is reused
+static struct nvmlDevice_st devs[MAX_GPUS][1];
+static struct nvmlDevice_st migDevs[MAX_GPUS][MAX_MIG][MIG_HANDLES];
+static unsigned migIssued[MAX_GPUS][MAX_MIG]; // the slot's newest handle
 static struct nvmlGpuInstance_st gis[MAX_GPUS][MAX_GI];
 static struct nvmlComputeInstance_st cis[MAX_GPUS][MAX_GI][MAX_CI];
 static struct nvmlEventSet_st sets[MAX_SETS];
 
 __attribute__((constructor)) static void setup(void) {
     for (int g = 0; g < MAX_GPUS; g++) {
-        for (int m = 0; m <= MAX_MIG; m++) devs[g][m] = (struct nvmlDevice_st){MAGIC, g, m - 1};
+        devs[g][0] = (struct nvmlDevice_st){MAGIC, g, -1, ""};
+        for (int m = 0; m < MAX_MIG; m++)
+            for (int h = 0; h < MIG_HANDLES; h++) migDevs[g][m][h] = (struct nvmlDevice_st){MAGIC, g, m, ""};
         for (int i = 0; i < MAX_GI; i++) {
             gis[g][i] = (struct nvmlGpuInstance_st){MAGIC, g, i};
             for (int c = 0; c < MAX_CI; c++) cis[g][i][c] = (struct nvmlComputeInstance_st){MAGIC, g, i, c};
@@ -282,7 +294,47 @@ __attribute__((constructor)) static void setup(void) {
 #define IN(arr, p) ((const void *)(p) >= (const void *)(arr) && (const void *)(p) < (const void *)((char *)(arr) + sizeof(arr)))
 
 static nvmlDevice_t gpuHandle(int gpu) { return (nvmlDevice_t){&devs[gpu][0]}; }
-static nvmlDevice_t migHandle(int gpu, int mig) { return (nvmlDevice_t){&devs[gpu][mig + 1]}; }
+// migIdent writes what identifies the compute instance in a MIG slot now
+// ("" for an empty slot).
+static void migIdent(int gpu, int mig, char *out, size_t n) {
+    const char *gi = get("gpu.%d.mig.%d.gi", gpu, mig), *ci = get("gpu.%d.mig.%d.ci", gpu, mig),
+               *uuid = get("gpu.%d.mig.%d.uuid", gpu, mig);
+    if (!gi) {
+        *out = 0;
+        return;
+    }
+    snprintf(out, n, "%s %s %s", gi, ci ? ci : "-", uuid ? uuid : "-");
+}
+
+// migHandle issues the handle of the compute instance in a MIG slot. nvml.h
+// (nvmlDeviceGetMigDeviceHandleByIndex): "If the compute instance is
+// destroyed either explicitly or by destroying, resetting or unbinding the
+// parent GPU instance or the GPU device itself the MIG device handle would
+// remain invalid and must be requested again using this API. Handles may be
+// reused and their properties can change in the process." So a handle
+// issued for an instance since destroyed answers INVALID_ARGUMENT (what
+// every device function answers for an invalid device) even once a new
+// instance fills its slot: the new instance gets a handle of its own when
+// asked for again. Handles are reused after MIG_HANDLES instances in one
+// slot, as the driver may.
+static nvmlDevice_t migHandle(int gpu, int mig) {
+    char id[sizeof migDevs[0][0][0].ident];
+    migIdent(gpu, mig, id, sizeof id);
+    struct nvmlDevice_st *h = &migDevs[gpu][mig][migIssued[gpu][mig]];
+    if (strcmp(h->ident, id) != 0) {
+        migIssued[gpu][mig] = (migIssued[gpu][mig] + 1) % MIG_HANDLES;
+        h = &migDevs[gpu][mig][migIssued[gpu][mig]];
+        snprintf(h->ident, sizeof h->ident, "%s", id);
+    }
+    return (nvmlDevice_t){h};
+}
+
+// migCurrent: the instance a MIG handle was issued for still exists.
+static int migCurrent(const struct nvmlDevice_st *d) {
+    char id[sizeof d->ident];
+    migIdent(d->gpu, d->mig, id, sizeof id);
+    return *id && strcmp(id, d->ident) == 0;
+}
 
 static unsigned deviceCount(void) {
     unsigned long long n = 0;
@@ -376,18 +428,20 @@ static nvmlReturn_t enter(const char *fn, int gpu, int mig) {
     pthread_mutex_lock(&mu);                                                     \
     if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);                        \
     struct nvmlDevice_st *d = (h_).handle;                                        \
-    if (!IN(devs, d) || d->magic != MAGIC || (unsigned)d->gpu >= deviceCount())  \
+    if (!(IN(devs, d) || IN(migDevs, d)) || d->magic != MAGIC ||                \
+        (unsigned)d->gpu >= deviceCount())                                       \
         RETURN(NVML_ERROR_INVALID_ARGUMENT);                                     \
     char P[48];                                                                  \
     if (d->mig < 0)                                                              \
         snprintf(P, sizeof P, "gpu.%d.", d->gpu);                                \
     else                                                                         \
         snprintf(P, sizeof P, "gpu.%d.mig.%d.", d->gpu, d->mig);                 \
-    if (d->mig >= 0 && !get("%s""gi", P)) RETURN(NVML_ERROR_INVALID_ARGUMENT);   \
     {                                                                            \
         nvmlReturn_t e__ = enter(fn, d->gpu, d->mig);                            \
         if (e__ != NVML_SUCCESS) RETURN(e__);                                    \
-    }
+    }                                                                            \
+    /* after enter: the node file as of this call */                            \
+    if (d->mig >= 0 && !migCurrent(d)) RETURN(NVML_ERROR_INVALID_ARGUMENT);
 
 #define NEED(p) \
     if (!(p)) RETURN(NVML_ERROR_INVALID_ARGUMENT)
