@@ -277,3 +277,15 @@ func TestAttribute(t *testing.T) {
 		t.Errorf("SM over 1: %v", u.ByContainer[a].SM)
 	}
 }
+
+func TestParseComm(t *testing.T) {
+	for _, c := range []struct{ stat, want string }{
+		{"4242 (nvidia-cuda-mps) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 8640000", "nvidia-cuda-mps"},
+		{"77 (a (b) c) R 1", "a (b) c"},
+		{"77 no name", ""},
+	} {
+		if got := procs.ParseComm(c.stat); got != c.want {
+			t.Errorf("ParseComm(%q) = %q, want %q", c.stat, got, c.want)
+		}
+	}
+}

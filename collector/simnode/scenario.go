@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -94,9 +95,11 @@ type DeviceSpec struct {
 	Replica *int `yaml:"replica"`
 }
 
-// SharingSpec is the device plugin's time-slicing configuration.
+// SharingSpec is the device plugin's sharing configuration: time-slicing
+// or MPS (the NVIDIA device plugin applies one of them, never both).
 type SharingSpec struct {
 	TimeSlicing *TimeSlicingSpec `yaml:"timeSlicing"`
+	MPS         *MPSSpec         `yaml:"mps"`
 }
 
 // TimeSlicingSpec shares GPUs between Replicas holders each.
@@ -104,6 +107,30 @@ type TimeSlicingSpec struct {
 	GPUs     []int `yaml:"gpus"`
 	Replicas int   `yaml:"replicas"`
 }
+
+// MPSSpec shares whole GPUs through CUDA MPS, as the NVIDIA device plugin's
+// sharing.mps does: Replicas holders per GPU, each client limited to
+// 1/Replicas of the GPU's memory and of its SMs (the control daemon's
+// default pinned memory limit and active thread percentage), an
+// nvidia-cuda-mps-server process on the GPU while it has clients, run by
+// the plugin's MPS control daemon pod. RenameByDefault advertises the
+// replicas as nvidia.com/gpu.shared instead of nvidia.com/gpu.
+type MPSSpec struct {
+	GPUs            []int `yaml:"gpus"`
+	Replicas        int   `yaml:"replicas"`
+	RenameByDefault bool  `yaml:"renameByDefault"`
+}
+
+// MPS control daemon pod of the NVIDIA device plugin (its Helm chart's
+// names): the MPS servers it starts run in its container's cgroup.
+const (
+	mpsDaemonNamespace = "nvidia-device-plugin"
+	mpsDaemonPod       = "nvidia-device-plugin-mps-control-daemon-x7k2p"
+	mpsDaemonContainer = "mps-control-daemon"
+	// mpsServerComm is nvidia-cuda-mps-server as /proc/<pid>/stat shows
+	// it: the kernel keeps the first 15 bytes of a command name.
+	mpsServerComm = "nvidia-cuda-mps"
+)
 
 // FaultSpec injects a fault from At on (until Until, if set) on one GPU, or
 // on the node's device plugin.
@@ -693,29 +720,53 @@ func (s *Scenario) migCount(gpu int) int {
 	return 0
 }
 
-func (s *Scenario) sharedGPU(gpu int) bool {
-	if ts := s.Sharing.TimeSlicing; ts != nil {
-		for _, g := range ts.GPUs {
-			if g == gpu {
-				return true
-			}
-		}
+// sharedGPU: the GPU is handed out as replicas (time-slicing or MPS).
+func (s *Scenario) sharedGPU(gpu int) bool { return s.replicas(gpu) > 0 }
+
+// mpsGPU: the GPU is shared through MPS.
+func (s *Scenario) mpsGPU(gpu int) bool {
+	return s.Sharing.MPS != nil && slices.Contains(s.Sharing.MPS.GPUs, gpu)
+}
+
+// replicas is how many holders share the GPU, 0 where it is not shared.
+func (s *Scenario) replicas(gpu int) int {
+	if ts := s.Sharing.TimeSlicing; ts != nil && slices.Contains(ts.GPUs, gpu) {
+		return ts.Replicas
 	}
-	return false
+	if s.mpsGPU(gpu) {
+		return s.Sharing.MPS.Replicas
+	}
+	return 0
 }
 
 func (s *Scenario) validateSharing() error {
-	ts := s.Sharing.TimeSlicing
-	if ts == nil {
-		return nil
+	ts, mps := s.Sharing.TimeSlicing, s.Sharing.MPS
+	if ts != nil && mps != nil {
+		return s.errorAt([]any{"sharing", "mps"}, "sharing names both timeSlicing and mps: the device plugin applies one sharing method to a node; keep one")
 	}
-	p := []any{"sharing", "timeSlicing"}
-	if ts.Replicas < 2 || ts.Replicas > 48 {
-		return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
+	if ts != nil {
+		p := []any{"sharing", "timeSlicing"}
+		if ts.Replicas < 2 || ts.Replicas > 48 {
+			return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
+		}
+		for i, g := range ts.GPUs {
+			if g < 0 || g >= s.Node.Count {
+				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+			}
+		}
 	}
-	for i, g := range ts.GPUs {
-		if g < 0 || g >= s.Node.Count {
-			return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+	if mps != nil {
+		p := []any{"sharing", "mps"}
+		if mps.Replicas < 2 || mps.Replicas > 48 {
+			return s.errorAt(append(p, "replicas"), "%d replicas: MPS shares a GPU between 2 and 48 clients (an MPS server takes at most 48 client contexts per GPU)", mps.Replicas)
+		}
+		for i, g := range mps.GPUs {
+			if g < 0 || g >= s.Node.Count {
+				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+			}
+			if s.migCount(g) > 0 {
+				return s.errorAt(append(p, "gpus", i), "GPU %d is in MIG mode: the device plugin shares only whole GPUs through MPS; drop its mig list or share another GPU", g)
+			}
 		}
 	}
 	return nil
@@ -774,13 +825,13 @@ func (s *Scenario) validatePods() error {
 				}
 				if d.Replica != nil {
 					if !s.sharedGPU(d.GPU) {
-						return s.errorAt(append(dp, "replica"), "GPU %d is not time-sliced: list it in sharing.timeSlicing.gpus", d.GPU)
+						return s.errorAt(append(dp, "replica"), "GPU %d is not shared: list it in sharing.timeSlicing.gpus or sharing.mps.gpus", d.GPU)
 					}
-					if *d.Replica < 0 || *d.Replica >= s.Sharing.TimeSlicing.Replicas {
-						return s.errorAt(append(dp, "replica"), "replica %d is outside 0..%d", *d.Replica, s.Sharing.TimeSlicing.Replicas-1)
+					if n := s.replicas(d.GPU); *d.Replica < 0 || *d.Replica >= n {
+						return s.errorAt(append(dp, "replica"), "replica %d is outside 0..%d", *d.Replica, n-1)
 					}
 				} else if s.sharedGPU(d.GPU) {
-					return s.errorAt(dp, "GPU %d is time-sliced: name the replica a container holds", d.GPU)
+					return s.errorAt(dp, "GPU %d is shared (time-slicing or MPS): name the replica a container holds", d.GPU)
 				}
 				u := heldUnit{gpu: d.GPU, mig: -1, replica: -1}
 				if d.MIG != nil {
@@ -792,7 +843,7 @@ func (s *Scenario) validatePods() error {
 				me := heldBy{pod: key + "/" + c.Name, start: pod.Start, stop: pod.Stop, path: dp}
 				for _, other := range holders[u] {
 					if overlaps(me, other) {
-						return s.errorAt(dp, "%s is already held by %s (%s) at the same time: the kubelet gives a device to one container; share a GPU through sharing.timeSlicing and replicas, or give the pods disjoint start/stop times",
+						return s.errorAt(dp, "%s is already held by %s (%s) at the same time: the kubelet gives a device to one container; share a GPU through sharing.timeSlicing or sharing.mps and replicas, or give the pods disjoint start/stop times",
 							describeUnit(u), other.pod, formatPath(other.path))
 					}
 				}
