@@ -20,11 +20,24 @@ func (n *Node) DCGM() *dcgm.Fake {
 	}
 	f := dcgm.NewSimulated(devs, n.activity)
 	f.SetClock(func() time.Time { return n.now() })
+	f.SetHealthSource(n.dcgmHealth)
 	return f
 }
 
-// activity is SM activity: the workload's busy ratio, a bit lower, as SM
-// activity trails NVML's coarse "a kernel ran" figure.
+// dcgmHealth is DCGM's health watch of a GPU now, from dcgmHealth faults.
+func (n *Node) dcgmHealth(uuid string) map[string]string {
+	for _, d := range n.devices {
+		if d.UUID() == uuid {
+			return n.faultsAt(d.index, n.elapsed()).dcgmHealth
+		}
+	}
+	return nil
+}
+
+// activity is SM activity: the workload's smActive curve where the
+// scenario sets one, else its busy ratio a bit lower, as SM activity trails
+// NVML's coarse "a kernel ran" figure; on a GPU instance, the mean over its
+// compute instances.
 func (n *Node) activity(gpu, gi int) (float64, bool) {
 	if gpu < 0 || gpu >= len(n.devices) {
 		return 0, false
@@ -35,12 +48,23 @@ func (n *Node) activity(gpu, gi int) (float64, bool) {
 		return 0, false
 	}
 	if gi < 0 {
+		if c := d.workload.smActive; c != nil && len(d.migs) == 0 && !d.hasProcs {
+			return c.at(n.Scenario, d.key("sm_active"), t), true
+		}
 		return 0.85 * d.utilAt(t), true
 	}
+	// A GPU instance's compute instances share its SMs' activity.
+	var sum float64
+	found := false
 	for _, m := range d.migs {
 		if m.gi == gi {
-			return 0.85 * m.utilAt(t), true
+			found = true
+			if c := m.workload.smActive; c != nil {
+				sum += c.at(n.Scenario, m.key("sm_active"), t) / float64(m.cis)
+			} else {
+				sum += 0.85 * m.utilAt(t) / float64(m.cis)
+			}
 		}
 	}
-	return 0, false
+	return sum, found
 }

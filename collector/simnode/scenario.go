@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 )
 
 // Scenario describes a simulated GPU node: its GPUs, MIG layouts and workload
@@ -163,6 +165,18 @@ type FaultSpec struct {
 	Reset bool `yaml:"reset"`
 	// DevicePlugin changes what the kubelet says is allocatable.
 	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
+	// DCGMHealth makes DCGM's health watch of one subsystem report warn or
+	// fail for the GPU (a whole GPU: DCGM's health is per GPU).
+	DCGMHealth *DCGMHealthFault `yaml:"dcgmHealth"`
+}
+
+// DCGMHealthFault is one DCGM health watch result.
+type DCGMHealthFault struct {
+	// System is one of dcgm.HealthSystems: pcie, mem, inforom, thermal,
+	// power, nvlink, driver.
+	System string `yaml:"system"`
+	// Result is warn or fail.
+	Result string `yaml:"result"`
 }
 
 // ECCFault adds ECC errors.
@@ -269,6 +283,10 @@ type Workload struct {
 	Utilization *Curve `yaml:"utilization"`
 	// Memory is the fraction of the device's memory in use.
 	Memory *Curve `yaml:"memory"`
+	// SMActive is DCGM's SM activity (default 0.85 x utilization), in
+	// every phase: a job of tiny kernels keeps NVML's utilization up (a
+	// kernel ran in most sample periods) while its SMs sit idle.
+	SMActive *Curve `yaml:"smActive"`
 	// Phases replace the curves from a point in time on.
 	Phases []Phase `yaml:"phases"`
 }
@@ -870,13 +888,13 @@ func describeUnit(u heldUnit) string {
 
 func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	kinds := 0
-	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset} {
+	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset, f.DCGMHealth != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset (found %d)", kinds)
+		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset, dcgmHealth (found %d)", kinds)
 	}
 	if f.Until != 0 && f.Until <= f.At {
 		return s.errorAt(append(p, "until"), "until (%s) must come after at (%s)", time.Duration(f.Until), time.Duration(f.At))
@@ -895,6 +913,14 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if *f.GPU < 0 || *f.GPU >= s.Node.Count {
 		return s.errorAt(append(p, "gpu"), "GPU index %d is outside 0..%d", *f.GPU, s.Node.Count-1)
+	}
+	if h := f.DCGMHealth; h != nil {
+		if !slices.Contains(dcgm.HealthSystems, h.System) {
+			return s.errorAt(append(p, "dcgmHealth", "system"), "unknown DCGM health system %q; systems: %s", h.System, strings.Join(dcgm.HealthSystems, ", "))
+		}
+		if h.Result != dcgm.HealthWarn && h.Result != dcgm.HealthFail {
+			return s.errorAt(append(p, "dcgmHealth", "result"), "result %q: give warn or fail (a pass is the fault's end: until)", h.Result)
+		}
 	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
@@ -973,6 +999,9 @@ func (s *Scenario) validateWorkload(w *Workload, path []any) error {
 		return err
 	}
 	if err := s.validateCurve(w.Memory, append(path, "memory")); err != nil {
+		return err
+	}
+	if err := s.validateCurve(w.SMActive, append(path, "smActive")); err != nil {
 		return err
 	}
 	var last time.Duration = -1
