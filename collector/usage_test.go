@@ -446,3 +446,31 @@ pods:
 		t.Errorf("status of the MPS GPU: MPS server memory %v, want 32 MiB", u.MPSServerMemoryBytes)
 	}
 }
+
+// The compute instances of one GPU instance each report the GPU instance's
+// memory: a holder of one of them is credited with its own processes, as on
+// a time-sliced GPU, not with its neighbour's use of the GPU instance.
+func TestComputeInstanceHolderOwnMemory(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+pods:
+  - {namespace: ml, name: ci-0, containers: [{name: c, devices: [{gpu: 0, mig: 0}], processes: [{memory: {mean: 0.6}}]}]}
+  - {namespace: ml, name: ci-1, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+  - {namespace: ml, name: alone, containers: [{name: c, devices: [{gpu: 0, mig: 2}]}]}
+`)
+	pn, _ := newProcNode(t, sc)
+	p := pn.step(t, 30*time.Second)
+	gi := num(t, p, "gpu_memory_used_bytes", `compute_instance="1"`, `mig_profile="1c.3g.40gb"`)
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="ci-1"`); v != 0 {
+		t.Errorf("ci-1 runs nothing on its compute instance, yet is credited with %v bytes (its GPU instance uses %v)", v, gi)
+	}
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="ci-0"`); v <= 0 || v >= gi {
+		t.Errorf("ci-0's own process: %v bytes, want above 0 and below its GPU instance's %v", v, gi)
+	}
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="alone"`); v != num(t, p, "gpu_memory_used_bytes", `mig_profile="1g.10gb"`) {
+		t.Errorf("a MIG instance held alone keeps its own figure: %v", v)
+	}
+}
