@@ -474,3 +474,25 @@ pods:
 		t.Errorf("a MIG instance held alone keeps its own figure: %v", v)
 	}
 }
+
+// Without process accounting a holder of one compute instance has no
+// per-container VRAM, rather than its whole GPU instance's.
+func TestComputeInstanceHolderWithoutProcessAccounting(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2, workload: {preset: busy}}, {profile: 1g.10gb}]
+pods:
+  - {namespace: ml, name: ci-0, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: ml, name: alone, containers: [{name: c, devices: [{gpu: 0, mig: 2}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="ci-0"`); len(s) != 0 {
+		t.Errorf("a compute instance's holder is credited with its GPU instance's memory: %v", s)
+	}
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="alone"`); len(s) != 1 {
+		t.Errorf("a MIG instance held alone: %v, want its figure", s)
+	}
+}
