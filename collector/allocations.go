@@ -67,8 +67,12 @@ type Allocations struct {
 	heldIDs   map[string]map[string]bool
 	Unmatched map[string]int // resource -> device IDs matching no device
 	// Shared are the units the device plugin hands out as replicas
-	// (time-slicing, MPS, GKE vgpuK), held or allocatable.
+	// (time-slicing, MPS, GKE vgpuK), held or allocatable, and the compute
+	// instances of a GPU instance that holds several.
 	Shared map[DeviceKey]bool
+	// SharedGPUInstance are those compute instances: their memory and DCGM
+	// activity are their GPU instance's.
+	SharedGPUInstance map[DeviceKey]bool
 	// Replicas are the replica numbers each holder holds on a shared unit.
 	Replicas map[HolderOn][]int
 }
@@ -172,6 +176,7 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, now time.Ti
 		sort.Slice(hs, func(i, j int) bool { return holderLess(hs[i], hs[j]) })
 		a.ByDevice[k] = hs
 	}
+	a.SharedGPUInstance = markSharedGPUInstances(s, a.Shared)
 	for _, h := range unmatched {
 		a.Unmatched[h.Resource]++
 	}
@@ -179,6 +184,29 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, now time.Ti
 		unmatchedLog.Log(unmatched)
 	}
 	return a
+}
+
+// markSharedGPUInstances marks the compute instances of a GPU instance
+// that holds several as shared: NVML reports the GPU instance's memory on
+// each of them and DCGM its activity, so a holder of one compute instance
+// is credited with its own processes (as on a time-sliced GPU), not with
+// what its neighbours in the GPU instance use.
+func markSharedGPUInstances(s *sample.NodeSample, shared map[DeviceKey]bool) map[DeviceKey]bool {
+	out := map[DeviceKey]bool{}
+	for i := range s.GPUs {
+		g := &s.GPUs[i]
+		cis := map[int]int{}
+		for j := range g.MIG {
+			cis[g.MIG[j].GPUInstance]++
+		}
+		for j := range g.MIG {
+			if cis[g.MIG[j].GPUInstance] > 1 {
+				shared[migKey(g.GPU, &g.MIG[j])] = true
+				out[migKey(g.GPU, &g.MIG[j])] = true
+			}
+		}
+	}
+	return out
 }
 
 // targetKey is the device a kubelet device ID resolved to.
@@ -209,7 +237,7 @@ var (
 		allocLabels, nil)
 	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
 	containerMemDesc = prometheus.NewDesc("gpu_container_memory_used_bytes",
-		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared (time-sliced, MPS) device the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
+		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared device (time-sliced, MPS, or a compute instance of a GPU instance that holds several) the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
 		containerLabels, nil)
 	containerUtilDesc = prometheus.NewDesc("gpu_container_utilization_ratio",
 		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
@@ -332,8 +360,11 @@ func collectAllocations(st *State, ch chan<- prometheus.Metric) {
 			}
 			return
 		}
-		if len(holders) != 1 {
-			return // shared devices without process accounting: per-container use is unknown, so absent rather than duplicated
+		if len(holders) != 1 || a.SharedGPUInstance[key] {
+			// Shared devices without process accounting: per-container use
+			// is unknown, so absent rather than duplicated; a compute
+			// instance's figures are its GPU instance's, not its holder's.
+			return
 		}
 		h := holders[0]
 		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}

@@ -120,6 +120,10 @@ func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, 
 	if du != nil && du.Known && d.Up {
 		v := du.OutsidePods.MemoryBytes
 		u.OutsidePodsMemoryBytes, u.OutsidePodsProcesses = &v, du.OutsidePods.Processes
+		if du.MPSServer.Processes > 0 {
+			m := du.MPSServer.MemoryBytes
+			u.MPSServerMemoryBytes = &m
+		}
 	}
 	add := func(h Holder, holding bool, cu *ContainerUse) {
 		sh := status.Holder{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, Holding: holding,

@@ -39,6 +39,9 @@ type DeviceUsage struct {
 	// containers that use it without holding it.
 	Containers  []ContainerUse
 	OutsidePods procs.Use
+	// MPSServer is the MPS server's own use: in the device's used memory,
+	// in no container's figure and not outside pods.
+	MPSServer procs.Use
 }
 
 // ContainerUse is one container's use of one unit.
@@ -103,6 +106,7 @@ func attributeProcesses(ctx context.Context, r *procs.Resolver, s *sample.NodeSa
 			du.Shared = true // a container uses it without holding it: the device's figures are not the holder's alone
 		}
 		du.OutsidePods = att.OutsidePods
+		du.MPSServer = att.MPSServer
 	})
 	u.Duration = time.Since(start)
 	return u

@@ -117,7 +117,7 @@ node: {model: A100-SXM4-80GB, count: 2, cgroupDriver: cgroupfs-v1, runtime: cri-
 gpus:
   - index: 1
     mig: [{profile: 3g.40gb}, {profile: 3g.40gb}]
-sharing: {timeSlicing: {gpus: [0], replicas: 4}}
+sharing: {mps: {gpus: [0], replicas: 2}}
 hostProcesses:
   - {gpu: 0, comm: Xorg, memory: {mean: 0.01}}
 pods:
@@ -371,5 +371,128 @@ func TestProcRootUnreadable(t *testing.T) {
 	}
 	if num(t, p, "gpu_container_memory_used_bytes", append(g6, `pod="chat-api-0"`)...) == 0 {
 		t.Error("chat-api-0's VRAM did not come back with the proc root")
+	}
+}
+
+// An MPS-shared GPU: the kubelet hands out <uuid>::<n> replicas on
+// nvidia.com/gpu; NVML lists the nvidia-cuda-mps-server (compute list only)
+// and each client (compute and MPS lists). Each holder gets its own
+// clients' VRAM and activity; the server, run by the device plugin's
+// control daemon pod, is neither a holder, a pod using the GPU, nor memory
+// outside pods.
+func TestMPSSharedGPU(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 2}
+sharing: {mps: {gpus: [0], replicas: 4}}
+hostProcesses:
+  - {gpu: 0, comm: Xorg, memory: {mean: 0.01}}
+pods:
+  - namespace: inference
+    name: llm-0
+    containers:
+      - name: server
+        devices: [{gpu: 0, replica: 0}]
+        processes: [{memory: {mean: 0.2}, utilization: {mean: 0.2}}]
+  - namespace: inference
+    name: llm-1
+    containers:
+      - name: server
+        devices: [{gpu: 0, replica: 1}]
+        processes: [{memory: {mean: 0.6}, utilization: {mean: 0.9}}]   # held to its limits: 1/4 of the memory and SMs
+  - namespace: inference
+    name: llm-2
+    containers:
+      - name: server
+        devices: [{gpu: 0, replica: 2}]
+`)
+	pn, _ := newProcNode(t, sc)
+	p := pn.step(t, 30*time.Second)
+	g0 := `gpu="0"`
+	total := num(t, p, "gpu_memory_total_bytes", g0, `gpu_instance=""`)
+	room := total - 512<<20
+	mem0 := num(t, p, "gpu_container_memory_used_bytes", `pod="llm-0"`, g0)
+	mem1 := num(t, p, "gpu_container_memory_used_bytes", `pod="llm-1"`, g0)
+	mem2 := num(t, p, "gpu_container_memory_used_bytes", `pod="llm-2"`, g0)
+	if !within(mem0, 0.2*room, 0.001) || !within(mem1, total/4, 0.001) || mem2 != 0 {
+		t.Errorf("VRAM: llm-0 %.4g (want %.4g), llm-1 %.4g (want its pinned limit %.4g), llm-2 %v (want 0)", mem0, 0.2*room, mem1, total/4, mem2)
+	}
+	if v := num(t, p, "gpu_container_utilization_ratio", `pod="llm-1"`, g0, `source="processes"`); v != 0.25 {
+		t.Errorf("llm-1 activity %v, want 0.25 (its active thread percentage)", v)
+	}
+	outside := num(t, p, "gpu_memory_used_outside_pods_bytes", g0)
+	if !within(outside, 0.01*room, 0.001) {
+		t.Errorf("outside pods %.4g, want the Xorg client's %.4g and not the MPS server", outside, 0.01*room)
+	}
+	if s := series(p, "gpu_container_memory_used_bytes", `namespace="nvidia-device-plugin"`); len(s) != 0 {
+		t.Errorf("the MPS control daemon pod is shown as using the GPU: %v", s)
+	}
+	if s := series(p, "gpu_allocation_info", g0); len(s) != 3 {
+		t.Errorf("allocation series on the MPS GPU: %v, want one per holder", s)
+	}
+	used := num(t, p, "gpu_memory_used_bytes", g0, `gpu_instance=""`)
+	server := used - (mem0 + mem1 + mem2 + outside + 512<<20)
+	if !within(server, 32<<20, 0.01) {
+		t.Errorf("used %v less holders, outside pods and driver reserve leaves %v, want the MPS server's 32 MiB", used, server)
+	}
+	n, err := status.Decode(bytes.NewReader(p.StatusJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := n.GPUs[0].Units[0]
+	if !u.Shared || len(u.Holders) != 3 || u.OutsidePodsProcesses != 1 {
+		t.Errorf("status of the MPS GPU: shared %v, %d holders, %d processes outside pods; want shared, 3, 1: %+v", u.Shared, len(u.Holders), u.OutsidePodsProcesses, u)
+	}
+	if u.MPSServerMemoryBytes == nil || !within(*u.MPSServerMemoryBytes, 32<<20, 0.01) {
+		t.Errorf("status of the MPS GPU: MPS server memory %v, want 32 MiB", u.MPSServerMemoryBytes)
+	}
+}
+
+// The compute instances of one GPU instance each report the GPU instance's
+// memory: a holder of one of them is credited with its own processes, as on
+// a time-sliced GPU, not with its neighbour's use of the GPU instance.
+func TestComputeInstanceHolderOwnMemory(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
+pods:
+  - {namespace: ml, name: ci-0, containers: [{name: c, devices: [{gpu: 0, mig: 0}], processes: [{memory: {mean: 0.6}}]}]}
+  - {namespace: ml, name: ci-1, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+  - {namespace: ml, name: alone, containers: [{name: c, devices: [{gpu: 0, mig: 2}]}]}
+`)
+	pn, _ := newProcNode(t, sc)
+	p := pn.step(t, 30*time.Second)
+	gi := num(t, p, "gpu_memory_used_bytes", `compute_instance="1"`, `mig_profile="1c.3g.40gb"`)
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="ci-1"`); v != 0 {
+		t.Errorf("ci-1 runs nothing on its compute instance, yet is credited with %v bytes (its GPU instance uses %v)", v, gi)
+	}
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="ci-0"`); v <= 0 || v >= gi {
+		t.Errorf("ci-0's own process: %v bytes, want above 0 and below its GPU instance's %v", v, gi)
+	}
+	if v := num(t, p, "gpu_container_memory_used_bytes", `pod="alone"`); v != num(t, p, "gpu_memory_used_bytes", `mig_profile="1g.10gb"`) {
+		t.Errorf("a MIG instance held alone keeps its own figure: %v", v)
+	}
+}
+
+// Without process accounting a holder of one compute instance has no
+// per-container VRAM, rather than its whole GPU instance's.
+func TestComputeInstanceHolderWithoutProcessAccounting(t *testing.T) {
+	sc := scenario(t, `
+node: {model: H100-SXM5-80GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.40gb, computeInstances: 2, workload: {preset: busy}}, {profile: 1g.10gb}]
+pods:
+  - {namespace: ml, name: ci-0, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: ml, name: alone, containers: [{name: c, devices: [{gpu: 0, mig: 2}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="ci-0"`); len(s) != 0 {
+		t.Errorf("a compute instance's holder is credited with its GPU instance's memory: %v", s)
+	}
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="alone"`); len(s) != 1 {
+		t.Errorf("a MIG instance held alone: %v, want its figure", s)
 	}
 }

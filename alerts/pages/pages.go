@@ -13,9 +13,11 @@
 //
 // What the simulated exporter serves here: NVML (devices, MIG instances and
 // compute instances, health, ECC, XIDs through the event set) and the
-// kubelet's pod map through a fake kubelet on a private socket. Not DCGM,
-// and not per-process accounting (gpu_container_* series of shared
-// devices): those run on their own clocks in the real binary.
+// kubelet's pod map through a fake kubelet on a private socket; where the
+// source asks, DCGM (the simulated node's host engine, sampled at each of
+// the exporter's samples) and per-process accounting (NVML's process lists
+// over the simulated host's /proc and /var/log/containers), as the binary
+// runs them with --dcgm.mode and --procs.enabled.
 package pages
 
 import (
@@ -41,7 +43,9 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -66,6 +70,12 @@ type Source struct {
 	// pods) beside the exporter's pages, in promtool's input_series form
 	// over the whole run, with job="kube-state-metrics".
 	KubeStateMetrics []InputSeries `yaml:"kubeStateMetrics"`
+	// DCGM: the node runs a DCGM host engine; the exporter reads it.
+	DCGM bool `yaml:"dcgm"`
+	// Processes: per-process accounting is on (the simulated host's /proc).
+	Processes bool `yaml:"processes"`
+	// IdleWindow is the exporter's --idle.window (default 30m).
+	IdleWindow string `yaml:"idleWindow"`
 	// QuietEvery: every this many minutes (and at the end), each alert the
 	// source's alert_rule_test does not check at that time must be quiet.
 	QuietEvery int `yaml:"quietEvery"`
@@ -151,6 +161,11 @@ func LoadSource(path string) (*Source, error) {
 	if s.QuietEvery <= 0 {
 		return nil, fmt.Errorf("%s: quietEvery is %d: give the minutes between quiet checks (e.g. 5)", path, s.QuietEvery)
 	}
+	if s.IdleWindow != "" {
+		if d, err := model.ParseDuration(s.IdleWindow); err != nil || d <= 0 {
+			return nil, fmt.Errorf("%s: idleWindow %q: give a duration such as 5m", path, s.IdleWindow)
+		}
+	}
 	for _, r := range s.Restarts {
 		if r <= 0 || r >= s.Minutes {
 			return nil, fmt.Errorf("%s: restart at minute %d: give one between 1 and %d", path, r, s.Minutes-1)
@@ -186,16 +201,24 @@ func Run(src *Source, keep map[string]bool) ([]*Series, error) {
 		return nil, fmt.Errorf("the scenario names no node (node.name): the series' node label comes from it")
 	}
 	clk := &clock{t: time.Unix(0, 0).UTC()}
-	sim, err := simnode.New(sc, simnode.WithClock(clk.Now))
-	if err != nil {
-		return nil, err
-	}
-	defer sim.Close()
 	dir, err := os.MkdirTemp("", "gpe-pages-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	sim, err := simnode.New(sc, simnode.WithClock(clk.Now), simnode.WithHostDir(filepath.Join(dir, "host")))
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Close()
+	opts := processOptions{procs: src.Processes}
+	if src.DCGM {
+		opts.dcgm = sim.DCGM() // the host engine outlives exporter restarts
+	}
+	if src.IdleWindow != "" {
+		d, _ := model.ParseDuration(src.IdleWindow)
+		opts.idleWindow = time.Duration(d)
+	}
 	socket := filepath.Join(dir, "kubelet.sock")
 	kubelet := fakekubelet.New(socket)
 	kubelet.SetPods(sim.KubeletPods())
@@ -229,7 +252,7 @@ func Run(src *Source, keep map[string]bool) ([]*Series, error) {
 		}
 		return nil
 	}
-	if proc, err = startProcess(sim, clk, socket, kubelet); err != nil {
+	if proc, err = startProcess(sim, clk, socket, kubelet, opts); err != nil {
 		return nil, err
 	}
 	if err := proc.sample(sim); err != nil {
@@ -245,7 +268,7 @@ func Run(src *Source, keep map[string]bool) ([]*Series, error) {
 			// what comes after it).
 			proc.stop()
 			clk.Advance(time.Minute)
-			if proc, err = startProcess(sim, clk, socket, kubelet); err != nil {
+			if proc, err = startProcess(sim, clk, socket, kubelet, opts); err != nil {
 				return nil, err
 			}
 			if err := record(m, 0); err != nil {
@@ -296,13 +319,30 @@ type process struct {
 	reader  *xid.Reader
 	pods    *podmap.Client
 	srv     *fakekubelet.Server
+	dcgm    *steppedDCGM  // nil without DCGM
 	started time.Duration // of the node's time
 	cancel  context.CancelFunc
 	done    chan struct{}
 	clk     *clock
 }
 
-func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet.Server) (*process, error) {
+// processOptions are the exporter's optional sources and settings.
+type processOptions struct {
+	procs      bool
+	dcgm       *dcgm.Fake
+	idleWindow time.Duration
+}
+
+// steppedDCGM serves the snapshot of the DCGM sampler's last Step: the
+// values of the page's own moment.
+type steppedDCGM struct {
+	s    *dcgm.Sampler
+	snap *dcgm.Snapshot
+}
+
+func (d *steppedDCGM) Snapshot() *dcgm.Snapshot { return d.snap }
+
+func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet.Server, opts processOptions) (*process, error) {
 	started := clk.Now().Sub(time.Unix(0, 0))
 	src := &afterSource{src: sim.XIDSource(), from: clk.Now()}
 	reader := xid.NewReader(src, nil)
@@ -311,16 +351,38 @@ func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet
 	if err != nil {
 		return nil, err
 	}
-	s, err := nvmlsampler.NewSampler(sim, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
+	s, err := nvmlsampler.NewSampler(sim, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Processes: opts.procs})
 	if err != nil {
 		return nil, err
 	}
-	e, err := collector.New(collector.Config{Interval: sampleEvery, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: pods}, s)
+	cfg := collector.Config{Interval: sampleEvery, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: pods}
+	cfg.Derived.Idle.Window = opts.idleWindow
+	if opts.procs {
+		root, err := sim.HostProc()
+		if err != nil {
+			return nil, err
+		}
+		logDir, err := sim.HostLogDir()
+		if err != nil {
+			return nil, err
+		}
+		ids, err := procs.NewLogDir(logDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Processes = procs.NewResolver(procs.Config{ProcRoot: root, Identities: ids, Now: clk.Now})
+	}
+	var dsrc *steppedDCGM
+	if opts.dcgm != nil {
+		dsrc = &steppedDCGM{s: dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: sampleEvery, Log: zerolog.Nop()}, opts.dcgm.Open)}
+		cfg.DCGM = dsrc
+	}
+	e, err := collector.New(cfg, s)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &process{exp: e, reader: reader, pods: pods, srv: srv, started: started, cancel: cancel, done: make(chan struct{}), clk: clk}
+	p := &process{exp: e, reader: reader, pods: pods, srv: srv, dcgm: dsrc, started: started, cancel: cancel, done: make(chan struct{}), clk: clk}
 	go func() { defer close(p.done); _ = reader.Run(ctx) }()
 	// The event set opens within microseconds of a real start; wait for it,
 	// so that the first page does not depend on the goroutines' timing.
@@ -357,6 +419,9 @@ func (p *process) sample(sim *simnode.Node) error {
 	p.srv.SetPods(sim.KubeletPods()) // the kubelet follows the scenario
 	p.srv.SetAllocatable(sim.KubeletAllocatable())
 	_ = p.pods.Refresh(ctx) // a failure shows on the page, as it would
+	if p.dcgm != nil {
+		p.dcgm.snap, _ = p.dcgm.s.Step(ctx, p.clk.Now()) // a failure shows on the page, as it would
+	}
 	p.exp.SampleOnce(ctx)
 	return nil
 }

@@ -238,8 +238,11 @@ func matrixScenario(t *testing.T, c matrixCase, m *miggeometry.Model) string {
 	if mig != "" {
 		fmt.Fprintf(&b, "  - {index: 1, %s}\n", mig)
 	}
-	if c["sharing"] != "exclusive" {
+	switch c["sharing"] {
+	case "time-slicing":
 		b.WriteString("sharing:\n  timeSlicing: {gpus: [0], replicas: 2}\n")
+	case "mps":
+		b.WriteString("sharing:\n  mps: {gpus: [0], replicas: 2}\n")
 	}
 	b.WriteString("pods:\n")
 	holders := 1
@@ -253,7 +256,8 @@ func matrixScenario(t *testing.T, c matrixCase, m *miggeometry.Model) string {
 		}
 		proc := ""
 		if c["sharing"] == "mps" {
-			proc = fmt.Sprintf(", processes: [{pid: %d, mps: true, memory: {mean: 0.2}, utilization: {mean: 0.3}}]", 4000+i)
+			// MPS clients; the simulated node adds the GPU's MPS server.
+			proc = fmt.Sprintf(", processes: [{pid: %d, memory: {mean: 0.2}, utilization: {mean: 0.3}}]", 4000+i)
 		}
 		fmt.Fprintf(&b, "  - {namespace: ml, name: whole-%d, containers: [{name: main, devices: [%s]%s}]}\n", i, dev, proc)
 	}
@@ -470,6 +474,34 @@ func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body stri
 	}
 	if len(fams) == 0 {
 		t.Error("empty page")
+	}
+	// A shared GPU's figures are its holders': on MPS, the server (run by
+	// the device plugin's control daemon pod, which holds no GPU) is no
+	// holder, no pod using the GPU, and within no client's figure.
+	if strings.Contains(body, `namespace="nvidia-device-plugin"`) {
+		t.Error("the MPS control daemon pod shows on the page")
+	}
+	if c["sharing"] != "exclusive" {
+		var gpu0Total float64
+		for _, x := range get("gpu_memory_total_bytes") {
+			if label(x, "gpu") == "0" && label(x, "gpu_instance") == "" {
+				gpu0Total = val(x)
+			}
+		}
+		var holders []*dto.Metric
+		for _, x := range get("gpu_container_memory_used_bytes") {
+			if label(x, "gpu") == "0" {
+				holders = append(holders, x)
+			}
+		}
+		if len(holders) != 0 && len(holders) != 2 {
+			t.Errorf("%d per-container VRAM series on the shared GPU 0, want one per holder (2)", len(holders))
+		}
+		for _, x := range holders {
+			if v := val(x); c["sharing"] == "mps" && (v <= 0 || v > gpu0Total/2) {
+				t.Errorf("MPS client %s VRAM %v, want above 0 and within its pinned limit %v", label(x, "pod"), v, gpu0Total/2)
+			}
+		}
 	}
 	// The rules on the page's series: on MIG layouts with several devices
 	// per GPU in the sample (promtool takes about a second a page), on

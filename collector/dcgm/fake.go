@@ -110,6 +110,9 @@ type Fake struct {
 	values   map[fakeKey]fakeValue
 	activity ActivityFunc
 	health   map[string]map[string]string // uuid -> system -> warn|fail
+	// healthOf, when set, adds results that change over time (a simulated
+	// node's faults) to those SetHealth set.
+	healthOf func(uuid string) map[string]string
 	xids     map[string]fakeXID
 	lost     bool
 	closed   bool
@@ -242,6 +245,14 @@ func (f *Fake) set(k fakeKey, v fakeValue) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.values[k] = v
+}
+
+// SetHealthSource adds health results that change over time: of reports a
+// GPU's results now (system -> warn or fail), ahead of SetHealth's.
+func (f *Fake) SetHealthSource(of func(uuid string) map[string]string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.healthOf = of
 }
 
 // SetHealth sets a GPU's health result for a system (HealthPCIe, ...);
@@ -452,8 +463,16 @@ func (f *Fake) HealthCheck() ([]HealthIncident, error) {
 		if e.info.Entity.Kind != EntityGPU {
 			continue
 		}
+		var now map[string]string
+		if f.healthOf != nil {
+			now = f.healthOf(e.info.UUID)
+		}
 		for _, sys := range HealthSystems {
-			if r := f.health[e.info.UUID][sys]; r != "" {
+			r := now[sys]
+			if r == "" {
+				r = f.health[e.info.UUID][sys]
+			}
+			if r != "" {
 				out = append(out, HealthIncident{Entity: e.info.Entity, System: sys, Result: r, Message: "fake incident"})
 			}
 		}

@@ -334,6 +334,29 @@ type openResult struct {
 	err error
 }
 
+// Step connects if need be and samples once at now, in the caller's
+// goroutine, and returns the snapshot it published: for callers that drive
+// a simulated clock themselves and need each page to hold the values of its
+// own moment (alerts/pages). It must not run beside Run. A failure returns
+// a down snapshot and the error; the next Step reconnects.
+func (s *Sampler) Step(ctx context.Context, now time.Time) (*Snapshot, error) {
+	if s.client == nil {
+		if err := s.connect(ctx); err != nil {
+			snap := &Snapshot{Time: now, Mode: s.effectiveMode(), Reason: "connect: " + err.Error()}
+			s.snap.Store(snap)
+			return snap, err
+		}
+		s.lastDiscover = time.Time{} // discover again on now's clock
+	}
+	if err := s.sampleOnce(now); err != nil {
+		s.disconnect()
+		snap := &Snapshot{Time: now, Mode: s.effectiveMode(), Reason: "lost: " + err.Error()}
+		s.snap.Store(snap)
+		return snap, err
+	}
+	return s.snap.Load(), nil
+}
+
 // connect opens a client, discovers the devices and sets the watches. The
 // open itself runs in its own goroutine so that a connect that blocks (an
 // unresponsive host engine) does not hold up ctx's cancellation; a client

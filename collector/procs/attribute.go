@@ -29,6 +29,9 @@ type DeviceUse struct {
 	ByContainer map[Identity]*Use
 	// OutsidePods is what host processes and containers of no pod use.
 	OutsidePods Use
+	// MPSServer is what the device's MPS server uses: the shared context
+	// its clients run in, counted apart from every workload.
+	MPSServer Use
 }
 
 // NewUse is the use of a container that runs nothing on a device whose
@@ -39,9 +42,13 @@ func NewUse(d *sample.DeviceProcesses) Use {
 
 // Attribute groups a device's processes by owner.
 func Attribute(d *sample.DeviceProcesses, owners map[uint32]Owner) DeviceUse {
-	u := DeviceUse{OutsidePods: NewUse(d)}
+	u := DeviceUse{OutsidePods: NewUse(d), MPSServer: NewUse(d)}
 	for _, p := range d.Processes {
 		o := owners[p.PID]
+		if o.MPSServer {
+			u.MPSServer.add(p)
+			continue
+		}
 		if !o.InPod() {
 			u.OutsidePods.add(p)
 			continue

@@ -277,3 +277,39 @@ func TestAttribute(t *testing.T) {
 		t.Errorf("SM over 1: %v", u.ByContainer[a].SM)
 	}
 }
+
+func TestParseComm(t *testing.T) {
+	for _, c := range []struct{ stat, want string }{
+		{"4242 (nvidia-cuda-mps) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 8640000", "nvidia-cuda-mps"},
+		{"77 (a (b) c) R 1", "a (b) c"},
+		{"77 no name", ""},
+	} {
+		if got := procs.ParseComm(c.stat); got != c.want {
+			t.Errorf("ParseComm(%q) = %q, want %q", c.stat, got, c.want)
+		}
+	}
+}
+
+// An MPS server, in a pod that holds no GPU (the device plugin's control
+// daemon) or on the host, is counted apart: in no container, not outside pods.
+func TestAttributeMPSServer(t *testing.T) {
+	daemon := procs.Identity{Namespace: "nvidia-device-plugin", Pod: "mps-control-daemon-x", Container: "mps-control-daemon"}
+	client := procs.Identity{Namespace: "inference", Pod: "llm-0", Container: "server"}
+	owners := map[uint32]procs.Owner{
+		10: {Found: true, Identity: daemon, MPSServer: true},
+		11: {Found: true, MPSServer: true}, // a server started on the host
+		20: {Found: true, Identity: client},
+	}
+	d := &sample.DeviceProcesses{Known: true, Processes: []sample.GPUProcess{
+		{PID: 10, MemoryBytes: 32 << 20, MemoryKnown: true},
+		{PID: 11, MemoryBytes: 30 << 20, MemoryKnown: true},
+		{PID: 20, MemoryBytes: 1 << 30, MemoryKnown: true},
+	}}
+	u := procs.Attribute(d, owners)
+	if _, ok := u.ByContainer[daemon]; ok || len(u.ByContainer) != 1 {
+		t.Errorf("containers: %v, want the client only", u.ByContainer)
+	}
+	if u.OutsidePods.Processes != 0 || u.MPSServer.Processes != 2 || u.MPSServer.MemoryBytes != 62<<20 {
+		t.Errorf("outside pods %+v, MPS servers %+v; want none outside, both servers apart", u.OutsidePods, u.MPSServer)
+	}
+}

@@ -23,7 +23,16 @@ type Owner struct {
 	Cgroup CgroupRef
 	// Identity is the pod container, when the identity source knows it.
 	Identity Identity
+	// MPSServer: the process is an nvidia-cuda-mps-server. Under MPS it
+	// holds the GPU's shared context for every client, and runs in the
+	// MPS control daemon's container (a pod that holds no GPU) or on the
+	// host: its memory is no pod's and no outside workload's.
+	MPSServer bool
 }
+
+// mpsServerComm is nvidia-cuda-mps-server as /proc/<pid>/stat names it:
+// the kernel keeps the first 15 bytes of a command name.
+const mpsServerComm = "nvidia-cuda-mps"
 
 // InPod reports whether the process runs in a known pod container.
 func (o Owner) InPod() bool { return o.Identity.Known() }
@@ -195,7 +204,7 @@ func (r *Resolver) lookup(pid uint32) *entry {
 	if e != nil && e.ctime == ctime && e.inode == inode {
 		return e
 	}
-	start, err := r.startTime(dir)
+	start, comm, err := r.startTime(dir)
 	if err != nil {
 		r.unreadable(filepath.Join(dir, "stat"), err)
 		delete(r.cache, pid)
@@ -212,20 +221,32 @@ func (r *Resolver) lookup(pid uint32) *entry {
 		delete(r.cache, pid)
 		return nil
 	}
-	e = &entry{ctime: ctime, inode: inode, start: start, owner: Owner{Found: true, Cgroup: ParseCgroup(string(cg))}}
+	e = &entry{ctime: ctime, inode: inode, start: start, owner: Owner{Found: true, Cgroup: ParseCgroup(string(cg)), MPSServer: comm == mpsServerComm}}
 	r.cache[pid] = e
 	return e
 }
 
-// startTime reads field 22 of /proc/<pid>/stat: the process's start time,
-// which tells a reused PID from the process that had it before.
-func (r *Resolver) startTime(dir string) (uint64, error) {
+// startTime reads field 22 of /proc/<pid>/stat, the process's start time,
+// which tells a reused PID from the process that had it before, and field
+// 2, its command name.
+func (r *Resolver) startTime(dir string) (uint64, string, error) {
 	r.reads++
 	b, err := os.ReadFile(filepath.Join(dir, "stat"))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	return ParseStartTime(string(b))
+	start, err := ParseStartTime(string(b))
+	return start, ParseComm(string(b)), err
+}
+
+// ParseComm reads the command name of a /proc/<pid>/stat line: what lies
+// between the first '(' and the last ')', "" when the line has none.
+func ParseComm(stat string) string {
+	i, j := strings.IndexByte(stat, '('), strings.LastIndexByte(stat, ')')
+	if i < 0 || j <= i {
+		return ""
+	}
+	return stat[i+1 : j]
 }
 
 // ParseStartTime reads the starttime field of a /proc/<pid>/stat line. The

@@ -28,13 +28,25 @@ func (n *Node) DCGM() *dcgm.Fake {
 	}
 	f := dcgm.NewSimulated(devs, n.activity)
 	f.SetClock(func() time.Time { return n.now() })
+	f.SetHealthSource(n.dcgmHealth)
 	return f
 }
 
-// activity is SM activity: the workload's busy ratio, a bit lower, as SM
-// activity trails NVML's coarse "a kernel ran" figure. A compute instance
-// has its own; a GPU instance's is the mean over its compute instances (they
-// hold equal shares of its SMs).
+// dcgmHealth is DCGM's health watch of a GPU now, from dcgmHealth faults.
+func (n *Node) dcgmHealth(uuid string) map[string]string {
+	for _, d := range n.devices {
+		if d.UUID() == uuid {
+			return n.faultsAt(d.index, n.elapsed()).dcgmHealth
+		}
+	}
+	return nil
+}
+
+// activity is SM activity: the workload's smActive curve where the scenario
+// sets one, else its busy ratio a bit lower, as SM activity trails NVML's
+// coarse "a kernel ran" figure. A compute instance has its own; a GPU
+// instance's is the mean over its compute instances (they hold equal shares
+// of its SMs).
 func (n *Node) activity(gpu, gi, ci int) (float64, bool) {
 	if gpu < 0 || gpu >= len(n.devices) {
 		return 0, false
@@ -45,7 +57,16 @@ func (n *Node) activity(gpu, gi, ci int) (float64, bool) {
 		return 0, false
 	}
 	if gi < 0 {
+		if c := d.workload.smActive; c != nil && len(d.migs) == 0 && !d.hasProcs {
+			return c.at(n.Scenario, d.key("sm_active"), t), true
+		}
 		return 0.85 * d.utilAt(t), true
+	}
+	smActive := func(m *MIGDevice) float64 {
+		if c := m.workload.smActive; c != nil {
+			return c.at(n.Scenario, m.key("sm_active"), t)
+		}
+		return 0.85 * m.utilAt(t)
 	}
 	var sum float64
 	k := 0
@@ -54,13 +75,13 @@ func (n *Node) activity(gpu, gi, ci int) (float64, bool) {
 			continue
 		}
 		if ci >= 0 && m.ci == ci {
-			return 0.85 * m.utilAt(t), true
+			return smActive(m), true
 		}
-		sum += m.utilAt(t)
+		sum += smActive(m)
 		k++
 	}
 	if ci >= 0 || k == 0 {
 		return 0, false
 	}
-	return 0.85 * sum / float64(k), true
+	return sum / float64(k), true
 }

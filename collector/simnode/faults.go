@@ -20,6 +20,8 @@ type faultState struct {
 	eccUncorrected uint64
 	// volatile: since the last reset
 	eccCorrectedVolatile, eccUncorrectedVolatile uint64
+	// dcgmHealth is DCGM's health watch: system -> warn or fail.
+	dcgmHealth map[string]string
 }
 
 func active(f FaultSpec, t time.Duration) bool {
@@ -84,6 +86,11 @@ func (n *Node) faultsAt(gpu int, t time.Duration) faultState {
 			}
 		case f.RecoveryAction != "":
 			s.recovery = RecoveryActions[f.RecoveryAction]
+		case f.DCGMHealth != nil:
+			if s.dcgmHealth == nil {
+				s.dcgmHealth = map[string]string{}
+			}
+			s.dcgmHealth[f.DCGMHealth.System] = f.DCGMHealth.Result
 		}
 	}
 	return s

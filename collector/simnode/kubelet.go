@@ -29,6 +29,12 @@ func (n *Node) deviceID(d DeviceSpec) (resource, id string) {
 		if gke {
 			return resourceGPU, "nvidia" + strconv.Itoa(dev.minor) + "/vgpu" + strconv.Itoa(*d.Replica)
 		}
+		// The device plugin names a replica <uuid>::<n>, for time-slicing
+		// and MPS alike; time-sliced replicas are renamed here, MPS ones
+		// where the scenario asks (renameByDefault).
+		if mps := n.Scenario.Sharing.MPS; mps != nil && n.Scenario.mpsGPU(d.GPU) && !mps.RenameByDefault {
+			return resourceGPU, dev.UUID() + "::" + strconv.Itoa(*d.Replica)
+		}
 		return resourceGPUShared, dev.UUID() + "::" + strconv.Itoa(*d.Replica)
 	default:
 		if gke {
@@ -84,7 +90,7 @@ func (n *Node) KubeletAllocatable() map[string][]string {
 				out[r] = append(out[r], id)
 			}
 		case n.Scenario.sharedGPU(i):
-			for k := 0; k < n.Scenario.Sharing.TimeSlicing.Replicas; k++ {
+			for k := 0; k < n.Scenario.replicas(i); k++ {
 				r, id := n.deviceID(DeviceSpec{GPU: i, Replica: &k})
 				out[r] = append(out[r], id)
 			}

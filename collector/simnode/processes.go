@@ -31,8 +31,9 @@ type ProcessSpec struct {
 	Memory *Curve `yaml:"memory"`
 	// Utilization is the process's share of the device's SM time.
 	Utilization *Curve `yaml:"utilization"`
-	// MPS: the process is an MPS client (NVML lists it with
-	// nvmlDeviceGetMPSComputeRunningProcesses), else a time-sliced one.
+	// MPS: the process is an MPS client. Every process on a GPU listed in
+	// sharing.mps is one; setting it elsewhere is an error (a client needs
+	// the device plugin's MPS control daemon).
 	MPS  bool   `yaml:"mps"`
 	Comm string `yaml:"comm"`
 }
@@ -60,7 +61,14 @@ type simProcess struct {
 	namespace, pod, container string
 	containerID, podUID       string
 	docker                    bool
+	// mpsServer: the GPU's nvidia-cuda-mps-server, run by the device
+	// plugin's MPS control daemon pod (which holds no GPU).
+	mpsServer bool
 }
+
+// mpsServerMemory is what an MPS server holds on its GPU for the shared
+// context, apart from its clients' allocations.
+const mpsServerMemory = 32 << 20
 
 func (p *simProcess) liveAt(t time.Duration) bool {
 	return t >= p.start && (p.stop == 0 || t < p.stop)
@@ -128,7 +136,7 @@ func (n *Node) resolveProcesses() {
 			cid := containerID(sc.Seed, p.Namespace, p.Name, c.Name)
 			for i, ps := range c.Processes {
 				d := c.Devices[ps.Device]
-				sp := &simProcess{gpu: d.GPU, mig: -1, mem: ps.Memory, util: ps.Utilization, mps: ps.MPS, comm: ps.Comm,
+				sp := &simProcess{gpu: d.GPU, mig: -1, mem: ps.Memory, util: ps.Utilization, mps: ps.MPS || sc.mpsGPU(d.GPU), comm: ps.Comm,
 					namespace: p.Namespace, pod: p.Name, container: c.Name, containerID: cid, podUID: podUID(sc.Seed, p.Namespace, p.Name)}
 				if d.MIG != nil {
 					sp.mig = *d.MIG
@@ -144,7 +152,7 @@ func (n *Node) resolveProcesses() {
 		}
 	}
 	for i, hp := range sc.HostProcesses {
-		sp := &simProcess{gpu: hp.GPU, mig: -1, mem: hp.Memory, util: hp.Utilization, mps: hp.MPS, comm: hp.Comm, docker: hp.Docker}
+		sp := &simProcess{gpu: hp.GPU, mig: -1, mem: hp.Memory, util: hp.Utilization, mps: hp.MPS || sc.mpsGPU(hp.GPU), comm: hp.Comm, docker: hp.Docker}
 		if hp.MIG != nil {
 			sp.mig = *hp.MIG
 		}
@@ -159,6 +167,7 @@ func (n *Node) resolveProcesses() {
 		}
 		n.procs = append(n.procs, sp)
 	}
+	n.addMPSServers(pick)
 	var bounds []time.Duration
 	for _, p := range sc.Pods {
 		bounds = append(bounds, time.Duration(p.Start), time.Duration(p.Stop))
@@ -177,19 +186,66 @@ func (n *Node) resolveProcesses() {
 	}
 }
 
-// processMemory is a process's framebuffer use on its device at t.
+// addMPSServers starts an nvidia-cuda-mps-server on each MPS GPU with the
+// first client: the control daemon launches it on a client's request and
+// keeps it for later clients. It runs in the control daemon's container.
+func (n *Node) addMPSServers(pick func(string) uint32) {
+	sc := n.Scenario
+	if sc.Sharing.MPS == nil {
+		return
+	}
+	for _, gpu := range sc.Sharing.MPS.GPUs {
+		first := time.Duration(-1)
+		for _, p := range n.procs {
+			if p.gpu == gpu && p.mps && (first < 0 || p.start < first) {
+				first = p.start
+			}
+		}
+		if first < 0 {
+			continue // no client ever: no server
+		}
+		sp := &simProcess{gpu: gpu, mig: -1, start: first, comm: mpsServerComm, mpsServer: true,
+			namespace: mpsDaemonNamespace, pod: mpsDaemonPod, container: mpsDaemonContainer,
+			containerID: containerID(sc.Seed, mpsDaemonNamespace, mpsDaemonPod, mpsDaemonContainer),
+			podUID:      podUID(sc.Seed, mpsDaemonNamespace, mpsDaemonPod)}
+		sp.key = fmt.Sprintf("mps-server/%d", gpu)
+		sp.pid = pick(sp.key)
+		n.procs = append(n.procs, sp)
+	}
+}
+
+// processMemory is a process's framebuffer use on its device at t. An MPS
+// client stops at its pinned memory limit, 1/replicas of the GPU's memory
+// (an allocation past it fails).
 func (n *Node) processMemory(p *simProcess, t time.Duration) uint64 {
+	if p.mpsServer {
+		return mpsServerMemory
+	}
 	d := n.devices[p.gpu]
 	total := d.cfg.MemoryMB << 20
 	if p.mig >= 0 {
 		total = d.migs[p.mig].geo.MemoryMiB << 20
 	}
 	f := p.mem.at(n.Scenario, p.key+"/mem", t)
-	return uint64(f * float64(total-(512<<20)))
+	used := uint64(f * float64(total-(512<<20)))
+	if r := n.Scenario.replicas(p.gpu); p.mps && n.Scenario.mpsGPU(p.gpu) {
+		used = min(used, total/uint64(r))
+	}
+	return used
 }
 
+// processUtil is a process's share of its device's SM time at t. An MPS
+// client runs on at most its active thread percentage of the SMs,
+// 1/replicas; the server issues no kernels of its own.
 func (n *Node) processUtil(p *simProcess, t time.Duration) float64 {
-	return p.util.at(n.Scenario, p.key+"/util", t)
+	if p.mpsServer {
+		return 0
+	}
+	u := p.util.at(n.Scenario, p.key+"/util", t)
+	if p.mps && n.Scenario.mpsGPU(p.gpu) {
+		u = math.Min(u, 1/float64(n.Scenario.replicas(p.gpu)))
+	}
+	return u
 }
 
 // processesOn lists the processes live on a GPU (mig -1) or MIG instance.
@@ -335,6 +391,11 @@ func (n *Node) syncHost(t time.Duration) error {
 			logs[fakehost.LogName(p.Namespace, p.Name, c.Name, cid)] = [4]string{p.Namespace, p.Name, c.Name, cid}
 		}
 	}
+	for _, p := range want {
+		if p.mpsServer { // the MPS control daemon pod runs while its servers do
+			logs[fakehost.LogName(p.namespace, p.pod, p.container, p.containerID)] = [4]string{p.namespace, p.pod, p.container, p.containerID}
+		}
+	}
 	for name, l := range logs {
 		if !hs.logs[name] {
 			if err := hs.h.AddContainerLog(l[0], l[1], l[2], l[3]); err != nil {
@@ -390,7 +451,10 @@ func (n *Node) listFor(gpu, mig int, mps bool, gi, ci uint32) ([]nvml.ProcessInf
 	}
 	var ps []*simProcess
 	for _, p := range n.processesOn(gpu, mig, t) {
-		if p.mps == mps {
+		// The compute list holds every process with a CUDA context: the
+		// MPS server and, since Volta, each MPS client (nvidia-smi's
+		// "M+C"); the MPS list only the clients, never the server.
+		if !mps || (p.mps && !p.mpsServer) {
 			ps = append(ps, p)
 		}
 	}
@@ -401,9 +465,9 @@ func (n *Node) listFor(gpu, mig int, mps bool, gi, ci uint32) ([]nvml.ProcessInf
 // on a GPU without MIG: 0xFFFFFFFF.
 const noInstance = math.MaxUint32
 
-// GetComputeRunningProcesses implements the sampler's Device: the
-// time-sliced (non-MPS) compute processes. On a MIG GPU's parent handle,
-// the processes of every instance.
+// GetComputeRunningProcesses implements the sampler's Device: every
+// process with a compute context, MPS server and clients included. On a
+// MIG GPU's parent handle, the processes of every instance.
 func (d *Device) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
 	return d.list(false)
 }
@@ -539,6 +603,9 @@ func (s *Scenario) validateProcesses() error {
 				if ps.Device < 0 || ps.Device >= len(c.Devices) {
 					return s.errorAt(append(p, "device"), "device %d: the container holds %d devices (device is an index into its devices list)", ps.Device, len(c.Devices))
 				}
+				if ps.MPS && !s.mpsGPU(c.Devices[ps.Device].GPU) {
+					return s.errorAt(append(p, "mps"), "GPU %d is not shared through MPS: list it in sharing.mps.gpus (an MPS client needs the device plugin's MPS control daemon)", c.Devices[ps.Device].GPU)
+				}
 				if err := check(ps, p, pod.Start, pod.Stop); err != nil {
 					return err
 				}
@@ -555,6 +622,9 @@ func (s *Scenario) validateProcesses() error {
 		}
 		if hp.MIG != nil && (*hp.MIG < 0 || *hp.MIG >= s.migCount(hp.GPU)) {
 			return s.errorAt(append(p, "mig"), "GPU %d has no MIG instance %d (it has %d)", hp.GPU, *hp.MIG, s.migCount(hp.GPU))
+		}
+		if hp.MPS && !s.mpsGPU(hp.GPU) {
+			return s.errorAt(append(p, "mps"), "GPU %d is not shared through MPS: list it in sharing.mps.gpus (an MPS client needs the device plugin's MPS control daemon)", hp.GPU)
 		}
 		if hp.Device != 0 {
 			return s.errorAt(append(p, "device"), "a host process names its GPU with gpu (and mig), not device")

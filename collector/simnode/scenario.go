@@ -9,12 +9,15 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 )
 
 // Scenario describes a simulated GPU node: its GPUs, MIG layouts and workload
@@ -94,9 +97,11 @@ type DeviceSpec struct {
 	Replica *int `yaml:"replica"`
 }
 
-// SharingSpec is the device plugin's time-slicing configuration.
+// SharingSpec is the device plugin's sharing configuration: time-slicing
+// or MPS (the NVIDIA device plugin applies one of them, never both).
 type SharingSpec struct {
 	TimeSlicing *TimeSlicingSpec `yaml:"timeSlicing"`
+	MPS         *MPSSpec         `yaml:"mps"`
 }
 
 // TimeSlicingSpec shares GPUs between Replicas holders each.
@@ -104,6 +109,30 @@ type TimeSlicingSpec struct {
 	GPUs     []int `yaml:"gpus"`
 	Replicas int   `yaml:"replicas"`
 }
+
+// MPSSpec shares whole GPUs through CUDA MPS, as the NVIDIA device plugin's
+// sharing.mps does: Replicas holders per GPU, each client limited to
+// 1/Replicas of the GPU's memory and of its SMs (the control daemon's
+// default pinned memory limit and active thread percentage), an
+// nvidia-cuda-mps-server process on the GPU while it has clients, run by
+// the plugin's MPS control daemon pod. RenameByDefault advertises the
+// replicas as nvidia.com/gpu.shared instead of nvidia.com/gpu.
+type MPSSpec struct {
+	GPUs            []int `yaml:"gpus"`
+	Replicas        int   `yaml:"replicas"`
+	RenameByDefault bool  `yaml:"renameByDefault"`
+}
+
+// MPS control daemon pod of the NVIDIA device plugin (its Helm chart's
+// names): the MPS servers it starts run in its container's cgroup.
+const (
+	mpsDaemonNamespace = "nvidia-device-plugin"
+	mpsDaemonPod       = "nvidia-device-plugin-mps-control-daemon-x7k2p"
+	mpsDaemonContainer = "mps-control-daemon"
+	// mpsServerComm is nvidia-cuda-mps-server as /proc/<pid>/stat shows
+	// it: the kernel keeps the first 15 bytes of a command name.
+	mpsServerComm = "nvidia-cuda-mps"
+)
 
 // FaultSpec injects a fault from At on (until Until, if set) on one GPU, or
 // on the node's device plugin.
@@ -136,6 +165,18 @@ type FaultSpec struct {
 	Reset bool `yaml:"reset"`
 	// DevicePlugin changes what the kubelet says is allocatable.
 	DevicePlugin *DevicePluginFault `yaml:"devicePlugin"`
+	// DCGMHealth makes DCGM's health watch of one subsystem report warn or
+	// fail for the GPU (a whole GPU: DCGM's health is per GPU).
+	DCGMHealth *DCGMHealthFault `yaml:"dcgmHealth"`
+}
+
+// DCGMHealthFault is one DCGM health watch result.
+type DCGMHealthFault struct {
+	// System is one of dcgm.HealthSystems: pcie, mem, inforom, thermal,
+	// power, nvlink, driver.
+	System string `yaml:"system"`
+	// Result is warn or fail.
+	Result string `yaml:"result"`
 }
 
 // ECCFault adds ECC errors.
@@ -246,6 +287,10 @@ type Workload struct {
 	Utilization *Curve `yaml:"utilization"`
 	// Memory is the fraction of the device's memory in use.
 	Memory *Curve `yaml:"memory"`
+	// SMActive is DCGM's SM activity (default 0.85 x utilization), in
+	// every phase: a job of tiny kernels keeps NVML's utilization up (a
+	// kernel ran in most sample periods) while its SMs sit idle.
+	SMActive *Curve `yaml:"smActive"`
 	// Phases replace the curves from a point in time on.
 	Phases []Phase `yaml:"phases"`
 }
@@ -705,29 +750,53 @@ func (s *Scenario) migCount(gpu int) int {
 	return 0
 }
 
-func (s *Scenario) sharedGPU(gpu int) bool {
-	if ts := s.Sharing.TimeSlicing; ts != nil {
-		for _, g := range ts.GPUs {
-			if g == gpu {
-				return true
-			}
-		}
+// sharedGPU: the GPU is handed out as replicas (time-slicing or MPS).
+func (s *Scenario) sharedGPU(gpu int) bool { return s.replicas(gpu) > 0 }
+
+// mpsGPU: the GPU is shared through MPS.
+func (s *Scenario) mpsGPU(gpu int) bool {
+	return s.Sharing.MPS != nil && slices.Contains(s.Sharing.MPS.GPUs, gpu)
+}
+
+// replicas is how many holders share the GPU, 0 where it is not shared.
+func (s *Scenario) replicas(gpu int) int {
+	if ts := s.Sharing.TimeSlicing; ts != nil && slices.Contains(ts.GPUs, gpu) {
+		return ts.Replicas
 	}
-	return false
+	if s.mpsGPU(gpu) {
+		return s.Sharing.MPS.Replicas
+	}
+	return 0
 }
 
 func (s *Scenario) validateSharing() error {
-	ts := s.Sharing.TimeSlicing
-	if ts == nil {
-		return nil
+	ts, mps := s.Sharing.TimeSlicing, s.Sharing.MPS
+	if ts != nil && mps != nil {
+		return s.errorAt([]any{"sharing", "mps"}, "sharing names both timeSlicing and mps: the device plugin applies one sharing method to a node; keep one")
 	}
-	p := []any{"sharing", "timeSlicing"}
-	if ts.Replicas < 2 || ts.Replicas > 48 {
-		return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
+	if ts != nil {
+		p := []any{"sharing", "timeSlicing"}
+		if ts.Replicas < 2 || ts.Replicas > 48 {
+			return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
+		}
+		for i, g := range ts.GPUs {
+			if g < 0 || g >= s.Node.Count {
+				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+			}
+		}
 	}
-	for i, g := range ts.GPUs {
-		if g < 0 || g >= s.Node.Count {
-			return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+	if mps != nil {
+		p := []any{"sharing", "mps"}
+		if mps.Replicas < 2 || mps.Replicas > 48 {
+			return s.errorAt(append(p, "replicas"), "%d replicas: MPS shares a GPU between 2 and 48 clients (an MPS server takes at most 48 client contexts per GPU)", mps.Replicas)
+		}
+		for i, g := range mps.GPUs {
+			if g < 0 || g >= s.Node.Count {
+				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+			}
+			if s.migCount(g) > 0 {
+				return s.errorAt(append(p, "gpus", i), "GPU %d is in MIG mode: the device plugin shares only whole GPUs through MPS; drop its mig list or share another GPU", g)
+			}
 		}
 	}
 	return nil
@@ -786,13 +855,13 @@ func (s *Scenario) validatePods() error {
 				}
 				if d.Replica != nil {
 					if !s.sharedGPU(d.GPU) {
-						return s.errorAt(append(dp, "replica"), "GPU %d is not time-sliced: list it in sharing.timeSlicing.gpus", d.GPU)
+						return s.errorAt(append(dp, "replica"), "GPU %d is not shared: list it in sharing.timeSlicing.gpus or sharing.mps.gpus", d.GPU)
 					}
-					if *d.Replica < 0 || *d.Replica >= s.Sharing.TimeSlicing.Replicas {
-						return s.errorAt(append(dp, "replica"), "replica %d is outside 0..%d", *d.Replica, s.Sharing.TimeSlicing.Replicas-1)
+					if n := s.replicas(d.GPU); *d.Replica < 0 || *d.Replica >= n {
+						return s.errorAt(append(dp, "replica"), "replica %d is outside 0..%d", *d.Replica, n-1)
 					}
 				} else if s.sharedGPU(d.GPU) {
-					return s.errorAt(dp, "GPU %d is time-sliced: name the replica a container holds", d.GPU)
+					return s.errorAt(dp, "GPU %d is shared (time-slicing or MPS): name the replica a container holds", d.GPU)
 				}
 				u := heldUnit{gpu: d.GPU, mig: -1, replica: -1}
 				if d.MIG != nil {
@@ -804,7 +873,7 @@ func (s *Scenario) validatePods() error {
 				me := heldBy{pod: key + "/" + c.Name, start: pod.Start, stop: pod.Stop, path: dp}
 				for _, other := range holders[u] {
 					if overlaps(me, other) {
-						return s.errorAt(dp, "%s is already held by %s (%s) at the same time: the kubelet gives a device to one container; share a GPU through sharing.timeSlicing and replicas, or give the pods disjoint start/stop times",
+						return s.errorAt(dp, "%s is already held by %s (%s) at the same time: the kubelet gives a device to one container; share a GPU through sharing.timeSlicing or sharing.mps and replicas, or give the pods disjoint start/stop times",
 							describeUnit(u), other.pod, formatPath(other.path))
 					}
 				}
@@ -831,13 +900,13 @@ func describeUnit(u heldUnit) string {
 
 func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	kinds := 0
-	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset} {
+	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset, f.DCGMHealth != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset (found %d)", kinds)
+		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset, dcgmHealth (found %d)", kinds)
 	}
 	if f.Until != 0 && f.Until <= f.At {
 		return s.errorAt(append(p, "until"), "until (%s) must come after at (%s)", time.Duration(f.Until), time.Duration(f.At))
@@ -856,6 +925,14 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	}
 	if *f.GPU < 0 || *f.GPU >= s.Node.Count {
 		return s.errorAt(append(p, "gpu"), "GPU index %d is outside 0..%d", *f.GPU, s.Node.Count-1)
+	}
+	if h := f.DCGMHealth; h != nil {
+		if !slices.Contains(dcgm.HealthSystems, h.System) {
+			return s.errorAt(append(p, "dcgmHealth", "system"), "unknown DCGM health system %q; systems: %s", h.System, strings.Join(dcgm.HealthSystems, ", "))
+		}
+		if h.Result != dcgm.HealthWarn && h.Result != dcgm.HealthFail {
+			return s.errorAt(append(p, "dcgmHealth", "result"), "result %q: give warn or fail (a pass is the fault's end: until)", h.Result)
+		}
 	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
@@ -934,6 +1011,9 @@ func (s *Scenario) validateWorkload(w *Workload, path []any) error {
 		return err
 	}
 	if err := s.validateCurve(w.Memory, append(path, "memory")); err != nil {
+		return err
+	}
+	if err := s.validateCurve(w.SMActive, append(path, "smActive")); err != nil {
 		return err
 	}
 	var last time.Duration = -1

@@ -51,6 +51,20 @@ func TestScenarioErrorsNameFileLineField(t *testing.T) {
 		{"one replica twice", "sharing: {timeSlicing: {gpus: [2], replicas: 4}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n",
 			"replica 0 of GPU 2 is already held by a/p/c"},
 		{"replicas shared", "sharing: {timeSlicing: {gpus: [2], replicas: 4}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 1}]}]}\n", ""},
+		{"MPS replicas shared", "sharing: {mps: {gpus: [2], replicas: 4}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}], processes: [{memory: {mean: 0.1}}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 1}]}]}\n", ""},
+		{"MPS replica twice", "sharing: {mps: {gpus: [2], replicas: 2}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 1}]}]}\n  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 2, replica: 1}]}]}\n",
+			"replica 1 of GPU 2 is already held by a/p/c"},
+		{"MPS replica out of range", "sharing: {mps: {gpus: [2], replicas: 2}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 2}]}]}\n",
+			"field pods[0].containers[0].devices[0].replica: replica 2 is outside 0..1"},
+		{"MPS GPU without replica", "sharing: {mps: {gpus: [2], replicas: 2}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2}]}]}\n",
+			"GPU 2 is shared (time-slicing or MPS): name the replica a container holds"},
+		{"MPS and time-slicing", "sharing: {mps: {gpus: [2], replicas: 2}, timeSlicing: {gpus: [3], replicas: 2}}\n",
+			"field sharing.mps: sharing names both timeSlicing and mps"},
+		{"MPS one replica", "sharing: {mps: {gpus: [2], replicas: 1}}\n", "field sharing.mps.replicas: 1 replicas: MPS shares a GPU between 2 and 48 clients"},
+		{"MPS on MIG", "gpus:\n  - {index: 2, mig: [{profile: 3g.40gb}]}\nsharing: {mps: {gpus: [2], replicas: 2}}\n",
+			"field sharing.mps.gpus[0]: GPU 2 is in MIG mode: the device plugin shares only whole GPUs through MPS"},
+		{"MPS client off MPS", "sharing: {timeSlicing: {gpus: [2], replicas: 2}}\npods:\n  - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 2, replica: 0}], processes: [{mps: true}]}]}\n",
+			"field pods[0].containers[0].processes[0].mps: GPU 2 is not shared through MPS: list it in sharing.mps.gpus"},
 		{"count too big", "node:\n  count: 65\n", "bad.yaml:2: field node.count: 65 GPUs"},
 		{"index", "gpus:\n  - index: 8\n", "bad.yaml:2: field gpus[0].index: GPU index 8 is outside 0..7"},
 		{"twice", "gpus:\n  - index: 1\n  - index: 1\n", "bad.yaml:3: field gpus[1].index: GPU 1 is described twice"},
@@ -300,5 +314,72 @@ gpus:
 	}
 	if u, _ := n.Devices()[1].GetUtilizationRates(); u.Gpu != 50 {
 		t.Errorf("steady GPU 1 at %d%% busy, want its mean, 50%%", u.Gpu)
+	}
+}
+
+// MPS as the driver and the device plugin show it: replicas <uuid>::<n> on
+// nvidia.com/gpu (nvidia.com/gpu.shared with renameByDefault); the
+// nvidia-cuda-mps-server in the compute list only, from the first client
+// on, in the control daemon pod's cgroup; each client in the compute and
+// MPS lists, held to 1/replicas of the memory and the SMs.
+func TestMPSSharing(t *testing.T) {
+	for _, rename := range []bool{false, true} {
+		t.Run(fmt.Sprintf("renameByDefault=%v", rename), func(t *testing.T) {
+			sc, err := ParseScenario("t.yaml", []byte(fmt.Sprintf(`
+node: {count: 2}
+sharing: {mps: {gpus: [0], replicas: 4, renameByDefault: %v}}
+pods:
+  - {namespace: a, name: p, start: 10s, containers: [{name: c, devices: [{gpu: 0, replica: 0}], processes: [{pid: 77, memory: {mean: 0.9}, utilization: {mean: 0.8}}]}]}
+  - {namespace: a, name: q, containers: [{name: c, devices: [{gpu: 0, replica: 3}]}]}
+`, rename)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(1000, 0)
+			n, err := New(sc, WithClock(func() time.Time { return now }), WithHostDir(t.TempDir()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close()
+			res, ids := "nvidia.com/gpu", 5 // the replicas and GPU 1
+			if rename {
+				res, ids = "nvidia.com/gpu.shared", 4
+			}
+			uuid := n.Devices()[0].UUID()
+			alloc := n.KubeletAllocatable()
+			if got := alloc[res]; len(got) != ids || got[0] != uuid+"::0" || got[3] != uuid+"::3" {
+				t.Errorf("allocatable %s: %v, want %s::0..3 (and GPU 1 unless renamed)", res, got, uuid)
+			}
+			d := n.Devices()[0]
+			if ps, _ := d.GetComputeRunningProcesses(); len(ps) != 0 {
+				t.Errorf("before the first client: %+v, want no process (no MPS server yet)", ps)
+			}
+			now = now.Add(20 * time.Second)
+			compute, _ := d.GetComputeRunningProcesses()
+			mps, _ := d.GetMPSComputeRunningProcesses()
+			if len(compute) != 2 || len(mps) != 1 || mps[0].Pid != 77 {
+				t.Fatalf("compute %+v, MPS %+v: want the server and client 77, and client 77", compute, mps)
+			}
+			server := compute[0]
+			if server.Pid == 77 {
+				server = compute[1]
+			}
+			if server.UsedGpuMemory != 32<<20 {
+				t.Errorf("MPS server memory %d, want 32 MiB", server.UsedGpuMemory)
+			}
+			total := d.cfg.MemoryMB << 20
+			if mps[0].UsedGpuMemory != total/4 {
+				t.Errorf("client memory %d, want its pinned limit %d", mps[0].UsedGpuMemory, total/4)
+			}
+			if u, _ := d.GetProcessUtilization(0); len(u) != 1 || u[0].SmUtil != 25 {
+				t.Errorf("process utilization %+v, want client 77 at 25%% (its active thread percentage)", u)
+			}
+			root, _ := n.HostProc()
+			stat, _ := os.ReadFile(filepath.Join(root, fmt.Sprint(server.Pid), "stat"))
+			cg, _ := os.ReadFile(filepath.Join(root, fmt.Sprint(server.Pid), "cgroup"))
+			if !strings.Contains(string(stat), "(nvidia-cuda-mps)") || !strings.Contains(string(cg), containerID(sc.Seed, mpsDaemonNamespace, mpsDaemonPod, mpsDaemonContainer)) {
+				t.Errorf("MPS server in /proc: stat %q, cgroup %q", stat, cg)
+			}
+		})
 	}
 }

@@ -278,6 +278,8 @@ func (c *Curve) at(s *Scenario, key string, t time.Duration) float64 {
 // activeWorkload is a resolved workload: curves per phase.
 type activeWorkload struct {
 	phases []resolvedPhase
+	// smActive is DCGM's SM activity where the scenario sets it.
+	smActive *Curve
 }
 
 type resolvedPhase struct {
@@ -300,7 +302,7 @@ func resolveWorkload(w *Workload, _ int) *activeWorkload {
 		w = &Workload{Preset: "idle"}
 	}
 	base := resolvePhase(0, w.Preset, w.Utilization, w.Memory)
-	aw := &activeWorkload{phases: []resolvedPhase{base}}
+	aw := &activeWorkload{phases: []resolvedPhase{base}, smActive: w.SMActive}
 	for _, p := range w.Phases {
 		rp := resolvePhase(time.Duration(p.After), p.Preset, p.Utilization, p.Memory)
 		if rp.util == nil {
@@ -784,7 +786,7 @@ func (m *MIGDevice) ownMemAt(t time.Duration) uint64 {
 		for _, p := range ps {
 			used += m.parent.node.processMemory(p, t)
 		}
-		return min(used, total/uint64(m.cis))
+		return min(used, total) // compute instances share the memory, with no limit each
 	}
 	share := total / uint64(m.cis)
 	f := m.workload.at(t).memory.at(m.parent.node.Scenario, m.key("mem"), t)

@@ -14,8 +14,8 @@ import (
 // processes of a unit that run in no pod.
 type Row struct {
 	GPU, Unit, Replicas, Holder string
-	Namespace, Pod, Container   string // empty on free and outside-pods rows
-	Kind                        string // holder, user (uses without holding), free, outside
+	Namespace, Pod, Container   string // empty on free, outside-pods and MPS server rows
+	Kind                        string // holder, user (uses without holding), free, outside, mps-server
 	VRAM, Activity, Idle        string
 	Health                      string // on the GPU's first row
 	Model, Device, UUID         string // on the GPU's first row
@@ -59,6 +59,9 @@ func (n *Node) Rows() []Row {
 			if u.OutsidePodsMemoryBytes != nil && (*u.OutsidePodsMemoryBytes > 0 || u.OutsidePodsProcesses > 0) {
 				add(Row{Unit: unit, Kind: "outside", Holder: fmt.Sprintf("(outside pods: %d processes)", u.OutsidePodsProcesses),
 					VRAM: bytesOf(u.OutsidePodsMemoryBytes, nil), Activity: "-", Idle: "-"})
+			}
+			if u.MPSServerMemoryBytes != nil {
+				add(Row{Unit: unit, Kind: "mps-server", Holder: "(MPS server)", VRAM: bytesOf(u.MPSServerMemoryBytes, nil), Activity: "-", Idle: "-"})
 			}
 		}
 		if len(g.Units) == 0 {
@@ -175,7 +178,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin-top:1em}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}
-tr.free td{color:#777}tr.outside td{color:#555;font-style:italic}
+tr.free td{color:#777}tr.outside td,tr.mps-server td{color:#555;font-style:italic}
 tr.gpu-first td{border-top:2px solid #888}
 .bad{color:#b00;font-weight:bold}.ok{color:#070}.idle{color:#a60;font-weight:bold}
 .num{text-align:right;font-variant-numeric:tabular-nums}

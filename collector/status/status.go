@@ -80,6 +80,9 @@ type Unit struct {
 	// processes, other runtimes); nil when processes could not be read.
 	OutsidePodsMemoryBytes *float64 `json:"outside_pods_memory_bytes,omitempty"`
 	OutsidePodsProcesses   int      `json:"outside_pods_processes,omitempty"`
+	// MPSServerMemoryBytes is the VRAM of the unit's MPS server (the
+	// shared context of its MPS clients, no workload's); nil without one.
+	MPSServerMemoryBytes *float64 `json:"mps_server_memory_bytes,omitempty"`
 }
 
 // Name is how the table names the unit: "gpu" or "gi2 1g.10gb".

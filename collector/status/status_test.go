@@ -19,7 +19,7 @@ func sample() *status.Node {
 			{Index: 6, UUID: "GPU-6", Model: "H100", Up: true,
 				Health: status.Health{XIDs: 2, LastXID: 13, Problems: "2 XIDs (last 13)"},
 				Units: []status.Unit{{GPUInstance: -1, Shared: true, MemoryUsedBytes: f(30 << 30), MemoryTotalBytes: f(80 << 30),
-					OutsidePodsMemoryBytes: f(1 << 30), OutsidePodsProcesses: 1,
+					OutsidePodsMemoryBytes: f(1 << 30), OutsidePodsProcesses: 1, MPSServerMemoryBytes: f(32 << 20),
 					Holders: []status.Holder{
 						{Namespace: "inference", Pod: "chat-api-0", Container: "server", Holding: true, Replicas: []int{0}, MemoryUsedBytes: f(20 << 30), Activity: f(0.42), ActivitySource: "processes", Processes: 2},
 						{Namespace: "inference", Pod: "chat-api-2", Container: "server", Holding: true, Replicas: []int{2}, MemoryUsedBytes: f(0), Activity: f(0), ActivitySource: "processes", Idle: true, QuietSeconds: 1900},
@@ -42,6 +42,7 @@ func TestText(t *testing.T) {
 		"20.0 GiB", "42% (processes)", "idle 31m", "2 XIDs (last 13)",
 		"team-<x>/sneaky/c (not holding)",
 		"(outside pods: 1 processes)",
+		"(MPS server)", "0.0 GiB",
 		"gi2 1g.10gb", "DOWN",
 	} {
 		if !strings.Contains(out, want) {
