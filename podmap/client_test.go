@@ -522,7 +522,9 @@ func TestClientLargeListAnswer(t *testing.T) {
 	srv := startFake(t)
 	const pods = 9000 // about 5 MiB of List answer
 	srv.SetPods(bigNode(pods))
-	c, err := NewClient(fastConfig(srv.Socket()))
+	cfg := fastConfig(srv.Socket())
+	cfg.CallTimeout = time.Minute // the size is under test, not the time
+	c, err := NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +538,7 @@ func TestClientLargeListAnswer(t *testing.T) {
 
 	// The same answer does not fit gRPC's default 4 MiB limit: this test
 	// really exercises a large message.
-	cfg := fastConfig(srv.Socket())
+	cfg = fastConfig(srv.Socket())
 	cfg.MaxRecvMsgSize = 4 << 20
 	small, err := NewClient(cfg)
 	if err != nil {

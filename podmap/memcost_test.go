@@ -3,6 +3,7 @@ package podmap
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,7 @@ func refreshCost(tb testing.TB, pods int) (answer, allocated, retained uint64) {
 	socket := startFakeProcess(tb, pods)
 	cfg := fastConfig(socket)
 	cfg.MaxRecvMsgSize = 1 << 30
+	cfg.CallTimeout = time.Minute // a large answer on a busy machine: the cost is measured, not the time
 	c, err := NewClient(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -120,8 +122,17 @@ func TestDefaultMaxRecvMsgSizeFitsMemoryLimit(t *testing.T) {
 		t.Skip("measures a 1 MiB refresh in a child process")
 	}
 	const memoryLimit, ownUse = 100 << 20, 30 << 20
-	answer, allocated, retained := refreshCost(t, 2000)
-	perByte := float64(allocated+retained) / float64(answer)
+	// Whatever else the process allocates meanwhile (gRPC's own goroutines,
+	// the runtime) only adds to a measurement: the cheapest of three is the
+	// refresh's own cost.
+	var answer, allocated, retained uint64
+	perByte := math.Inf(1)
+	for range 3 {
+		a, al, re := refreshCost(t, 2000)
+		if p := float64(al+re) / float64(a); p < perByte {
+			answer, allocated, retained, perByte = a, al, re, p
+		}
+	}
 	need := ownUse + perByte*DefaultMaxRecvMsgSize
 	t.Logf("answer %d bytes: %.1f bytes allocated and %.1f retained per byte; a %d MiB answer needs %.0f MiB",
 		answer, float64(allocated)/float64(answer), float64(retained)/float64(answer), DefaultMaxRecvMsgSize>>20, need/(1<<20))
