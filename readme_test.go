@@ -17,7 +17,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -340,6 +342,9 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.file == "docs/sharded.md" && b.lang == "yaml" && strings.Contains(b.text, "kind: ThanosRuler"):
 			checkThanosRulerResource(t, b)
 			by = "this test: it selects the label of the global PrometheusRule that deploy/ renders"
+		case b.file == "docs/sharded.md" && b.lang == "yaml" && strings.Contains(b.text, "thanosRulerSpec:"):
+			checkKubePrometheusStackValues(t, b)
+			by = "this test: every key is one of kube-prometheus-stack's values, and the selectors name the rules-layer labels of the PrometheusRules deploy/ renders"
 		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpu-pool-exporter fleet"):
 			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpu-pool-exporter fleet` (table and -o json) against the end-to-end test's Prometheus"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
@@ -465,6 +470,109 @@ func checkThanosRulerResource(t *testing.T, b block) {
 	for _, field := range []string{"queryEndpoints:", "ruleSelector:", "ruleNamespaceSelector:"} {
 		if !strings.Contains(b.text, field) {
 			t.Errorf("%s: the ThanosRuler has no %s", b.where(), field)
+		}
+	}
+}
+
+// kubePrometheusStackKeys are the kube-prometheus-stack values (chart
+// version 88) that the sharded setup's values example may set: the leaves
+// it sets, and the maps above them.
+var kubePrometheusStackKeys = map[string]bool{
+	"prometheus":                                                          true,
+	"prometheus.thanosService":                                            true,
+	"prometheus.thanosService.enabled":                                    true,
+	"prometheus.prometheusSpec":                                           true,
+	"prometheus.prometheusSpec.externalLabels":                            true,
+	"prometheus.prometheusSpec.ruleSelectorNilUsesHelmValues":             true,
+	"prometheus.prometheusSpec.ruleNamespaceSelector":                     true,
+	"prometheus.prometheusSpec.ruleSelector":                              true,
+	"prometheus.prometheusSpec.thanos":                                    true,
+	"prometheus.prometheusSpec.thanos.objectStorageConfig":                true,
+	"prometheus.prometheusSpec.thanos.objectStorageConfig.existingSecret": true,
+	"thanosRuler":                 true,
+	"thanosRuler.enabled":         true,
+	"thanosRuler.thanosRulerSpec": true,
+	"thanosRuler.thanosRulerSpec.ruleSelectorNilUsesHelmValues": true,
+	"thanosRuler.thanosRulerSpec.ruleNamespaceSelector":         true,
+	"thanosRuler.thanosRulerSpec.ruleSelector":                  true,
+	"thanosRuler.thanosRulerSpec.queryEndpoints":                true,
+	"thanosRuler.thanosRulerSpec.labels":                        true,
+	"thanosRuler.thanosRulerSpec.evaluationInterval":            true,
+}
+
+// kubePrometheusStackOpaque are values whose content is the user's (label
+// sets, selectors, a Secret reference), not chart keys.
+var kubePrometheusStackOpaque = []string{
+	"prometheus.prometheusSpec.externalLabels",
+	"prometheus.prometheusSpec.ruleSelector",
+	"prometheus.prometheusSpec.ruleNamespaceSelector",
+	"prometheus.prometheusSpec.thanos.objectStorageConfig.existingSecret",
+	"thanosRuler.thanosRulerSpec.ruleSelector",
+	"thanosRuler.thanosRulerSpec.ruleNamespaceSelector",
+	"thanosRuler.thanosRulerSpec.labels",
+}
+
+// checkKubePrometheusStackValues: the values example for
+// kube-prometheus-stack sets only keys the chart has; the shards select the
+// node-level PrometheusRule and the ruler the global one (by the labels the
+// kustomize component gives them), the chart's own rule selector is off in
+// both, and the ruler has a Query endpoint and external labels, the shards
+// external labels and a sidecar.
+func checkKubePrometheusStackValues(t *testing.T, b block) {
+	t.Helper()
+	var values map[string]any
+	if err := yaml.Unmarshal([]byte(b.text), &values); err != nil {
+		t.Fatalf("%s: %v", b.where(), err)
+	}
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			key := k
+			if prefix != "" {
+				key = prefix + "." + k
+			}
+			if !kubePrometheusStackKeys[key] {
+				t.Errorf("%s: %s is not a kube-prometheus-stack value this example may set", b.where(), key)
+				continue
+			}
+			if sub, ok := v.(map[string]any); ok && !slices.Contains(kubePrometheusStackOpaque, key) {
+				walk(key, sub)
+			}
+		}
+	}
+	walk("", values)
+	get := func(path string) any {
+		var cur any = values
+		for _, k := range strings.Split(path, ".") {
+			m, ok := cur.(map[string]any)
+			if !ok {
+				return nil
+			}
+			cur = m[k]
+		}
+		return cur
+	}
+	for layer, spec := range map[string]string{"shard": "prometheus.prometheusSpec", "global": "thanosRuler.thanosRulerSpec"} {
+		rule, err := os.ReadFile("deploy/kustomize/components/prometheus-operator-sharded-rules/prometheusrule-" + layer + ".yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(rule), "gpu-pool-exporter/rules-layer: "+layer) {
+			t.Errorf("prometheusrule-%s.yaml has no rules-layer: %s label", layer, layer)
+		}
+		if got := get(spec + ".ruleSelector.matchLabels"); !reflect.DeepEqual(got, map[string]any{"gpu-pool-exporter/rules-layer": layer}) {
+			t.Errorf("%s: %s.ruleSelector.matchLabels is %v, want only gpu-pool-exporter/rules-layer: %s", b.where(), spec, got, layer)
+		}
+		if get(spec+".ruleSelectorNilUsesHelmValues") != false {
+			t.Errorf("%s: %s.ruleSelectorNilUsesHelmValues must be false", b.where(), spec)
+		}
+	}
+	if get("thanosRuler.enabled") != true {
+		t.Errorf("%s: thanosRuler.enabled is not true", b.where())
+	}
+	for _, path := range []string{"thanosRuler.thanosRulerSpec.queryEndpoints", "thanosRuler.thanosRulerSpec.labels", "prometheus.prometheusSpec.externalLabels", "prometheus.prometheusSpec.thanos"} {
+		if v := get(path); v == nil || reflect.ValueOf(v).Len() == 0 {
+			t.Errorf("%s: %s is empty", b.where(), path)
 		}
 	}
 }

@@ -83,6 +83,7 @@ type config struct {
 	warmup, cycles        int
 	timeout               time.Duration
 	prometheus, exporter  string
+	exporterFlags         string
 	page, shardRules      string
 	rules                 ruleFiles
 	keep                  bool
@@ -102,6 +103,7 @@ func main() {
 	flag.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up (and stop everything) after this long")
 	flag.StringVar(&cfg.prometheus, "prometheus", "prometheus", "the Prometheus server binary")
 	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
+	flag.StringVar(&cfg.exporterFlags, "exporter-flags", "", "more flags for the simulated exporter, space-separated (--collector.profile=lean: the lean profile's page)")
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
 	flag.StringVar(&cfg.shardRules, "shard-rules", "", "measure a global layer: derive the node page from a shard Prometheus that scrapes the simulated node with this rules file (its output: the series the -rules read)")
@@ -357,7 +359,8 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 		return nil, err
 	}
 	var logs bytes.Buffer
-	cmd := exec.Command(cfg.exporter, "--simulate", "--web.listen-address="+addr, "--collect-interval=1s", "--log.level=warn")
+	args := append([]string{"--simulate", "--web.listen-address=" + addr, "--collect-interval=1s", "--log.level=warn"}, strings.Fields(cfg.exporterFlags)...)
+	cmd := exec.Command(cfg.exporter, args...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", cfg.exporter, err)
