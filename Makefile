@@ -11,11 +11,16 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.
 
 .PHONY: test test-matrix test-thanos tools vet lint build run bench bench-rules generate
 
+# Test binaries run at once. Most packages spend their time waiting on
+# processes they started (the exporter, promtool, Prometheus, helm), not on
+# the CPU: more of them at once than go test's default of one per core.
+TEST_PACKAGES ?= 6
+
 ## test: everything CI runs: tools, vet, lint, gofmt, race tests (unit, promtool, helm, end to end,
 ## generated files up to date)
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	go test -race -count=1 ./...
+	go test -race -count=1 -p $(TEST_PACKAGES) ./...
 
 ## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch, about 7000 pages); make test runs an all-pairs sample
 test-matrix:
