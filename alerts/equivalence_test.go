@@ -42,9 +42,11 @@ const alertRecordPrefix = "alert__"
 // alert tests, which run on the restructured file.
 func TestRestructuredRulesEquivalent(t *testing.T) {
 	// One promtool is enough: the equivalence is of the rules, not of the
-	// engine (TestPromtoolTestRules runs the fixtures on both).
+	// engine (TestPromtoolTestRules runs the fixtures on both). Prometheus
+	// 3's evaluates these files (both rule sets and the long check) about
+	// four times faster than 2.42's, so it goes first.
 	var pt string
-	for _, name := range []string{"promtool", "promtool3"} {
+	for _, name := range []string{"promtool3", "promtool"} {
 		if p, ok := promtools(t)[name]; ok {
 			pt = p
 			break
@@ -223,7 +225,11 @@ func equivalenceExpr(names []string) string {
 			` or (abs(%[1]s - %[2]s) > 1e-9 * abs(%[2]s) + 1e-12)`+
 			` or ((%[1]s != %[1]s) unless (%[2]s != %[2]s)) or ((%[2]s != %[2]s) unless (%[1]s != %[1]s))`, a, b)
 		if _, ok := presenceOnly[strings.TrimPrefix(n, alertRecordPrefix)]; ok {
-			diff = fmt.Sprintf(`(%[1]s unless %[2]s) or (%[2]s unless %[1]s)`, a, b)
+			// The two measure the hour from different instants (the
+			// counter's sample, the exporter's timestamp of the increase),
+			// so at the hour's end they may part by one evaluation: Prometheus
+			// 3's left-open range ends the flat one a step before 2.42's does.
+			diff = fmt.Sprintf(`(%[1]s unless (%[2]s or %[2]s offset 1m)) or (%[2]s unless (%[1]s or %[1]s offset 1m))`, a, b)
 		}
 		parts = append(parts, fmt.Sprintf(`label_replace(%s, "equivalence_check", %q, "", "")`, diff, n))
 	}
