@@ -22,7 +22,7 @@ test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go test -race -count=1 -p $(TEST_PACKAGES) ./...
 
-## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch, about 7000 pages); make test runs an all-pairs sample
+## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 16,000 pages); make test runs an all-pairs sample
 test-matrix:
 	GPE_MATRIX=full go test -count=1 -timeout 4h -run 'TestConfigurationMatrix' ./cmd/gpu-pool-exporter/
 

@@ -49,6 +49,9 @@ func matrixDims() []matrixDim {
 		{"compat", []string{"off", "on"}},
 		{"dcgm", []string{"off", "auto"}},
 		{"driver", []string{"R535", "R550", "R580"}},
+		// "bare": ECC, power and NVML events answer NOT_SUPPORTED, as on
+		// consumer and some vGPU boards.
+		{"board", []string{"full", "bare"}},
 	}
 }
 
@@ -233,7 +236,11 @@ func matrixScenario(t *testing.T, c matrixCase, m *miggeometry.Model) string {
 	t.Helper()
 	mig, held := migLayout(t, m, c["mig"])
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed: 3\nnode: {model: %s, count: 2, driverBranch: %s}\n", m.Model, c["driver"])
+	unsupported := ""
+	if c["board"] == "bare" {
+		unsupported = ", unsupported: [ecc, power, events]"
+	}
+	fmt.Fprintf(&b, "seed: 3\nnode: {model: %s, count: 2, driverBranch: %s%s}\n", m.Model, c["driver"], unsupported)
 	b.WriteString("gpus:\n")
 	if mig != "" {
 		fmt.Fprintf(&b, "  - {index: 1, %s}\n", mig)
@@ -474,6 +481,25 @@ func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body stri
 	}
 	if len(fams) == 0 {
 		t.Error("empty page")
+	}
+	// A board without NVML events: nothing to listen to, which is neither
+	// a down collector nor GPUs left unwatched.
+	if c["board"] == "bare" {
+		one := func(name string, want float64) {
+			if ms := get(name); len(ms) != 1 || val(ms[0]) != want {
+				t.Errorf("%s on a board without events: %d series, want one of %v", name, len(ms), want)
+			}
+		}
+		one("gpu_exporter_xid_events_supported", 0)
+		one("gpu_exporter_xid_unregistered_gpus", 0)
+		for _, x := range get("gpu_exporter_collector_up") {
+			if label(x, "collector") == "xid" && val(x) != 1 {
+				t.Errorf("xid collector down on a board without events")
+			}
+		}
+		if n := len(get("gpu_ecc_errors_total")); n != 0 {
+			t.Errorf("%d ECC series on a board without ECC", n)
+		}
 	}
 	// A shared GPU's figures are its holders': on MPS, the server (run by
 	// the device plugin's control daemon pod, which holds no GPU) is no
