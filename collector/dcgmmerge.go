@@ -76,13 +76,15 @@ func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 			var ok bool
 			if computeInstances(g, m.GPUInstance) > 1 {
 				dv, ok = snap.FindComputeInstance(g.UUID, m.GPUInstance, m.ComputeInstance)
-				if gv, found := snap.Find(g.UUID, m.GPUInstance); found {
-					if g.DCGMGPUInstances == nil {
-						g.DCGMGPUInstances = map[int]sample.Values{}
+				if _, done := g.DCGMGPUInstances[m.GPUInstance]; !done {
+					if gv, found := snap.Find(g.UUID, m.GPUInstance); found {
+						if g.DCGMGPUInstances == nil {
+							g.DCGMGPUInstances = map[int]sample.Values{}
+						}
+						var v sample.DeviceState
+						setDCGM(&v, gv)
+						g.DCGMGPUInstances[m.GPUInstance] = v.Values
 					}
-					var v sample.DeviceState
-					setDCGM(&v, gv)
-					g.DCGMGPUInstances[m.GPUInstance] = v.Values
 				}
 			} else {
 				dv, ok = snap.Find(g.UUID, m.GPUInstance)

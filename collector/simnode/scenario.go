@@ -769,31 +769,37 @@ func (s *Scenario) replicas(gpu int) int {
 	return 0
 }
 
+// validateReplicas checks one sharing method's replica count and GPU
+// indexes; why says what bounds the replicas.
+func (s *Scenario) validateReplicas(method string, replicas int, gpus []int, why string) error {
+	p := []any{"sharing", method}
+	if replicas < 2 || replicas > 48 {
+		return s.errorAt(append(p, "replicas"), "%d replicas: %s", replicas, why)
+	}
+	for i, g := range gpus {
+		if g < 0 || g >= s.Node.Count {
+			return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
+		}
+	}
+	return nil
+}
+
 func (s *Scenario) validateSharing() error {
 	ts, mps := s.Sharing.TimeSlicing, s.Sharing.MPS
 	if ts != nil && mps != nil {
 		return s.errorAt([]any{"sharing", "mps"}, "sharing names both timeSlicing and mps: the device plugin applies one sharing method to a node; keep one")
 	}
 	if ts != nil {
-		p := []any{"sharing", "timeSlicing"}
-		if ts.Replicas < 2 || ts.Replicas > 48 {
-			return s.errorAt(append(p, "replicas"), "%d replicas: time-slicing shares a GPU between 2 and 48 holders", ts.Replicas)
-		}
-		for i, g := range ts.GPUs {
-			if g < 0 || g >= s.Node.Count {
-				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
-			}
+		if err := s.validateReplicas("timeSlicing", ts.Replicas, ts.GPUs, "time-slicing shares a GPU between 2 and 48 holders"); err != nil {
+			return err
 		}
 	}
 	if mps != nil {
-		p := []any{"sharing", "mps"}
-		if mps.Replicas < 2 || mps.Replicas > 48 {
-			return s.errorAt(append(p, "replicas"), "%d replicas: MPS shares a GPU between 2 and 48 clients (an MPS server takes at most 48 client contexts per GPU)", mps.Replicas)
+		if err := s.validateReplicas("mps", mps.Replicas, mps.GPUs, "MPS shares a GPU between 2 and 48 clients (an MPS server takes at most 48 client contexts per GPU)"); err != nil {
+			return err
 		}
+		p := []any{"sharing", "mps"}
 		for i, g := range mps.GPUs {
-			if g < 0 || g >= s.Node.Count {
-				return s.errorAt(append(p, "gpus", i), "GPU index %d is outside 0..%d", g, s.Node.Count-1)
-			}
 			if s.migCount(g) > 0 {
 				return s.errorAt(append(p, "gpus", i), "GPU %d is in MIG mode: the device plugin shares only whole GPUs through MPS; drop its mig list or share another GPU", g)
 			}
