@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -154,8 +155,9 @@ func TestREADMEOpensWithTwoCommands(t *testing.T) {
 var ansi = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
 // TestMakeRun runs README's first command as a user would and stops it with
-// Ctrl-C. CGO_CFLAGS gets a define of its own, so gcc compiles the cgo
-// packages again as on a fresh machine: their warnings would show.
+// Ctrl-C. The build's own output (cgo warnings, downloads on a fresh
+// machine) is shown only when it fails, so the packages compiled by the
+// suite already serve: nothing is compiled again for this test.
 func TestMakeRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -166,7 +168,6 @@ func TestMakeRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "run", "ARGS=--web.listen-address=127.0.0.1:0")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("CGO_CFLAGS=-DGPE_README_TEST=%d", time.Now().UnixNano()))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -359,43 +360,78 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		}
 		t.Logf("%s (%s, %s): %s", b.where(), b.lang, b.section, by)
 	}
-	// The commands of alerts/README.md, as written, from the top directory.
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("promtool not found (make tools installs it)")
-		}
-		t.Skip("promtool not found")
-	}
+	// The commands of alerts/README.md, from the top directory: `check rules`
+	// runs here as written; `test rules` must name every promtool test file,
+	// each of which alerts.TestPromtoolTestRules runs with both promtools
+	// (running them here too would double the suite's costliest part).
+	checkAlertsREADMECommands(t)
+	// dashboards/README.md's `make generate` is checked by
+	// scripts/generate.TestGeneratedFilesUpToDate.
+}
+
+// checkAlertsREADMECommands runs alerts/README.md's `promtool check rules`
+// and checks that each `test rules` line, its globs expanded as the shell
+// would, names exactly the promtool test files under alerts/tests.
+func checkAlertsREADMECommands(t *testing.T) {
+	t.Helper()
 	b, err := os.ReadFile("alerts/README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ran int
+	var all []string
+	if err := filepath.WalkDir("alerts/tests", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yml") {
+			all = append(all, p)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(all)
+	var checked, tested int
 	for _, c := range commands(string(b)) {
 		args := strings.Fields(c)
-		if args[0] != "promtool" {
+		if args[0] != "promtool" && args[0] != "promtool3" {
 			continue // go test ./alerts/... runs in this suite anyway
 		}
 		var expanded []string // as the shell would
-		for _, a := range args {
-			if files, _ := filepath.Glob(a); strings.Contains(a, "*") && len(files) > 0 {
+		for _, a := range args[1:] {
+			files, _ := filepath.Glob(a)
+			if strings.Contains(a, "*") {
+				if len(files) == 0 {
+					t.Errorf("alerts/README.md: %s: %s matches no file", c, a)
+				}
 				expanded = append(expanded, files...)
 			} else {
 				expanded = append(expanded, a)
 			}
 		}
-		args = expanded
-		ran++
-		if out, err := exec.Command(promtool, args[1:]...).CombinedOutput(); err != nil {
-			t.Errorf("alerts/README.md: %s: %v\n%s", c, err, out)
+		switch {
+		case len(expanded) > 2 && expanded[0] == "test" && expanded[1] == "rules":
+			tested++
+			got := slices.Sorted(slices.Values(expanded[2:]))
+			if !slices.Equal(got, all) {
+				t.Errorf("alerts/README.md: %s names %d test files, want every one under alerts/tests (%d):\n got %v\nwant %v", c, len(got), len(all), got, all)
+			}
+		case len(expanded) > 2 && expanded[0] == "check" && expanded[1] == "rules" && args[0] == "promtool":
+			checked++
+			promtool, err := exec.LookPath("promtool")
+			if err != nil {
+				if os.Getenv("CI") != "" {
+					t.Fatal("promtool not found (make tools installs it)")
+				}
+				t.Skip("promtool not found")
+			}
+			if out, err := exec.Command(promtool, expanded...).CombinedOutput(); err != nil {
+				t.Errorf("alerts/README.md: %s: %v\n%s", c, err, out)
+			}
+		default:
+			t.Errorf("alerts/README.md: %s: want promtool check rules or test rules", c)
 		}
 	}
-	if ran != 2 {
-		t.Errorf("ran %d promtool commands of alerts/README.md, want its 2", ran)
+	if checked != 1 || tested != 2 {
+		t.Errorf("alerts/README.md: %d check rules and %d test rules commands, want 1 and 2 (promtool and promtool3)", checked, tested)
 	}
-	// dashboards/README.md's `make generate` is checked by
-	// scripts/generate.TestGeneratedFilesUpToDate.
 }
 
 // isInstallBlock: deploy.TestREADMEInstall runs README's Install section and

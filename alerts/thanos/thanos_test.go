@@ -83,6 +83,10 @@ var nodes = []*node{
 // missingNode has GPUs in kube-state-metrics and no exporter.
 const missingNode = "gpu-no-exporter"
 
+// cordonedNode is cordoned in kube-state-metrics (node:gpu_node_unschedulable:info):
+// its free GPUs leave the pools' room for Pending pods.
+const cordonedNode = "gpu-a1"
+
 // wantGlobalAlerts must fire on the reference (and so through Thanos): the
 // comparison would hold trivially if no global alert fired.
 var wantGlobalAlerts = []string{
@@ -487,8 +491,9 @@ func steadyScenario(t *testing.T, base []byte, n *node) []byte {
 }
 
 // fakeKubeStateMetrics: every node's pool and accelerator, its GPU capacity,
-// a GPU node without an exporter, and two Pending GPU pods: one that fits a
-// node's free GPUs, one that fits nowhere.
+// a GPU node without an exporter, a cordoned node (its free GPUs are no
+// room for Pending pods), and two Pending GPU pods: one that fits a node's
+// free GPUs, one that fits nowhere.
 func fakeKubeStateMetrics() string {
 	var b strings.Builder
 	b.WriteString("# TYPE kube_node_labels gauge\n")
@@ -502,6 +507,10 @@ func fakeKubeStateMetrics() string {
 	b.WriteString("# TYPE kube_node_status_capacity gauge\n")
 	for _, n := range all {
 		fmt.Fprintf(&b, "kube_node_status_capacity{node=%q,resource=\"nvidia_com_gpu\",unit=\"integer\"} 8\n", n[0])
+	}
+	b.WriteString("# TYPE kube_node_spec_unschedulable gauge\n")
+	for _, n := range all {
+		fmt.Fprintf(&b, "kube_node_spec_unschedulable{node=%q} %d\n", n[0], map[bool]int{false: 0, true: 1}[n[0] == cordonedNode])
 	}
 	b.WriteString("# TYPE kube_pod_status_phase gauge\n")
 	for _, p := range []string{"wants-one", "wants-eight"} {

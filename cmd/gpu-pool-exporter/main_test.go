@@ -513,7 +513,9 @@ func TestGoBuildSaysWhatItIs(t *testing.T) {
 		t.Skipf("git clone: %v\n%s", err, out)
 	}
 	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter")
+	// -trimpath: the clone's compiled packages do not name its temporary
+	// directory, so the next run finds them in the build cache and only links.
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/gpu-pool-exporter")
 	build.Dir = clone
 	// A fresh machine's default; this one's go env may say -buildvcs=false.
 	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=auto")
