@@ -36,7 +36,7 @@ vet:
 lint: tools
 	golangci-lint run ./...
 
-## generate: every generated file and copy (GMP rules, shard/global layers, dashboards, the Helm
+## generate: every generated file and copy (GMP rules, shard/global layers, promtool tests from real pages, dashboards, the Helm
 ## chart's files/ and the kustomize rule objects), in that order; a second run changes nothing.
 ## `make test` fails while one is stale (scripts/generate's test).
 generate:

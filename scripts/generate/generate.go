@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/pages"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards/boards"
 )
 
@@ -33,6 +35,8 @@ const (
 // does not produce is stale, and Write removes it.
 var owned = []string{
 	"alerts/gpu-pool-exporter.*.rules.yml",
+	"alerts/tests/pages_*_test.yml",
+	"alerts/tests/gmp/pages_*_test.yml",
 	"dashboards/*.json",
 	chart + "/files/*",
 	chart + "/files/dashboards/*",
@@ -45,16 +49,19 @@ func header(source string) string {
 }
 
 // Files returns every generated file in the order make generate writes
-// them: the GMP rules, the shard and global layers, the dashboards, the Helm
-// chart's copies, the kustomize rule objects. Its one input on disk is
-// alerts/gpu-pool-exporter.rules.yml under root; the dashboards come from
-// dashboards/boards.
+// them: the GMP rules, the shard and global layers, the promtool tests from
+// real pages (alerts/pages), the dashboards, the Helm chart's copies, the
+// kustomize rule objects. Its inputs on disk are
+// alerts/gpu-pool-exporter.rules.yml and the fixture sources
+// alerts/pages/testdata/*.yml under root; the dashboards come from
+// dashboards/boards, the pages from the exporter's own code.
 func Files(root string) ([]File, error) {
 	src, err := os.ReadFile(filepath.Join(root, rulesSrc))
 	if err != nil {
 		return nil, err
 	}
-	if _, err := alerts.ParseRules(src); err != nil {
+	rf, err := alerts.ParseRules(src)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", rulesSrc, err)
 	}
 	var out []File
@@ -78,6 +85,16 @@ func Files(root string) ([]File, error) {
 	} {
 		rules["alerts/"+f.Path] = f.Data
 		add("alerts/"+f.Path, f.Data)
+	}
+
+	// The promtool tests from real pages: the exporter run on each fixture
+	// source's simulated node, its pages as input series.
+	fixtures, err := pages.Generate(root, rf)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pages.SourceDir, err)
+	}
+	for _, p := range slices.Sorted(maps.Keys(fixtures)) {
+		add(p, fixtures[p])
 	}
 
 	boardFiles, err := boards.Generate()

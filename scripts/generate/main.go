@@ -1,8 +1,10 @@
 // Command generate writes every generated file and copy of the repository,
 // in a fixed order: the GKE Managed Prometheus rules and the shard and
-// global rule layers (from alerts/gpu-pool-exporter.rules.yml), the Grafana
-// dashboards (from dashboards/boards), the Helm chart's copies of both and
-// the kustomize rule objects. `make generate` runs it from the repository
+// global rule layers (from alerts/gpu-pool-exporter.rules.yml), the
+// promtool tests from the pages the exporter serves on simulated nodes
+// (from alerts/pages/testdata), the Grafana dashboards (from
+// dashboards/boards), the Helm chart's copies of the rules and dashboards
+// and the kustomize rule objects. `make generate` runs it from the repository
 // root; a second run changes nothing. With -check it writes nothing and
 // fails listing every stale file (the test in this directory does the same
 // in `make test`).
