@@ -15,12 +15,16 @@ LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.
 # processes they started (the exporter, promtool, Prometheus, helm), not on
 # the CPU: more of them at once than go test's default of one per core.
 TEST_PACKAGES ?= 6
+# Parallel tests run at once within a package: the configuration matrix's
+# cases and the tests of the real binary wait on the exporter's one-second
+# samples, so more of them than go test's default of one per core.
+TEST_PARALLEL ?= 8
 
 ## test: everything CI runs: tools, vet, lint, gofmt, race tests (unit, promtool, helm, end to end,
 ## generated files up to date)
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	go test -race -count=1 -p $(TEST_PACKAGES) ./...
+	go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
 ## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 16,000 pages); make test runs an all-pairs sample
 test-matrix:

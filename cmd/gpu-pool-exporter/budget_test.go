@@ -66,6 +66,7 @@ func families(body string) map[string]int {
 // 8 x H100 node grows past its series budget per GPU, or when the lean page
 // lacks a metric that an alert, a recording rule or a dashboard uses.
 func TestSeriesBudget(t *testing.T) {
+	t.Parallel()
 	used, err := promqlcheck.UsedMetrics()
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// Tests that only wait on an exporter of their own (its own port and
+// simulated node) run at once (t.Parallel); those that count goroutines,
+// measure latency, send signals or set the environment run alone.
+
 // waitTimeout bounds a wait on a state that names no deadline of its own:
 // generous, as the machine is shared; a wait that passes returns as soon as
 // the state holds.

@@ -288,6 +288,7 @@ func TestInputErrorsExit2(t *testing.T) {
 // host tree cannot be written (TMPDIR is missing): the machine's failure,
 // not the user's, so the process exits 1 and not with the usage code 2.
 func TestSetupFailureExits1(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
@@ -500,6 +501,7 @@ func TestHelpAndVersionExit0(t *testing.T) {
 // -ldflags), as a user would, and reads --version: the version and revision
 // come from what Go embeds.
 func TestGoBuildSaysWhatItIs(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}

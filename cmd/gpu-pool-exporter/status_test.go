@@ -55,6 +55,7 @@ func simulatedExporter(t *testing.T) string {
 var chatRows = []string{"chat-api-0", "chat-api-1", "chat-api-2"}
 
 func TestStatusSubcommand(t *testing.T) {
+	t.Parallel()
 	addr := simulatedExporter(t)
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"status", "--url=" + addr}, &out, &errb); code != 0 {
@@ -148,6 +149,7 @@ func runChromium(t *testing.T, bin string, args ...string) []byte {
 // page, and the DOM it dumps has, for each pod on GPU 6, a row with its
 // VRAM and activity; chat-api-2's row is marked idle.
 func TestStatusPageInChromium(t *testing.T) {
+	t.Parallel()
 	bin := chromium(t)
 	addr := simulatedExporter(t)
 	dom := runChromium(t, bin, "--dump-dom", "http://"+addr+"/")
@@ -239,6 +241,7 @@ func text(n *html.Node) string {
 // escape sequence or a carriage return in a name cannot rewrite the
 // operator's screen.
 func TestStatusSubcommandStripsControlCharacters(t *testing.T) {
+	t.Parallel()
 	addr := simulatedExporter(t)
 	resp, err := http.Get("http://" + addr + statusPath)
 	if err != nil {

@@ -25,7 +25,10 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
 )
 
-// The real exporter binary, built once per test process.
+// The real exporter binary, built once per test process. The
+// TestRealBinary tests run at once (t.Parallel): each runs its own exporter
+// on a node file of its own, and they wait on its samples more than they
+// compute.
 var (
 	binOnce sync.Once
 	binPath string
@@ -273,6 +276,7 @@ func branchIndex(b string) int {
 // branch's library: it must start, serve what the branch can provide, leave
 // out what it cannot, and exit cleanly.
 func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -355,6 +359,7 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 // answers NO_PERMISSION leave the others reporting and the process up; a lost
 // GPU that comes back reports again.
 func TestRealBinarySurvivesFailingGPUs(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -397,6 +402,7 @@ func TestRealBinarySurvivesFailingGPUs(t *testing.T) {
 // counted for the replacement signal; they follow the driver as a GPU's
 // banks wear down.
 func TestRealBinaryServesRowRemapperHistogram(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -436,6 +442,7 @@ func TestRealBinaryServesRowRemapperHistogram(t *testing.T) {
 
 // TestRealBinaryCountsXIDs: XIDs injected into the driver reach the page.
 func TestRealBinaryCountsXIDs(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -479,6 +486,7 @@ func TestRealBinaryCountsXIDs(t *testing.T) {
 // the start must not keep the exporter from serving the others, and must be
 // reported once it answers.
 func TestRealBinaryStartsBesideAHungGPU(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}

@@ -23,6 +23,7 @@ import (
 // memory temperature sensor; both answer NOT_SUPPORTED, which is not an
 // error, and no NVLink or HBM series appears.
 func TestRealBinaryOnAnL4ClassBoard(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -56,6 +57,7 @@ func TestRealBinaryOnAnL4ClassBoard(t *testing.T) {
 // Both ways a driver says so are covered: no event type supported by any
 // board, and no event set at all.
 func TestRealBinaryOnABoardWithoutECCPowerEvents(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -189,6 +191,7 @@ var rtxPro6000 = gpus.Config{Name: "NVIDIA RTX PRO 6000 Blackwell Server Edition
 // binary names the GPU instances as the driver does and counts free slices
 // and placeable instances on four slices.
 func TestRealBinaryOnRTXPro6000MIG(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}

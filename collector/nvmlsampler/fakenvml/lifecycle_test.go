@@ -86,6 +86,7 @@ func writeNode(t *testing.T, node *fakenvml.Node, path string) {
 // answers at once, /readyz and the page say what the exporter waits for,
 // and NVML is initialised exactly once (no Init, Shutdown, Init).
 func TestRealBinaryServesWhileNVMLInitHangs(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -133,6 +134,7 @@ func TestRealBinaryServesWhileNVMLInitHangs(t *testing.T) {
 // and XIDs raised after the reload are counted on a new event set. An
 // unloaded driver that stays away fails /healthz after --nvml.restart-after.
 func TestRealBinaryRecoversFromDriverReload(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -206,6 +208,7 @@ func TestRealBinaryRecoversFromDriverReload(t *testing.T) {
 // as not registered, and joins when its call returns. A GPU whose
 // registration failed is tried again.
 func TestRealBinaryRegistersEventsPerGPU(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -255,6 +258,7 @@ func TestRealBinaryRegistersEventsPerGPU(t *testing.T) {
 // still holds is read: XIDs of the healthy GPUs raised while the new set is
 // being created are not lost.
 func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -305,6 +309,7 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 // however many samples pass. The exporter still stops on SIGTERM during a
 // stall, without waiting for calls that never return.
 func TestRealBinaryDriverWideStall(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
@@ -445,6 +450,7 @@ func migUUIDs(f map[string]*dto.MetricFamily) map[string]bool {
 // the change serves the new layout and nothing of the old one, every MIG
 // device up, without NVML being initialised again.
 func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
