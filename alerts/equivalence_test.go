@@ -3,7 +3,6 @@ package alerts
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -114,7 +113,7 @@ func TestRestructuredRulesEquivalent(t *testing.T) {
 			gen := equivalenceTests(t, f, check, append(slices.Clone(curGroups), flatGroups...))
 			path := filepath.Join(dir, strings.TrimSuffix(filepath.Base(f), ".yml")+".equivalence.yml")
 			writeYAML(t, path, gen)
-			out, err := exec.Command(pt, "test", "rules", path).CombinedOutput()
+			out, err := promtoolCommand(pt, "test", "rules", path).CombinedOutput()
 			if err != nil {
 				t.Fatalf("the restructured rules differ from %s on the input series of %s; each series below names the rule in its equivalence_check label (the generated test is %s):\n%s",
 					flatRulesFile, f, path, promtoolFailures(out))

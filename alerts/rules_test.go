@@ -57,6 +57,16 @@ func promtools(t *testing.T) map[string]string {
 	return out
 }
 
+// promtoolCommand runs promtool with GOGC=400: promtool test rules
+// allocates much per evaluation while its heap stays small (under 300 MB
+// for every test file at once), so collecting a quarter as often saves
+// about a quarter of its CPU time, the largest part of this package's.
+func promtoolCommand(pt string, args ...string) *exec.Cmd {
+	cmd := exec.Command(pt, args...)
+	cmd.Env = append(os.Environ(), "GOGC=400")
+	return cmd
+}
+
 // testDirs are the promtool test directories and the rules file each tests:
 // tests/ the rules file, tests/gmp/ its GKE Managed Prometheus variant.
 var testDirs = []struct{ dir, rules string }{
@@ -85,7 +95,7 @@ func testFiles(t *testing.T) []string {
 func TestPromtoolCheckRules(t *testing.T) {
 	for name, pt := range promtools(t) {
 		for _, f := range []string{RulesFileName, GMPRulesFileName} {
-			out, err := exec.Command(pt, "check", "rules", f).CombinedOutput()
+			out, err := promtoolCommand(pt, "check", "rules", f).CombinedOutput()
 			if err != nil {
 				t.Errorf("%s check rules %s: %v\n%s", name, f, err, out)
 			}
@@ -100,7 +110,7 @@ func TestPromtoolTestRules(t *testing.T) {
 				t.Run(name+"/"+filepath.ToSlash(f), func(t *testing.T) {
 					t.Parallel()
 					// promtool resolves rule_files relative to the test file.
-					out, err := exec.Command(pt, "test", "rules", f).CombinedOutput()
+					out, err := promtoolCommand(pt, "test", "rules", f).CombinedOutput()
 					if err != nil {
 						t.Fatalf("%s test rules %s: %v\n%s", name, f, err, out)
 					}
