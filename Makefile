@@ -24,7 +24,11 @@ TEST_PARALLEL ?= 8
 ## generated files up to date)
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
+	@# The exporter binary the tests run, built once (GPE_TEST_BINARY) rather
+	@# than by each package that starts it.
+	bin="$$(mktemp -d)" && trap 'rm -rf "$$bin"' EXIT && \
+	go build -o "$$bin/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
+	GPE_TEST_BINARY="$$bin/gpu-pool-exporter" go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
 ## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 16,000 pages); make test runs an all-pairs sample
 test-matrix:

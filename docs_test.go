@@ -247,9 +247,13 @@ func TestDocsMetricFamilies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	// make test builds the exporter once for every package (GPE_TEST_BINARY).
+	bin := os.Getenv("GPE_TEST_BINARY")
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "gpu-pool-exporter")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter").CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
 	}
 	page := servedPage(t, bin, "--collector.profile=full", "--compat.dcgm-exporter", "--idle.price=NVIDIA H100 80GB HBM3=11.06")
 	served := map[string]bool{}

@@ -540,6 +540,7 @@ func TestClientLargeListAnswer(t *testing.T) {
 	// really exercises a large message.
 	cfg = fastConfig(srv.Socket())
 	cfg.MaxRecvMsgSize = 4 << 20
+	cfg.CallTimeout = time.Minute // the size is under test, not the time
 	small, err := NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -122,12 +122,7 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	t.Cleanup(cancel)
 
 	// 1. The exporter on the simulated node.
-	gpe := filepath.Join(tmp, "gpe")
-	build := exec.CommandContext(ctx, "go", "build", "-o", gpe, "./cmd/gpu-pool-exporter")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
-	}
+	gpe := proctest.ExporterBinary(t, ctx, root, filepath.Join(tmp, "gpe"))
 	help, _ := exec.CommandContext(ctx, gpe, "--help").CombinedOutput()
 	exporterAddr := freeAddr(t)
 	args := []string{

@@ -136,12 +136,7 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 	}
 
 	// 1. The exporters.
-	gpe := filepath.Join(tmp, "gpe")
-	build := exec.CommandContext(ctx, "go", "build", "-o", gpe, "./cmd/gpu-pool-exporter")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
-	}
+	gpe := proctest.ExporterBinary(t, ctx, root, filepath.Join(tmp, "gpe"))
 	base, err := os.ReadFile(filepath.Join(root, "alerts", "e2e", "scenario.yaml"))
 	if err != nil {
 		t.Fatal(err)

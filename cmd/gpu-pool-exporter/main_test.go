@@ -292,9 +292,13 @@ func TestSetupFailureExits1(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	// make test builds the exporter once for every package (GPE_TEST_BINARY).
+	bin := os.Getenv("GPE_TEST_BINARY")
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "gpu-pool-exporter")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

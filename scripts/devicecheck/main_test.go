@@ -72,10 +72,14 @@ func TestAgainstFakeDriverAndFakeSMI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "gpu-pool-exporter")
-	build := exec.Command("go", "build", "-o", bin, "../../cmd/gpu-pool-exporter")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	// make test builds the exporter once for every package (GPE_TEST_BINARY).
+	bin := os.Getenv("GPE_TEST_BINARY")
+	if bin == "" {
+		bin = filepath.Join(dir, "gpu-pool-exporter")
+		build := exec.Command("go", "build", "-o", bin, "../../cmd/gpu-pool-exporter")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
 	}
 	smi, _ := filepath.Abs("testdata/nvidia-smi")
 	nodeFile := filepath.Join(dir, "node.conf")

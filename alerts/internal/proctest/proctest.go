@@ -18,6 +18,22 @@ import (
 	"time"
 )
 
+// ExporterBinary returns the gpu-pool-exporter binary to run: the one in
+// $GPE_TEST_BINARY (make test builds the exporter once for every package),
+// else one built from root into dst.
+func ExporterBinary(t testing.TB, ctx context.Context, root, dst string) string {
+	t.Helper()
+	if bin := os.Getenv("GPE_TEST_BINARY"); bin != "" {
+		return bin
+	}
+	build := exec.CommandContext(ctx, "go", "build", "-o", dst, "./cmd/gpu-pool-exporter")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
+	}
+	return dst
+}
+
 // FreeAddr returns a free local TCP address.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
