@@ -505,7 +505,11 @@ func fakeKubeStateMetrics() string {
 	}
 	b.WriteString("# TYPE kube_node_spec_unschedulable gauge\n")
 	for _, n := range all {
-		fmt.Fprintf(&b, "kube_node_spec_unschedulable{node=%q} %d\n", n[0], map[bool]int{false: 0, true: 1}[n[0] == cordonedNode])
+		cordoned := 0
+		if n[0] == cordonedNode {
+			cordoned = 1
+		}
+		fmt.Fprintf(&b, "kube_node_spec_unschedulable{node=%q} %d\n", n[0], cordoned)
 	}
 	b.WriteString("# TYPE kube_pod_status_phase gauge\n")
 	for _, p := range []string{"wants-one", "wants-eight"} {

@@ -344,44 +344,65 @@ func TestConnectionCap(t *testing.T) {
 // bounded (the rest refused at once with 503 and Retry-After), a
 // credential accepted before never waits behind bcrypt, and an address with
 // no recent failure is served before the addresses that keep failing.
-func TestAuthenticatorBcryptQueue(t *testing.T) {
-	users := map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}
-	started := make(chan string, 100)
-	release := make(chan struct{}, 100)
-	a := newAuthenticator()
-	a.free, a.queue, a.wait = 2, 4, time.Hour
+// blockedBcrypt is an authenticator on a stopped clock whose bcrypt
+// compare blocks until the test lets it finish, for the tests of its queue.
+type blockedBcrypt struct {
+	t       *testing.T
+	a       *authenticator
+	users   map[string]string // user -> "hash:" + the right password
+	started chan string       // each compare's password, as it starts
+	release chan struct{}     // one value lets one compare finish
+}
+
+func newBlockedBcrypt(t *testing.T, users map[string]string, free, queue int) *blockedBcrypt {
+	b := &blockedBcrypt{t: t, a: newAuthenticator(), users: users,
+		started: make(chan string, 100), release: make(chan struct{}, 100)}
+	b.a.free, b.a.queue, b.a.wait = free, queue, time.Hour
 	now := time.Unix(1e9, 0)
-	a.now = func() time.Time { return now }
-	a.compare = func(hash, pass []byte) error { // blocks until released
-		started <- string(pass)
-		<-release
+	b.a.now = func() time.Time { return now }
+	b.a.compare = func(hash, pass []byte) error {
+		b.started <- string(pass)
+		<-b.release
 		if string(hash) == "hash:"+string(pass) {
 			return nil
 		}
 		return bcrypt.ErrMismatchedHashAndPassword
 	}
-	try := func(addr, user, pass string) int {
-		req := httptest.NewRequest("GET", "/metrics", nil)
-		req.RemoteAddr = addr + ":1000"
-		req.SetBasicAuth(user, pass)
-		return a.check(users, req)
+	return b
+}
+
+// try is one login attempt from addr; it returns the status check gives.
+func (b *blockedBcrypt) try(addr, user, pass string) int {
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.RemoteAddr = addr + ":1000"
+	req.SetBasicAuth(user, pass)
+	return b.a.check(b.users, req)
+}
+
+func (b *blockedBcrypt) async(addr, user, pass string) chan int {
+	c := make(chan int, 1)
+	go func() { c <- b.try(addr, user, pass) }()
+	return c
+}
+
+// result waits for an attempt's status. A liveness bound only (no latency
+// is asserted): an attempt that should be answered at once but waits fails
+// here instead of hanging.
+func (b *blockedBcrypt) result(what string, c chan int) int {
+	b.t.Helper()
+	select {
+	case code := <-c:
+		return code
+	case <-time.After(30 * time.Second):
+		b.t.Fatalf("%s: still waiting for a bcrypt slot", what)
+		return 0
 	}
-	async := func(addr, user, pass string) chan int {
-		c := make(chan int, 1)
-		go func() { c <- try(addr, user, pass) }()
-		return c
-	}
-	// Liveness bound only (no latency is asserted): an attempt that
-	// should be answered at once but waits fails here instead of hanging.
-	result := func(what string, c chan int) int {
-		select {
-		case code := <-c:
-			return code
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: still waiting for a bcrypt slot", what)
-			return 0
-		}
-	}
+}
+
+func TestAuthenticatorBcryptQueue(t *testing.T) {
+	b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}, 2, 4)
+	a, started, release := b.a, b.started, b.release
+	try, async, result := b.try, b.async, b.result
 	waitFor := func(what string, cond func() bool) {
 		for i := 0; !cond(); i++ {
 			if i > 30000 {
@@ -461,7 +482,7 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 	// An attempt that gets no slot within the bound is refused; the web
 	// handler answers 503 with Retry-After.
 	a.free, a.wait = 0, time.Millisecond
-	src := &webConfigSource{checked: time.Now().Add(time.Hour), cfg: &webConfig{Config: &web.Config{}, users: users}}
+	src := &webConfigSource{checked: time.Now().Add(time.Hour), cfg: &webConfig{Config: &web.Config{}, users: b.users}}
 	h := &webHandler{src: src, auth: a, next: http.NotFoundHandler()}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/metrics", nil)
@@ -478,40 +499,9 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 // addresses that have not failed yet, only been refused, cannot keep a
 // scraper that has not logged in yet out of the queue.
 func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
-	users := map[string]string{"prometheus": "hash:right"}
-	started := make(chan string, 100)
-	release := make(chan struct{}, 100)
-	a := newAuthenticator()
-	a.free, a.queue, a.wait = 1, 2, time.Hour
-	now := time.Unix(1e9, 0)
-	a.now = func() time.Time { return now }
-	a.compare = func(hash, pass []byte) error { // blocks until released
-		started <- string(pass)
-		<-release
-		if string(hash) == "hash:"+string(pass) {
-			return nil
-		}
-		return bcrypt.ErrMismatchedHashAndPassword
-	}
-	async := func(addr, pass string) chan int {
-		c := make(chan int, 1)
-		go func() {
-			req := httptest.NewRequest("GET", "/metrics", nil)
-			req.RemoteAddr = addr + ":1000"
-			req.SetBasicAuth("prometheus", pass)
-			c <- a.check(users, req)
-		}()
-		return c
-	}
-	result := func(what string, c chan int) int { // a liveness bound, no latency asserted
-		select {
-		case code := <-c:
-			return code
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: still waiting for a bcrypt slot", what)
-			return 0
-		}
-	}
+	b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right"}, 1, 2)
+	a, started, release, result := b.a, b.started, b.release, b.result
+	async := func(addr, pass string) chan int { return b.async(addr, "prometheus", pass) }
 	waiting := func(n int) {
 		for i := 0; a.waiting() != n; i++ {
 			if i > 30000 {

@@ -339,7 +339,7 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.attackFor)
 	defer cancel()
-	var requests, unauthorized, throttled, busy, errs atomic.Int64
+	var wrong wrongPasswords
 	var wg sync.WaitGroup
 	cpu0, _ := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
@@ -349,28 +349,7 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 			defer wg.Done()
 			c := clientFrom("127.0.0."+strconv.Itoa(1+w%cfg.authAddrs), true, 30*time.Second)
 			defer c.CloseIdleConnections()
-			for i := 0; ctx.Err() == nil; i++ {
-				req := get(p.addr, "prometheus", fmt.Sprintf("wrong-%d-%d", w, i)).WithContext(ctx)
-				resp, err := c.Do(req)
-				if err != nil {
-					if ctx.Err() == nil {
-						errs.Add(1)
-						sleepCtx(ctx, 100*time.Millisecond)
-					}
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				requests.Add(1)
-				switch resp.StatusCode {
-				case http.StatusUnauthorized:
-					unauthorized.Add(1)
-				case http.StatusTooManyRequests:
-					throttled.Add(1)
-				case http.StatusServiceUnavailable:
-					busy.Add(1)
-				}
-			}
+			wrong.send(ctx, c, p.addr, w)
 		}()
 	}
 	sleepCtx(ctx, 500*time.Millisecond)
@@ -394,6 +373,6 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 	cpu1, _ := procCPU(p.cmd.Process.Pid)
 	r.cpuCores = float64(cpu1-cpu0) / float64(time.Since(t0))
 	wg.Wait()
-	r.requests, r.unauthorized, r.throttled, r.busy, r.errs = requests.Load(), unauthorized.Load(), throttled.Load(), busy.Load(), errs.Load()
+	r.requests, r.unauthorized, r.throttled, r.busy, r.errs = wrong.requests.Load(), wrong.unauthorized.Load(), wrong.throttled.Load(), wrong.busy.Load(), wrong.errs.Load()
 	return r, nil
 }

@@ -257,32 +257,12 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.floodFor)
 	defer cancel()
 	var wg sync.WaitGroup
-	var n, refused, unauthorized, failed atomic.Int64
+	var wrong wrongPasswords
 	for w := 0; w < cfg.floodClients; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := &http.Client{Timeout: 30 * time.Second}
-			for i := 0; ctx.Err() == nil; i++ {
-				req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+p.addr+"/metrics", nil)
-				req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
-				resp, err := c.Do(req)
-				if err != nil {
-					if ctx.Err() == nil {
-						failed.Add(1)
-					}
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				n.Add(1)
-				switch resp.StatusCode {
-				case http.StatusTooManyRequests:
-					refused.Add(1)
-				case http.StatusUnauthorized:
-					unauthorized.Add(1)
-				}
-			}
+			wrong.send(ctx, &http.Client{Timeout: 30 * time.Second}, p.addr, w)
 		}()
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -297,7 +277,7 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	wg.Wait()
-	r.floodRequests, r.refused, r.unauthorized, r.floodError = n.Load(), refused.Load(), unauthorized.Load(), failed.Load()
+	r.floodRequests, r.refused, r.unauthorized, r.floodError = wrong.requests.Load(), wrong.throttled.Load(), wrong.unauthorized.Load(), wrong.errs.Load()
 	return r, nil
 }
 
@@ -387,4 +367,38 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		fmt.Fprintf(w, "| %s | %s |\n", r[0], r[1])
 	}
 	return fails
+}
+
+// wrongPasswords counts what clients logging in with wrong passwords got.
+type wrongPasswords struct {
+	requests, unauthorized, throttled, busy, errs atomic.Int64
+}
+
+// send logs in as prometheus from c with a new wrong password each time
+// (worker w's), until ctx ends; a failed request waits 100ms before the
+// next, so that a refusing exporter is not met with a spin.
+func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, addr string, w int) {
+	for i := 0; ctx.Err() == nil; i++ {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/metrics", nil)
+		req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
+		resp, err := c.Do(req)
+		if err != nil {
+			if ctx.Err() == nil {
+				wp.errs.Add(1)
+				sleepCtx(ctx, 100*time.Millisecond)
+			}
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		wp.requests.Add(1)
+		switch resp.StatusCode {
+		case http.StatusUnauthorized:
+			wp.unauthorized.Add(1)
+		case http.StatusTooManyRequests:
+			wp.throttled.Add(1)
+		case http.StatusServiceUnavailable:
+			wp.busy.Add(1)
+		}
+	}
 }
