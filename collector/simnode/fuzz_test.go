@@ -85,6 +85,21 @@ func FuzzParseScenario(f *testing.F) {
 		if err != nil {
 			t.Fatalf("the sampler refuses a node that builds: %v", err)
 		}
+		// nvmlInit runs in its own goroutine and may outlast one DeviceTimeout
+		// on a loaded machine; until it returns no GPU is known, and the
+		// sample must say why.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+			first := s.Sample(context.Background())
+			if first.NVML.Inits > 0 {
+				break
+			}
+			if len(first.GPUs) != 0 || first.NVML.Down == "" {
+				t.Fatalf("before nvmlInit returned: %d GPUs, down reason %q; want none, and a reason", len(first.GPUs), first.NVML.Down)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("nvmlInit of the simulated node did not return within a minute: %s", first.NVML.Down)
+			}
+		}
 		// The moments that matter: the start, every fault and pod boundary.
 		moments := []time.Duration{0}
 		for _, fl := range sc.Faults {
