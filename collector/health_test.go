@@ -168,9 +168,11 @@ faults:
 		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 50 * time.Millisecond })).e
 	// nvmlInit may outlast the short device timeout on a loaded machine:
 	// sample until the node is ready, before the hang begins.
-	waitFor(t, "ready before the hang", func() bool {
+	var why string
+	waitFor(t, describe(func() string { return "ready before the hang (not ready: " + why + ")" }), func() bool {
 		e.SampleOnce(context.Background())
-		ok, _ := e.Ready()
+		ok, w := e.Ready()
+		why = w
 		return ok
 	})
 	clk.Advance(11 * time.Second)
