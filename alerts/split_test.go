@@ -1,6 +1,8 @@
 package alerts
 
 import (
+	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -110,7 +112,10 @@ func metricNames(t *testing.T, expr string) []string {
 //   - global rules read node-level series only: recordings of the node-level
 //     groups other than the per-holder allocation:* ones, global recordings,
 //     kube-state-metrics, and the exporter series that are one per node
-//     already; never raw per-GPU or per-holder series.
+//     already; never raw per-GPU or per-holder series;
+//   - global rules read the per-node-and-namespace node_namespace:* series
+//     through the shards' partial sums (shard_namespace:*), a few series per
+//     namespace and shard, not every node's.
 func TestLayersReadTheRightSeries(t *testing.T) {
 	rf, err := Rules()
 	if err != nil {
@@ -142,6 +147,8 @@ func TestLayersReadTheRightSeries(t *testing.T) {
 					t.Errorf("node-level group %s: %s reads %s, recorded by a global group", g.Name, r.Name(), m)
 				case !global && strings.HasPrefix(m, "kube_"):
 					t.Errorf("node-level group %s: %s reads kube-state-metrics' %s: move it to a %s* group", g.Name, r.Name(), m, GlobalGroupPrefix)
+				case global && shardRecords[m] && strings.HasPrefix(m, "node_namespace:"):
+					t.Errorf("global group %s: %s reads %s, a series per node and namespace: sum it per namespace in a node-level group (shard_namespace:...) and sum those", g.Name, r.Name(), m)
 				case global && shardRecords[m] && strings.HasPrefix(m, "allocation:"):
 					t.Errorf("global group %s: %s reads the per-holder %s: sum it per node in a node-level group", g.Name, r.Name(), m)
 				case global && !shardRecords[m] && !globalRecords[m] && !strings.HasPrefix(m, "kube_") && !nodeLevel[m]:
@@ -191,5 +198,66 @@ func TestAnnotationQueriesAreScoped(t *testing.T) {
 	sort.Strings(bad)
 	for _, b := range bad {
 		t.Errorf("annotation query over raw series without a node matcher (read a recorded pool or cluster figure instead): %s", b)
+	}
+}
+
+// TestShardedDocsKeepWhatTheGlobalLayerReads: docs/sharded.md names, as one
+// regular expression, the series a global ruler needs from the shards when
+// they remote-write to it. Every series the global rules read (their
+// expressions and their annotations' queries) that they do not record
+// themselves, other than kube-state-metrics', must match it, or a user who
+// copies it loses a figure.
+func TestShardedDocsKeepWhatTheGlobalLayerReads(t *testing.T) {
+	doc, err := os.ReadFile("../docs/sharded.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("the global layer needs only\\s+`([^`]+)`").FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/sharded.md: no \"the global layer needs only `...`\" regular expression")
+	}
+	keep, err := regexp.Compile("^(?:" + string(m[1]) + ")$")
+	if err != nil {
+		t.Fatalf("docs/sharded.md: %q: %v", m[1], err)
+	}
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]bool{}
+	for _, g := range rf.Groups {
+		if IsGlobalGroup(g.Name) {
+			for _, r := range g.Rules {
+				if r.Record != "" {
+					recorded[r.Record] = true
+				}
+			}
+		}
+	}
+	missing := map[string]bool{}
+	check := func(name string) {
+		if name != "" && !recorded[name] && !strings.HasPrefix(name, "kube_") && !keep.MatchString(name) {
+			missing[name] = true
+		}
+	}
+	for _, g := range rf.Groups {
+		if !IsGlobalGroup(g.Name) {
+			continue
+		}
+		for _, r := range g.Rules {
+			for _, n := range metricNames(t, r.Expr) {
+				check(n)
+			}
+			for _, text := range r.Annotations {
+				for _, q := range annotationQueryRE.FindAllStringSubmatch(text, -1) {
+					for _, sel := range selectorRE.FindAllStringSubmatch(q[1], -1) {
+						check(sel[1])
+					}
+				}
+			}
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(missing)) {
+		t.Errorf("the global rules read %s, which docs/sharded.md's remote-write regular expression %q drops", n, m[1])
 	}
 }

@@ -85,6 +85,7 @@ type config struct {
 	prometheus, exporter  string
 	exporterFlags         string
 	page, shardRules      string
+	shardNodes            int
 	rules                 ruleFiles
 	keep                  bool
 	top                   int
@@ -107,6 +108,7 @@ func main() {
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
 	flag.StringVar(&cfg.shardRules, "shard-rules", "", "measure a global layer: derive the node page from a shard Prometheus that scrapes the simulated node with this rules file (its output: the series the -rules read)")
+	flag.IntVar(&cfg.shardNodes, "shard-nodes", 1000, "with -shard-rules: nodes per shard; the shard's series without a node label (its partial sums, shard_namespace:...) are served once per this many nodes, as the shards of a fleet this size would hand them on")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
 	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
@@ -141,6 +143,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-interval %s: want at least 1s", c.interval)
 	case c.cycles < 1:
 		return fmt.Errorf("-cycles %d: want at least 1", c.cycles)
+	case c.shardNodes < 1:
+		return fmt.Errorf("-shard-nodes %d: want at least 1", c.shardNodes)
 	case len(c.rules) == 0:
 		return errors.New("no -rules: name the rule files to measure, e.g. -rules alerts/gpu-pool-exporter.rules.yml")
 	case (c.exporter == "") == (c.page == ""):
@@ -182,14 +186,22 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var partials []byte
 	if cfg.shardRules != "" {
-		if page, err = shardOutputPage(ctx, work, cfg, page); err != nil {
+		if page, partials, err = shardOutputPage(ctx, work, cfg, page); err != nil {
 			return err
 		}
 	}
 	fleet, err := newFleet(page, cfg.nodes, cfg.pools, cfg.pending, time.Now())
 	if err != nil {
 		return err
+	}
+	for i := range shardTargets(cfg) {
+		p, err := shardPartialsPage(partials, min(cfg.shardNodes, cfg.nodes-i*cfg.shardNodes))
+		if err != nil {
+			return err
+		}
+		fleet.shardPages = append(fleet.shardPages, p)
 	}
 
 	// One listener serves every node page and kube-state-metrics.
@@ -217,10 +229,11 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	api := &apiClient{base: "http://" + promAddr, hc: &http.Client{Timeout: 30 * time.Second}}
 	fmt.Fprintf(os.Stderr, "bench-rules: %s, %d nodes in %d pools, %d Pending pods, %d series per node page, interval %s\n",
 		prom.version, cfg.nodes, cfg.pools, cfg.pending, fleet.seriesPerNode, cfg.interval)
-	if err := waitTargets(ctx, api, prom, cfg.nodes+ksmShards(cfg.nodes)); err != nil {
+	targets := cfg.nodes + ksmShards(cfg.nodes) + shardTargets(cfg)
+	if err := waitTargets(ctx, api, prom, targets); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", cfg.nodes+ksmShards(cfg.nodes), cfg.warmup, cfg.cycles)
+	fmt.Fprintf(os.Stderr, "bench-rules: all %d targets up; %d warm-up cycle(s), then %d measured\n", targets, cfg.warmup, cfg.cycles)
 	if err := sleep(ctx, prom, time.Duration(cfg.warmup)*cfg.interval); err != nil {
 		return err
 	}
@@ -430,6 +443,7 @@ type fleet struct {
 	nodes         []string
 	ksm           []byte
 	ksmShards     [][]byte // ksm split as kube-state-metrics' --total-shards splits it
+	shardPages    [][]byte // the partial sums of each shard (-shard-rules)
 }
 
 var (
@@ -643,6 +657,15 @@ func (f *fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(f.ksm)
 		return
 	}
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/shard/"); ok {
+		i, err := strconv.Atoi(strings.TrimSuffix(rest, "/metrics"))
+		if err != nil || i < 0 || i >= len(f.shardPages) {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(f.shardPages[i])
+		return
+	}
 	if rest, ok := strings.CutPrefix(r.URL.Path, "/ksm/"); ok {
 		i, err := strconv.Atoi(strings.TrimSuffix(rest, "/metrics"))
 		if err != nil || i < 0 || i >= len(f.ksmShards) {
@@ -694,6 +717,26 @@ func ksmJobs(nodes int, addr string, interval time.Duration) string {
 	return b.String()
 }
 
+// shardTargets is the number of shards whose partial sums the measured
+// Prometheus scrapes: with -shard-rules, one per -shard-nodes nodes.
+func shardTargets(cfg config) int {
+	if cfg.shardRules == "" {
+		return 0
+	}
+	return (cfg.nodes + cfg.shardNodes - 1) / cfg.shardNodes
+}
+
+// shardJobs are the scrape configs of the shards' partial sums, one target
+// per shard (a shard's sidecar, or its remote write, hands them on with the
+// shard's external labels; the instance tells them apart here).
+func shardJobs(cfg config, addr string) string {
+	var b strings.Builder
+	for i := range shardTargets(cfg) {
+		fmt.Fprintf(&b, "  - job_name: shard-%d\n    metrics_path: /shard/%d/metrics\n    static_configs:\n      - targets: [%q]\n        labels: {job: shard, instance: shard-%d}\n", i, i, addr, i)
+	}
+	return b.String()
+}
+
 func writeConfig(work, addr string, cfg config) error {
 	type target struct {
 		Targets []string          `json:"targets"`
@@ -730,7 +773,7 @@ rule_files:
   - job_name: gpu-pool-exporter
     file_sd_configs:
       - files: [%q]
-%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr, cfg.interval))
+%s%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr, cfg.interval), shardJobs(cfg, addr))
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 

@@ -238,10 +238,12 @@ func TestFederateGivesANodePage(t *testing.T) {
 node:gpu_devices:sum{node="gpu-node-00000",state="free"} 2 1767225600000
 # TYPE gpu_allocation_info untyped
 gpu_allocation_info{gpu="0",instance="x:9947",job="gpu-pool-exporter",namespace="ml",node="gpu-node-00000",pod="train-0",uuid="GPU-1234abcd-x"} 1 1767225600000
+# TYPE shard_namespace:gpu_allocated_devices:sum untyped
+shard_namespace:gpu_allocated_devices:sum{namespace="ml"} 1.5 1767225600000
 `)
 	}))
 	defer srv.Close()
-	page, err := federate(context.Background(), srv.URL, map[string]bool{"node:gpu_devices:sum": true, "gpu_allocation_info": true})
+	page, partials, err := federate(context.Background(), srv.URL, map[string]bool{"node:gpu_devices:sum": true, "gpu_allocation_info": true, "shard_namespace:gpu_allocated_devices:sum": true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +252,9 @@ gpu_allocation_info{gpu="0",namespace="ml",pod="train-0",uuid="GPU-1234abcd-x"} 
 `
 	if string(page) != want {
 		t.Errorf("page:\n%s\nwant:\n%s", page, want)
+	}
+	if want := "shard_namespace:gpu_allocated_devices:sum{namespace=\"ml\"} 1.5\n"; string(partials) != want {
+		t.Errorf("partial sums (the series without a node label):\n%s\nwant:\n%s", partials, want)
 	}
 	if _, err := newFleet(page, 3, 1, 0, time.Now()); err != nil {
 		t.Errorf("the fleet does not take the federated page: %v", err)
@@ -308,5 +313,44 @@ func TestKSMShardsHoldEverySampleOnce(t *testing.T) {
 	}
 	if ksmShards(200) != 1 || ksmShards(10000) != 20 {
 		t.Errorf("ksmShards: %d at 200 nodes, %d at 10,000; want 1 and 20", ksmShards(200), ksmShards(10000))
+	}
+}
+
+func TestShardPartialsScaleSumsToTheShard(t *testing.T) {
+	partials := []byte("shard_namespace:gpu_allocated_devices:sum{namespace=\"ml\"} 1.5\n" +
+		"shard:gpu_nodes:count 1\n" +
+		"shard:gpu_free_devices_largest_group:max{domain=\"0\"} 4\n" +
+		"gpu_sum 3\n")
+	got, err := shardPartialsPage(partials, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "shard_namespace:gpu_allocated_devices:sum{namespace=\"ml\"} 1500\n" +
+		"shard:gpu_nodes:count 1000\n" +
+		"shard:gpu_free_devices_largest_group:max{domain=\"0\"} 4\n" +
+		"gpu_sum 3\n"
+	if string(got) != want {
+		t.Errorf("a shard of 1,000 nodes:\n%s\nwant (sums and counts times 1,000; maxima and raw series as they are):\n%s", got, want)
+	}
+	if _, err := shardPartialsPage([]byte("not a sample\n"), 2); err == nil || !strings.Contains(err.Error(), "not a sample line") {
+		t.Errorf("a malformed line: error %v, want one that names it", err)
+	}
+	if _, err := shardPartialsPage(nil, 2); err != nil {
+		t.Errorf("no partial sums: %v, want an empty page", err)
+	}
+}
+
+func TestShardTargetsCoverEveryNode(t *testing.T) {
+	for _, c := range []struct{ nodes, per, want int }{{10000, 1000, 10}, {10001, 1000, 11}, {200, 1000, 1}} {
+		cfg := config{nodes: c.nodes, shardNodes: c.per, shardRules: "x.yml"}
+		if got := shardTargets(cfg); got != c.want {
+			t.Errorf("%d nodes, %d per shard: %d shards, want %d", c.nodes, c.per, got, c.want)
+		}
+		if n := strings.Count(shardJobs(cfg, "127.0.0.1:1"), "job_name:"); n != c.want {
+			t.Errorf("%d nodes, %d per shard: %d scrape jobs, want %d", c.nodes, c.per, n, c.want)
+		}
+	}
+	if got := shardTargets(config{nodes: 10000, shardNodes: 1000}); got != 0 {
+		t.Errorf("without -shard-rules: %d shard targets, want none", got)
 	}
 }

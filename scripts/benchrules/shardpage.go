@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,19 +28,22 @@ import (
 // rule files (cfg.rules) read, plus gpu_allocation_info (the synthetic
 // kube-state-metrics' pods follow its holders); the node, instance and job
 // labels and the timestamps are cut, as the fleet's scrape adds its own.
-func shardOutputPage(ctx context.Context, work string, cfg config, page []byte) ([]byte, error) {
+// The series without a node label (partial sums over the shard's nodes,
+// shard_namespace:...) come back apart: the fleet serves them once per
+// shard of cfg.shardNodes nodes (shardPartialsPage).
+func shardOutputPage(ctx context.Context, work string, cfg config, page []byte) (nodePage, partials []byte, err error) {
 	reads, err := namesRead(cfg.rules)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	reads["gpu_allocation_info"] = true
 	one, err := newFleet(page, 1, 1, 0, time.Now())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	srv := &http.Server{Handler: one, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -46,55 +51,56 @@ func shardOutputPage(ctx context.Context, work string, cfg config, page []byte) 
 
 	dir := filepath.Join(work, "shard")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	data, err := os.ReadFile(cfg.shardRules)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rules := regexp.MustCompile(`(?m)^(    interval:\s*)\S+\s*$`).ReplaceAll(data, []byte("${1}"+shardInterval.String()))
 	rulesFile := filepath.Join(dir, "shard.rules.yml")
 	if err := os.WriteFile(rulesFile, rules, 0o644); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	scfg := cfg
-	scfg.nodes, scfg.interval, scfg.rules = 1, shardInterval, []string{rulesFile}
+	scfg.nodes, scfg.interval, scfg.rules, scfg.shardRules = 1, shardInterval, []string{rulesFile}, ""
 	if err := writeConfig(dir, ln.Addr().String(), scfg); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	addr, err := freePort()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	prom, err := startPrometheus(ctx, dir, addr, scfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer prom.stop()
 	api := &apiClient{base: "http://" + addr, hc: &http.Client{Timeout: 30 * time.Second}}
 	if err := waitTargets(ctx, api, prom, 2); err != nil {
-		return nil, fmt.Errorf("shard Prometheus: %w", err)
+		return nil, nil, fmt.Errorf("shard Prometheus: %w", err)
 	}
 	// Every group evaluates a few times; then the page must come out the
 	// same twice in a row (same series; values may move).
 	if err := sleep(ctx, prom, 6*shardInterval); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out, prev []byte
+	var out, part, prev, prevPart []byte
 	for range 30 {
-		if out, err = federate(ctx, api.base, reads); err != nil {
-			return nil, err
+		if out, part, err = federate(ctx, api.base, reads); err != nil {
+			return nil, nil, err
 		}
-		if prev != nil && seriesOf(out) == seriesOf(prev) {
-			fmt.Fprintf(os.Stderr, "bench-rules: node page from the shard's output: %d series (%s)\n", strings.Count(string(out), "\n"), filepath.Join(work, "node-page.prom"))
-			return out, os.WriteFile(filepath.Join(work, "node-page.prom"), out, 0o644)
+		if prev != nil && seriesOf(out) == seriesOf(prev) && seriesOf(part) == seriesOf(prevPart) {
+			fmt.Fprintf(os.Stderr, "bench-rules: node page from the shard's output: %d series (%s), and %d partial sums per shard\n",
+				strings.Count(string(out), "\n"), filepath.Join(work, "node-page.prom"), strings.Count(string(part), "\n"))
+			return out, part, os.WriteFile(filepath.Join(work, "node-page.prom"), out, 0o644)
 		}
-		prev = out
+		prev, prevPart = out, part
 		if err := sleep(ctx, prom, shardInterval); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return nil, errors.New("the shard's recordings did not settle within 30 evaluations")
+	return nil, nil, errors.New("the shard's recordings did not settle within 30 evaluations")
 }
 
 // shardInterval is how often the shard Prometheus scrapes and evaluates
@@ -146,7 +152,9 @@ var (
 // as a node page: no timestamps, no node/instance/job labels. Not
 // kube-state-metrics' series (the fleet serves its own); the node-level
 // recordings have no job label, so the match excludes rather than selects.
-func federate(ctx context.Context, base string, keep map[string]bool) ([]byte, error) {
+// Series without a node label are the shard's sums over its nodes: they
+// come back in partials, not in the node page.
+func federate(ctx context.Context, base string, keep map[string]bool) (page, partials []byte, err error) {
 	var names []string
 	for n := range keep {
 		names = append(names, regexp.QuoteMeta(n))
@@ -155,39 +163,69 @@ func federate(ctx context.Context, base string, keep map[string]bool) ([]byte, e
 	u := base + "/federate?match[]=" + url.QueryEscape(fmt.Sprintf(`{job!~"kube-state-metrics.*",__name__=~%q}`, strings.Join(names, "|")))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("/federate: %s %v", resp.Status, err)
+		return nil, nil, fmt.Errorf("/federate: %s %v", resp.Status, err)
 	}
-	var b strings.Builder
+	var b, pb strings.Builder
 	for _, line := range strings.Split(string(body), "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		m := fedLineRE.FindStringSubmatch(line)
 		if m == nil {
-			return nil, fmt.Errorf("/federate: not a sample line: %q", line)
+			return nil, nil, fmt.Errorf("/federate: not a sample line: %q", line)
 		}
 		var ls []string
+		w := &pb
 		for _, l := range fedLabelRE.FindAllStringSubmatch(m[2], -1) {
+			if l[1] == "node" {
+				w = &b
+			}
 			if !scrapeAdded[l[1]] {
 				ls = append(ls, l[0])
 			}
 		}
-		b.WriteString(m[1])
+		w.WriteString(m[1])
 		if len(ls) > 0 {
-			b.WriteString("{" + strings.Join(ls, ",") + "}")
+			w.WriteString("{" + strings.Join(ls, ",") + "}")
 		}
-		b.WriteString(" " + m[3] + "\n")
+		w.WriteString(" " + m[3] + "\n")
 	}
-	return []byte(b.String()), nil
+	return []byte(b.String()), []byte(pb.String()), nil
+}
+
+// shardPartialsPage is the page of partial sums a shard of n nodes records
+// when every node's page is the simulated node's: a sum or count over the
+// nodes (the name's last part :sum or :count) is the one node's value
+// times n; any other (:max, :info, ...) is the one node's value.
+func shardPartialsPage(partials []byte, n int) ([]byte, error) {
+	var b bytes.Buffer
+	for _, line := range strings.Split(string(partials), "\n") {
+		if line == "" {
+			continue
+		}
+		m := lineRE.FindStringSubmatch(line)
+		if m == nil {
+			return nil, fmt.Errorf("partial sums: not a sample line: %q", line)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			return nil, fmt.Errorf("partial sums: %q: %w", line, err)
+		}
+		if op := m[1][strings.LastIndexByte(m[1], ':')+1:]; strings.Count(m[1], ":") >= 2 && (op == "sum" || op == "count") {
+			v *= float64(n)
+		}
+		b.WriteString(m[1] + m[2] + " " + strconv.FormatFloat(v, 'g', -1, 64) + "\n")
+	}
+	return b.Bytes(), nil
 }
 
 // seriesOf is a page without its values.
