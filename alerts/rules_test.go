@@ -331,6 +331,12 @@ func TestRulesFileParses(t *testing.T) {
 // fires within 5 minutes runs every cycle (a group without an interval), and
 // so does everything such a group reads that rules record: a page must not
 // wait for a slower group's recording.
+// fastReadsOfSlowRecords are the once-a-minute recordings that groups
+// evaluated every cycle may read, and why.
+var fastReadsOfSlowRecords = map[string]string{
+	"node:gpu_nodepool:info": "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+}
+
 func TestGroupIntervals(t *testing.T) {
 	f, err := Rules()
 	if err != nil {
@@ -379,6 +385,9 @@ func TestGroupIntervals(t *testing.T) {
 		}
 		for _, r := range g.Rules {
 			for rec, sg := range slowRecords {
+				if _, ok := fastReadsOfSlowRecords[rec]; ok {
+					continue
+				}
 				if regexp.MustCompile(`(^|[^a-zA-Z0-9_:])` + regexp.QuoteMeta(rec) + `($|[^a-zA-Z0-9_:])`).MatchString(r.Expr) {
 					t.Errorf("%s in group %s (every cycle) reads %s, recorded once a minute by %s", r.Name(), g.Name, rec, sg)
 				}

@@ -40,6 +40,30 @@ var nodeLevelExporterMetrics = []string{
 	"gpu_exporter_sample_age_seconds",
 }
 
+// nodeObjectMetrics are the kube-state-metrics series of node objects that
+// every shard scrapes besides its exporters (docs/sharded.md), so that
+// node-level rules can place each node in its pool, zone and accelerator.
+// Pods' series stay global-only: a shard does not scrape them.
+var nodeObjectMetrics = map[string]bool{
+	"kube_node_labels":             true,
+	"kube_node_spec_unschedulable": true,
+	"kube_node_spec_taint":         true,
+}
+
+// placementRecords are node-level recordings with one series per node of the
+// fleet that pool and zone figures would join: global rules read the shards'
+// partial figures instead.
+var placementRecords = map[string]bool{
+	"node:gpu_nodepool:info":                     true,
+	"node:gpu_zone:info":                         true,
+	"node:gpu_accelerator:info":                  true,
+	"node:gpu_placement:info":                    true,
+	"node:gpu_schedulable:bool":                  true,
+	"node:gpu_node_unschedulable:info":           true,
+	"node:gpu_kubelet_free_devices:max":          true,
+	"node_resource:gpu_kubelet_free_devices:max": true,
+}
+
 // TestSplitIsAPartition checks that the two generated files hold every group
 // of the rules file exactly once, unchanged and in order, and nothing else.
 func TestSplitIsAPartition(t *testing.T) {
@@ -145,8 +169,10 @@ func TestLayersReadTheRightSeries(t *testing.T) {
 				switch {
 				case !global && globalRecords[m]:
 					t.Errorf("node-level group %s: %s reads %s, recorded by a global group", g.Name, r.Name(), m)
-				case !global && strings.HasPrefix(m, "kube_"):
-					t.Errorf("node-level group %s: %s reads kube-state-metrics' %s: move it to a %s* group", g.Name, r.Name(), m, GlobalGroupPrefix)
+				case !global && strings.HasPrefix(m, "kube_") && !nodeObjectMetrics[m]:
+					t.Errorf("node-level group %s: %s reads kube-state-metrics' %s (not one of the node objects' series every shard scrapes, docs/sharded.md): move it to a %s* group", g.Name, r.Name(), m, GlobalGroupPrefix)
+				case global && placementRecords[m]:
+					t.Errorf("global group %s: %s reads %s, a series per node of the fleet: sum it per pool in a node-level group (shard_nodepool:...) and sum those", g.Name, r.Name(), m)
 				case global && shardRecords[m] && strings.HasPrefix(m, "node_namespace:"):
 					t.Errorf("global group %s: %s reads %s, a series per node and namespace: sum it per namespace in a node-level group (shard_namespace:...) and sum those", g.Name, r.Name(), m)
 				case global && shardRecords[m] && strings.HasPrefix(m, "allocation:"):

@@ -12,7 +12,8 @@
 //     and no exporter, and two Pending GPU pods;
 //   - shards "a" and "b" (Prometheus, alerts/gpu-pool-exporter.shard.rules.yml,
 //     external labels cluster, shard and replica), each scraping two
-//     exporters; shard "a" scrapes kube-state-metrics too;
+//     exporters and kube-state-metrics' node objects; shard "a" scrapes all
+//     of kube-state-metrics;
 //   - a Thanos sidecar beside each shard, Thanos Query over both sidecars
 //     and the ruler (--query.replica-label=replica), and Thanos Ruler with
 //     alerts/gpu-pool-exporter.global.rules.yml querying through Query; its
@@ -181,11 +182,12 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 				targets = append(targets, n)
 			}
 		}
-		ksmTarget := ""
-		if shard == "a" {
-			ksmTarget = ksmAddr
-		}
-		cfg := prometheusConfig(shardRules, fmt.Sprintf("cluster: sim\n    shard: %q\n    replica: \"0\"", shard), targets, ksmTarget)
+		// Every shard reads kube-state-metrics' node objects (its node-level
+		// rules place its nodes in their pools and zones); shard "a" scrapes
+		// all of kube-state-metrics, as the Prometheus that holds the
+		// cluster's pods would, shard "b" only the node objects.
+		ksm := ksmScrape{addr: ksmAddr, nodesOnly: shard != "a"}
+		cfg := prometheusConfig(shardRules, fmt.Sprintf("cluster: sim\n    shard: %q\n    replica: \"0\"", shard), targets, ksm)
 		promAddr, data := startPrometheus(t, tmp, "shard-"+shard, promBin, cfg, start)
 		grpc := freeAddr(t)
 		web := freeAddr(t)
@@ -198,7 +200,7 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 		waitHTTP(t, "http://"+web+"/-/ready", startTimeout, log)
 		storeAddrs = append(storeAddrs, grpc)
 	}
-	refAddr, _ := startPrometheus(t, tmp, "reference", promBin, prometheusConfig(flatRules, "", nodes, ksmAddr), start)
+	refAddr, _ := startPrometheus(t, tmp, "reference", promBin, prometheusConfig(flatRules, "", nodes, ksmScrape{addr: ksmAddr}), start)
 	ref := "http://" + refAddr
 
 	// 5. Query over the sidecars and the ruler; the ruler queries Query.
@@ -550,9 +552,16 @@ func writeRules(t *testing.T, dir, name, src string) string {
 	return out
 }
 
-// prometheusConfig scrapes targets (node label from file) and, when ksm is
-// set, kube-state-metrics, with the rules file and external labels given.
-func prometheusConfig(rules, external string, targets []*node, ksm string) string {
+// ksmScrape is how a Prometheus scrapes kube-state-metrics: all of it, or
+// only the node objects' series that every shard needs (docs/sharded.md).
+type ksmScrape struct {
+	addr      string
+	nodesOnly bool
+}
+
+// prometheusConfig scrapes targets (node label from file) and
+// kube-state-metrics, with the rules file and external labels given.
+func prometheusConfig(rules, external string, targets []*node, ksm ksmScrape) string {
 	var b strings.Builder
 	b.WriteString("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n")
 	if external != "" {
@@ -562,8 +571,12 @@ func prometheusConfig(rules, external string, targets []*node, ksm string) strin
 	for _, n := range targets {
 		fmt.Fprintf(&b, "      - targets: [%q]\n        labels: {node: %q, namespace: gpu-pool-exporter, pod: exporter-%s, container: exporter}\n", n.addr, n.name, n.name)
 	}
-	if ksm != "" {
-		fmt.Fprintf(&b, "  - job_name: kube-state-metrics\n    honor_labels: true\n    static_configs:\n      - targets: [%q]\n", ksm)
+	if ksm.nodesOnly {
+		// As docs/sharded.md has it.
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-nodes\n    honor_labels: true\n    static_configs:\n      - targets: [%q]\n"+
+			"    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: kube_node_(labels|spec_unschedulable|spec_taint)\n        action: keep\n", ksm.addr)
+	} else {
+		fmt.Fprintf(&b, "  - job_name: kube-state-metrics\n    honor_labels: true\n    static_configs:\n      - targets: [%q]\n", ksm.addr)
 	}
 	return b.String()
 }
