@@ -86,6 +86,7 @@ type config struct {
 	exporterFlags         string
 	page, shardRules      string
 	shardNodes            int
+	clusterNodes          int
 	rules                 ruleFiles
 	keep                  bool
 	top                   int
@@ -108,6 +109,7 @@ func main() {
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
 	flag.StringVar(&cfg.shardRules, "shard-rules", "", "measure a global layer: derive the node page from a shard Prometheus that scrapes the simulated node with this rules file (its output: the series the -rules read)")
+	flag.IntVar(&cfg.clusterNodes, "cluster-nodes", 0, "kube-state-metrics serves the Node objects of this many nodes (at least -n): those past -n have no exporter target, as a shard of a bigger cluster sees it (0: -n)")
 	flag.IntVar(&cfg.shardNodes, "shard-nodes", 1000, "with -shard-rules: nodes per shard; the shard's series without a node label (its partial sums, shard_namespace:...) are served once per this many nodes, as the shards of a fleet this size would hand them on")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (Prometheus config and TSDB) and print its path")
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
@@ -143,6 +145,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-interval %s: want at least 1s", c.interval)
 	case c.cycles < 1:
 		return fmt.Errorf("-cycles %d: want at least 1", c.cycles)
+	case c.clusterNodes < 0:
+		return fmt.Errorf("-cluster-nodes %d: want 0 (as -n) or more", c.clusterNodes)
 	case c.shardNodes < 1:
 		return fmt.Errorf("-shard-nodes %d: want at least 1", c.shardNodes)
 	case len(c.rules) == 0:
@@ -196,8 +200,9 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	fleet.addNodeObjects(cfg.clusterNodes, cfg.pools)
 	for i := range shardTargets(cfg) {
-		p, err := shardPartialsPage(partials, min(cfg.shardNodes, cfg.nodes-i*cfg.shardNodes))
+		p, err := shardPartialsPage(partials, shardPools(i, cfg.shardNodes, cfg.nodes, cfg.pools))
 		if err != nil {
 			return err
 		}
@@ -229,7 +234,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	api := &apiClient{base: "http://" + promAddr, hc: &http.Client{Timeout: 30 * time.Second}}
 	fmt.Fprintf(os.Stderr, "bench-rules: %s, %d nodes in %d pools, %d Pending pods, %d series per node page, interval %s\n",
 		prom.version, cfg.nodes, cfg.pools, cfg.pending, fleet.seriesPerNode, cfg.interval)
-	targets := cfg.nodes + ksmShards(cfg.nodes) + shardTargets(cfg)
+	targets := cfg.nodes + ksmShards(max(cfg.nodes, cfg.clusterNodes)) + shardTargets(cfg)
 	if err := waitTargets(ctx, api, prom, targets); err != nil {
 		return err
 	}
@@ -454,6 +459,21 @@ var (
 
 func nodeName(i int) string { return fmt.Sprintf("gpu-node-%05d", i) }
 
+// benchPool and benchZone name the node pool of index p (node i is in pool
+// i mod pools) and its zone: pools are zonal, spread over three zones.
+func benchPool(p int) string { return fmt.Sprintf("pool-%02d", p) }
+func benchZone(p int) string { return fmt.Sprintf("us-central1-%c", 'a'+p%3) }
+
+// shardPools counts the nodes of shard i (nodes per shard, n in all) per
+// pool index.
+func shardPools(i, per, n, pools int) map[int]int {
+	c := map[int]int{}
+	for j := i * per; j < min(n, (i+1)*per); j++ {
+		c[j%pools]++
+	}
+	return c
+}
+
 func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, error) {
 	f := &fleet{}
 	var lit bytes.Buffer
@@ -537,18 +557,12 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 
 	// kube-state-metrics.
 	var ksm bytes.Buffer
-	pool := func(i int) string { return fmt.Sprintf("pool-%02d", i%pools) }
+	pool := func(i int) string { return benchPool(i % pools) }
 	var pods []pod
 	for i := range n {
 		node := nodeName(i)
 		f.nodes = append(f.nodes, node)
-		fmt.Fprintf(&ksm, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\",label_cloud_google_com_gke_accelerator_count=\"8\"} 1\n", node, pool(i))
-		fmt.Fprintf(&ksm, "kube_node_info{node=%q,kernel_version=\"6.1.0\",kubelet_version=\"v1.31.1\",container_runtime_version=\"containerd://1.7.0\",provider_id=\"gce://bench/%s\"} 1\n", node, node)
-		for _, kind := range []string{"kube_node_status_capacity", "kube_node_status_allocatable"} {
-			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"cpu\",unit=\"core\"} 208\n", kind, node)
-			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"memory\",unit=\"byte\"} 1.9e+12\n", kind, node)
-			fmt.Fprintf(&ksm, "%s{node=%q,resource=\"nvidia_com_gpu\",unit=\"integer\"} 8\n", kind, node)
-		}
+		writeNodeObject(&ksm, i, pools)
 		for _, h := range holders {
 			pods = append(pods, pod{namespace: h.namespace, name: h.pod + "-" + node, container: h.container,
 				node: node, resource: ksmResource(h.resource), nodepool: pool(i), count: 1})
@@ -601,6 +615,33 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 	f.ksm = ksm.Bytes()
 	f.ksmShards = splitKSM(f.ksm, ksmShards(n))
 	return f, nil
+}
+
+// writeNodeObject writes kube-state-metrics' series of node i's Node object.
+func writeNodeObject(ksm *bytes.Buffer, i, pools int) {
+	node := nodeName(i)
+	fmt.Fprintf(ksm, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\",label_cloud_google_com_gke_accelerator_count=\"8\",label_topology_kubernetes_io_zone=%q} 1\n", node, benchPool(i%pools), benchZone(i%pools))
+	fmt.Fprintf(ksm, "kube_node_info{node=%q,kernel_version=\"6.1.0\",kubelet_version=\"v1.31.1\",container_runtime_version=\"containerd://1.7.0\",provider_id=\"gce://bench/%s\"} 1\n", node, node)
+	for _, kind := range []string{"kube_node_status_capacity", "kube_node_status_allocatable"} {
+		fmt.Fprintf(ksm, "%s{node=%q,resource=\"cpu\",unit=\"core\"} 208\n", kind, node)
+		fmt.Fprintf(ksm, "%s{node=%q,resource=\"memory\",unit=\"byte\"} 1.9e+12\n", kind, node)
+		fmt.Fprintf(ksm, "%s{node=%q,resource=\"nvidia_com_gpu\",unit=\"integer\"} 8\n", kind, node)
+	}
+}
+
+// addNodeObjects makes the fleet's kube-state-metrics a cluster of total
+// nodes: the Node objects of the nodes past the fleet's own (no exporter
+// target, no pods), as a shard of a bigger cluster sees kube-state-metrics.
+func (f *fleet) addNodeObjects(total, pools int) {
+	if total <= len(f.nodes) {
+		return
+	}
+	ksm := bytes.NewBuffer(f.ksm)
+	for i := len(f.nodes); i < total; i++ {
+		writeNodeObject(ksm, i, pools)
+	}
+	f.ksm = ksm.Bytes()
+	f.ksmShards = splitKSM(f.ksm, ksmShards(total))
 }
 
 // labelValue reads one label's value from a {a="x",b="y"} string.
@@ -773,7 +814,7 @@ rule_files:
   - job_name: gpu-pool-exporter
     file_sd_configs:
       - files: [%q]
-%s%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(cfg.nodes, addr, cfg.interval), shardJobs(cfg, addr))
+%s%s`, cfg.interval, timeout, cfg.interval, rules.String(), filepath.Join(work, "nodes.json"), ksmJobs(max(cfg.nodes, cfg.clusterNodes), addr, cfg.interval), shardJobs(cfg, addr))
 	return os.WriteFile(filepath.Join(work, "prometheus.yml"), []byte(conf), 0o644)
 }
 

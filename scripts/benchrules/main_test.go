@@ -320,8 +320,12 @@ func TestShardPartialsScaleSumsToTheShard(t *testing.T) {
 	partials := []byte("shard_namespace:gpu_allocated_devices:sum{namespace=\"ml\"} 1.5\n" +
 		"shard:gpu_nodes:count 1\n" +
 		"shard:gpu_free_devices_largest_group:max{domain=\"0\"} 4\n" +
-		"gpu_sum 3\n")
-	got, err := shardPartialsPage(partials, 1000)
+		"gpu_sum 3\n" +
+		"shard_nodepool:gpu_devices:sum{nodepool=\"pool-00\",state=\"free\"} 2\n" +
+		"shard_nodepool_zone:gpu_free_devices_largest_group:max{accelerator=\"h100\",domain=\"0\",nodepool=\"pool-00\",zone=\"us-central1-a\"} 4\n")
+	// Shard 1 of three shards of 1,000 nodes over ten pools (nodes
+	// 1000-1999): 100 nodes in each pool.
+	got, err := shardPartialsPage(partials, shardPools(1, 1000, 3000, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,13 +333,27 @@ func TestShardPartialsScaleSumsToTheShard(t *testing.T) {
 		"shard:gpu_nodes:count 1000\n" +
 		"shard:gpu_free_devices_largest_group:max{domain=\"0\"} 4\n" +
 		"gpu_sum 3\n"
-	if string(got) != want {
-		t.Errorf("a shard of 1,000 nodes:\n%s\nwant (sums and counts times 1,000; maxima and raw series as they are):\n%s", got, want)
+	for p := range 10 {
+		want += fmt.Sprintf("shard_nodepool:gpu_devices:sum{nodepool=%q,state=\"free\"} 200\n", benchPool(p))
 	}
-	if _, err := shardPartialsPage([]byte("not a sample\n"), 2); err == nil || !strings.Contains(err.Error(), "not a sample line") {
+	for p := range 10 {
+		want += fmt.Sprintf("shard_nodepool_zone:gpu_free_devices_largest_group:max{accelerator=\"h100\",domain=\"0\",nodepool=%q,zone=%q} 4\n", benchPool(p), benchZone(p))
+	}
+	if string(got) != want {
+		t.Errorf("a shard of 1,000 nodes in ten pools:\n%s\nwant (sums and counts times the nodes they cover, per pool where the series names one; maxima and raw series as they are):\n%s", got, want)
+	}
+	// The last shard of 2,500 nodes holds 500: 50 per pool.
+	if c := shardPools(2, 1000, 2500, 10); len(c) != 10 || c[0] != 50 || c[9] != 50 {
+		t.Errorf("shardPools(2, 1000, 2500, 10) = %v, want 50 nodes in each of ten pools", c)
+	}
+	// A shard of fewer nodes than pools holds only some pools.
+	if c := shardPools(0, 3, 3, 10); len(c) != 3 {
+		t.Errorf("shardPools(0, 3, 3, 10) = %v, want three pools", c)
+	}
+	if _, err := shardPartialsPage([]byte("not a sample\n"), map[int]int{0: 2}); err == nil || !strings.Contains(err.Error(), "not a sample line") {
 		t.Errorf("a malformed line: error %v, want one that names it", err)
 	}
-	if _, err := shardPartialsPage(nil, 2); err != nil {
+	if _, err := shardPartialsPage(nil, map[int]int{0: 2}); err != nil {
 		t.Errorf("no partial sums: %v, want an empty page", err)
 	}
 }
@@ -352,5 +370,26 @@ func TestShardTargetsCoverEveryNode(t *testing.T) {
 	}
 	if got := shardTargets(config{nodes: 10000, shardNodes: 1000}); got != 0 {
 		t.Errorf("without -shard-rules: %d shard targets, want none", got)
+	}
+}
+
+func TestClusterNodesAddNodeObjectsOnly(t *testing.T) {
+	f, err := newFleet(testPage(t), 20, 10, 10, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := parse(t, get(t, f, "/ksm/metrics"))
+	f.addNodeObjects(50, 10)
+	after := parse(t, get(t, f, "/ksm/metrics"))
+	if n := len(after["kube_node_labels"].series); n != 50 {
+		t.Errorf("%d kube_node_labels series in a cluster of 50 nodes, want 50", n)
+	}
+	for _, m := range []string{"kube_pod_status_phase", "kube_pod_container_resource_requests"} {
+		if len(after[m].series) != len(before[m].series) {
+			t.Errorf("%s: %d series after adding node objects, %d before: the nodes past -n have no pods", m, len(after[m].series), len(before[m].series))
+		}
+	}
+	if len(f.nodes) != 20 {
+		t.Errorf("%d exporter targets, want the fleet's 20", len(f.nodes))
 	}
 }

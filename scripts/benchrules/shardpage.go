@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -63,7 +65,7 @@ func shardOutputPage(ctx context.Context, work string, cfg config, page []byte) 
 		return nil, nil, err
 	}
 	scfg := cfg
-	scfg.nodes, scfg.interval, scfg.rules, scfg.shardRules = 1, shardInterval, []string{rulesFile}, ""
+	scfg.nodes, scfg.clusterNodes, scfg.interval, scfg.rules, scfg.shardRules = 1, 0, shardInterval, []string{rulesFile}, ""
 	if err := writeConfig(dir, ln.Addr().String(), scfg); err != nil {
 		return nil, nil, err
 	}
@@ -202,11 +204,24 @@ func federate(ctx context.Context, base string, keep map[string]bool) (page, par
 	return []byte(b.String()), []byte(pb.String()), nil
 }
 
-// shardPartialsPage is the page of partial sums a shard of n nodes records
-// when every node's page is the simulated node's: a sum or count over the
-// nodes (the name's last part :sum or :count) is the one node's value
-// times n; any other (:max, :info, ...) is the one node's value.
-func shardPartialsPage(partials []byte, n int) ([]byte, error) {
+// shardPartialsPage is the page of partial figures a shard records when
+// every node's page is the simulated node's and its nodes spread over
+// pools. The simulated shard has one node, in pool benchPool(0) and zone
+// benchZone(0): a series
+// with that nodepool label is the one pool's figure, and comes out once per
+// pool of this shard (pools: nodes per pool index), its nodepool (and zone)
+// renamed; any other series
+// covers all n nodes of the shard. A sum or count over nodes (the name's
+// last part :sum or :count) is the one node's value times the nodes it
+// covers; any other (:max, :info, ...) is the one node's value.
+func shardPartialsPage(partials []byte, pools map[int]int) ([]byte, error) {
+	n := 0
+	for _, c := range pools {
+		n += c
+	}
+	idx := slices.Sorted(maps.Keys(pools))
+	poolLabel := `nodepool="` + benchPool(0) + `"`
+	zoneLabel := `zone="` + benchZone(0) + `"`
 	var b bytes.Buffer
 	for _, line := range strings.Split(string(partials), "\n") {
 		if line == "" {
@@ -220,10 +235,24 @@ func shardPartialsPage(partials []byte, n int) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("partial sums: %q: %w", line, err)
 		}
-		if op := m[1][strings.LastIndexByte(m[1], ':')+1:]; strings.Count(m[1], ":") >= 2 && (op == "sum" || op == "count") {
-			v *= float64(n)
+		op := m[1][strings.LastIndexByte(m[1], ':')+1:]
+		scaled := strings.Count(m[1], ":") >= 2 && (op == "sum" || op == "count")
+		write := func(labels string, nodes int) {
+			w := v
+			if scaled {
+				w *= float64(nodes)
+			}
+			b.WriteString(m[1] + labels + " " + strconv.FormatFloat(w, 'g', -1, 64) + "\n")
 		}
-		b.WriteString(m[1] + m[2] + " " + strconv.FormatFloat(v, 'g', -1, 64) + "\n")
+		if !strings.Contains(m[2], poolLabel) {
+			write(m[2], n)
+			continue
+		}
+		for _, p := range idx {
+			labels := strings.Replace(m[2], poolLabel, `nodepool="`+benchPool(p)+`"`, 1)
+			labels = strings.Replace(labels, zoneLabel, `zone="`+benchZone(p)+`"`, 1)
+			write(labels, pools[p])
+		}
 	}
 	return b.Bytes(), nil
 }
