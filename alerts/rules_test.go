@@ -324,6 +324,12 @@ func TestRulesFileParses(t *testing.T) {
 	}
 }
 
+// fastReadsOfSlowRecords are the once-a-minute recordings that groups
+// evaluated every cycle may read, and why.
+var fastReadsOfSlowRecords = map[string]string{
+	"node:gpu_nodepool:info": "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+}
+
 // TestGroupIntervals holds the rules' two speeds (docs/performance.md: "Rule evaluation
 // at fleet size"): groups with an `interval:` of their own run at most once
 // a minute, so that what they record stays well inside Prometheus' 5-minute
@@ -331,12 +337,6 @@ func TestRulesFileParses(t *testing.T) {
 // fires within 5 minutes runs every cycle (a group without an interval), and
 // so does everything such a group reads that rules record: a page must not
 // wait for a slower group's recording.
-// fastReadsOfSlowRecords are the once-a-minute recordings that groups
-// evaluated every cycle may read, and why.
-var fastReadsOfSlowRecords = map[string]string{
-	"node:gpu_nodepool:info": "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
-}
-
 func TestGroupIntervals(t *testing.T) {
 	f, err := Rules()
 	if err != nil {

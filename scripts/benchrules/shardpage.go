@@ -205,15 +205,14 @@ func federate(ctx context.Context, base string, keep map[string]bool) (page, par
 }
 
 // shardPartialsPage is the page of partial figures a shard records when
-// every node's page is the simulated node's and its nodes spread over
-// pools. The simulated shard has one node, in pool benchPool(0) and zone
-// benchZone(0): a series
-// with that nodepool label is the one pool's figure, and comes out once per
-// pool of this shard (pools: nodes per pool index), its nodepool (and zone)
-// renamed; any other series
-// covers all n nodes of the shard. A sum or count over nodes (the name's
-// last part :sum or :count) is the one node's value times the nodes it
-// covers; any other (:max, :info, ...) is the one node's value.
+// every node's page is the simulated node's and the shard's nodes spread
+// over pools (pools: nodes per pool index). The simulated shard has one
+// node, in pool benchPool(0) and zone benchZone(0): a series with that
+// nodepool label is one pool's figure and comes out once per pool of the
+// shard, its nodepool and zone renamed; any other series covers all the
+// shard's nodes. A sum or count over nodes (the name's last part :sum or
+// :count) is the one node's value times the nodes it covers; any other
+// (:max, :info, ...) is the one node's value.
 func shardPartialsPage(partials []byte, pools map[int]int) ([]byte, error) {
 	n := 0
 	for _, c := range pools {
