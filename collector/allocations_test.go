@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // holders lists gpu_allocation_info as "gpu/gi ns/pod/container" strings.

@@ -6,12 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // Boards that are not SXM data-centre parts: an L4 (GDDR, PCIe, no MIG) and
@@ -40,21 +36,9 @@ func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
 			[]string{"gpu_power_watts", "gpu_temperature_celsius", "gpu_ecc_errors_total", "gpu_mig_info"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := newClock()
-			node, err := simnode.New(scenario(t, tc.scenario), simnode.WithClock(clk.Now))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer node.Close()
-			src, ok := nvmlsampler.XIDSource(node)
-			if !ok {
-				t.Fatal("the simulated node has no XID source")
-			}
-			reader := xid.NewReader(src, nil)
-			reader.WaitTimeout = 20 * time.Millisecond
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go func() { _ = reader.Run(ctx) }()
+			tn := newTestExporter(t, withScenario(scenario(t, tc.scenario)), withGroups(fullGroups()),
+				withNodeXIDSource(func(n *simnode.Node) xid.EventSource { return n.XIDSource() }))
+			e, reader, ctx := tn.e, tn.reader, context.Background()
 			deadline := time.Now().Add(5 * time.Second)
 			for !reader.Up() && !reader.Unsupported() {
 				if time.Now().After(deadline) {
@@ -64,14 +48,6 @@ func TestBoardsWithoutDataCentreFeatures(t *testing.T) {
 			}
 			if reader.Unsupported() == tc.events {
 				t.Fatalf("reader unsupported = %v, want %v", reader.Unsupported(), !tc.events)
-			}
-			s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-			if err != nil {
-				t.Fatal(err)
-			}
-			e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Groups: fullGroups()}, s)
-			if err != nil {
-				t.Fatal(err)
 			}
 			e.SampleOnce(ctx)
 			p := e.Page()

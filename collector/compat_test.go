@@ -14,8 +14,8 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // compatNode is the default simulated node with DCGM, its pods and the
@@ -284,34 +284,14 @@ func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
 	gpu := 0
 	sc.Faults = append(sc.Faults, simnode.FaultSpec{At: simnode.Duration(10 * time.Second), GPU: &gpu, XID: 79})
 	clk := newClock()
-	node, err := simnode.New(sc, simnode.WithClock(clk.Now))
-	if err != nil {
+	tn := newTestExporter(t, withScenario(sc), withClock(clk), withKubelet(),
+		withNodeXIDSource(func(n *simnode.Node) xid.EventSource { return n.XIDSource() }),
+		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "gpu-node-7"} }))
+	ctx := context.Background()
+	if err := tn.client.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(node.Close)
-	dir := t.TempDir()
-	_, client := startKubelet(t, dir, node, clk.Now)
-	if err := client.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	src, ok := nvmlsampler.XIDSource(node)
-	if !ok {
-		t.Fatal("the simulated node has no XID source")
-	}
-	reader := xid.NewReader(src, nil)
-	reader.WaitTimeout = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() { _ = reader.Run(ctx) }()
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: client,
-		Compat: &collector.CompatConfig{Hostname: "gpu-node-7"}}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, reader := tn.e, tn.reader
 	e.SampleOnce(ctx)
 	before := series(e.Page(), "DCGM_FI_DEV_XID_ERRORS", `gpu="0"`)
 	if len(before) != 1 || !strings.Contains(before[0], `err_code="0"`) {
@@ -369,19 +349,8 @@ gpus:
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := simnode.New(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(), Groups: fullGroups(),
-		Compat: &collector.CompatConfig{Hostname: "n"}}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newTestExporter(t, withScenario(sc), withRealTime(), withGroups(fullGroups()),
+		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "n"} })).e
 	e.SampleOnce(context.Background())
 	if _, err := e.Registry().Gather(); err != nil {
 		t.Fatalf("registry refused the page: %v", err)

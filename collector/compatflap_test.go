@@ -3,22 +3,19 @@ package collector_test
 import (
 	"context"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // flapScenario: eight GPUs, one time-sliced by two pods, one in MIG mode,
@@ -86,48 +83,15 @@ type flapNode struct {
 
 func newFlapNode(t *testing.T, sc *simnode.Scenario, cc collector.CompatConfig) *flapNode {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "gpe-flap")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	fn := &flapNode{clk: newClock()}
-	fn.node, err = simnode.New(sc, simnode.WithClock(fn.clk.Now))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fn.node.Close)
-	fn.kube = fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
-	fn.kube.SetPods(fn.node.KubeletPods())
-	fn.kube.SetAllocatable(fn.node.KubeletAllocatable())
-	if err := fn.kube.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fn.kube.Stop)
-	fn.client, err = podmap.NewClient(podmap.Config{Socket: fn.kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second,
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fn.client.Close() })
+	clk := newClock()
 	// DCGM samples every 20ms of wall time; its values carry the simulated
 	// clock's timestamps, so each exporter step sees one new DCGM sample.
 	// MaxMissed keeps a value of the last step fresh for a step of wall time.
-	fn.dcgm = dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 500,
-		Log: zerolog.Nop()}, fn.node.DCGM().Open)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go fn.dcgm.Run(ctx)
-	s, err := nvmlsampler.NewSampler(fn.node, nvmlsampler.SamplerConfig{DeviceTimeout: 500 * time.Millisecond, Log: zerolog.Nop(), Now: fn.clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: fn.clk.Now,
-		DCGM: fn.dcgm, Pods: fn.client, Groups: fullGroups(), Compat: &cc}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fn
+	tn := newTestExporter(t, withScenario(sc), withClock(clk), withKubelet(), withPodMapOnWallClock(),
+		withDCGM(nil), withDCGMConfig(func(c *dcgm.Config) { c.MaxMissed = 500 }),
+		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 500 * time.Millisecond }),
+		withGroups(fullGroups()), withConfig(func(c *collector.Config) { c.Compat = &cc }))
+	return &flapNode{clk: clk, node: tn.node, kube: tn.kube, client: tn.client, dcgm: tn.ds, e: tn.e}
 }
 
 // step moves the clock by d, refreshes the pods, waits (bounded) until DCGM

@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakedcgm"
+
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
@@ -40,7 +42,7 @@ func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
 }
 
 func TestDCGMSkipsBlankAndUnsupported(t *testing.T) {
-	d := newDCGMNode(t, nil, nil, func(f *dcgm.Fake, n *simnode.Node) {
+	d := newDCGMNode(t, nil, nil, func(f *fakedcgm.Fake, n *simnode.Node) {
 		uuid := n.Devices()[2].UUID()
 		f.SetBlank(uuid, -1, dcgm.TensorActive)
 		f.SetNotSupported(uuid, -1, dcgm.FP64Active)
@@ -188,7 +190,7 @@ pods:
 // The fake runs on real time (the DCGM sampler does) while the node's
 // clock stands still between steps, and its profiling back-end answers
 // byte rates for the GPU instance too.
-func splitGPUInstanceActivity(f *dcgm.Fake, n *simnode.Node) {
+func splitGPUInstanceActivity(f *fakedcgm.Fake, n *simnode.Node) {
 	f.SetClock(time.Now)
 	f.SetActivity(func(_, gi, ci int) (float64, bool) {
 		switch {
@@ -221,11 +223,11 @@ gpus:
 	p := tn.until(t, "DCGM values", func(p *collector.Page) bool {
 		return len(series(p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`)) == 1
 	})
-	if v := num(t, p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`); !near(v, dcgm.SimValue(dcgm.GraphicsActive, 0.45)) {
-		t.Errorf("GPU instance 0 engine activity %v, want the GPU instance's %v", v, dcgm.SimValue(dcgm.GraphicsActive, 0.45))
+	if v := num(t, p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`); !near(v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45)) {
+		t.Errorf("GPU instance 0 engine activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45))
 	}
-	if v := num(t, p, "DCGM_FI_PROF_DRAM_ACTIVE", `GPU_I_ID="0"`); !near(v, dcgm.SimValue(dcgm.DRAMActive, 0.45)) {
-		t.Errorf("GPU instance 0 DRAM activity %v, want the GPU instance's %v", v, dcgm.SimValue(dcgm.DRAMActive, 0.45))
+	if v := num(t, p, "DCGM_FI_PROF_DRAM_ACTIVE", `GPU_I_ID="0"`); !near(v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45)) {
+		t.Errorf("GPU instance 0 DRAM activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45))
 	}
 }
 
@@ -242,7 +244,7 @@ func TestDCGMXIDPlacedByUUID(t *testing.T) {
 	uuid := probe.Devices()[5].UUID()
 	probe.Close()
 	// DCGM knows NVML's GPU 5 as its GPU 0.
-	fake := dcgm.NewFake(dcgm.SimDevice{GPU: 0, UUID: uuid})
+	fake := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid})
 	reader := xid.NewReader(nil, nil)
 	d := newDCGMNode(t, fake.Open, reader)
 	if got := d.node.Devices()[5].UUID(); got != uuid {

@@ -21,8 +21,7 @@
 //	page       Page: plain and gzip bytes, landing page (landingpage.go), swapped in atomically
 //
 // Sources. Each data source is a subpackage that runs on its own and is
-// read without blocking: nvmlsampler (NVML, with the fake
-// libnvidia-ml in nvmlsampler/fakenvml), dcgm (DCGM's host engine),
+// read without blocking: nvmlsampler (NVML), dcgm (DCGM's host engine),
 // xid (NVML's event set: a true counter of XID errors; DCGM's last XID
 // reaches it straight from the DCGM source), procs (per-process
 // accounting of shared GPUs: /proc and the container runtime). The
@@ -50,6 +49,9 @@
 // atomically. /metrics serves those bytes: no NVML, DCGM or kubelet call
 // ever happens on the scrape path.
 //
-// simnode is a whole simulated node (NVML, DCGM, kubelet, processes) driven
-// by a scenario, for the demo, the tests and the benchmarks.
+// Assembly. assemble.go builds all of it from the node's Sources (the
+// driver's libraries, the kubelet's socket, the host's process tree) and one
+// NodeConfig: the command, alerts/pages and the tests assemble the exporter
+// the same way. The command takes the Sources from the real node, or with
+// --simulate from the simulation wing (sim/), which no package here imports.
 package collector

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // GPU 2 gets two uncorrectable ECC errors at 30 s and one more at 90 s;

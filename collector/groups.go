@@ -296,7 +296,7 @@ func init() {
 		fragDesc, fittingDesc, fragWeightedDesc, unallocatedDesc)
 }
 
-// Series budgets per GPU on the simulated 8 x H100 node (simnode's default
+// Series budgets per GPU on the simulated 8 x H100 node (sim/simnode's default
 // scenario: one GPU in MIG mode with four instances, eleven holders, DCGM
 // on), counted over the whole page, the exporter's own go_ and process_
 // series included. cmd/gpu-pool-exporter's budget test fails when a page

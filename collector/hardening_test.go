@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/prometheus/model/textparse"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // A pod holding a whole MIG-mode GPU by its GPU UUID (the NVIDIA device

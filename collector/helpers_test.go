@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakedcgm"
+
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
@@ -15,10 +17,11 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // This file holds the package's one way to build an exporter over a
@@ -68,7 +71,7 @@ type testNode struct {
 	kube   *fakekubelet.Server
 	client *podmap.Client
 	ds     *dcgm.Sampler
-	fake   *dcgm.Fake
+	fake   *fakedcgm.Fake
 	reader *xid.Reader
 	procs  *procs.Resolver
 }
@@ -92,12 +95,13 @@ type exporterOptions struct {
 	podsWall  bool
 	dcgm      bool
 	dcgmOpen  func(dcgm.Config) (dcgm.Client, error)
-	dcgmSetup []func(*dcgm.Fake, *simnode.Node)
+	dcgmSetup []func(*fakedcgm.Fake, *simnode.Node)
 	dcgmCfg   []func(*dcgm.Config)
 	xidSource func(*simnode.Node) xid.EventSource
 	xidTweak  []func(*xid.Reader)
 	procs     bool
 	resolver  *procs.Resolver
+	log       zerolog.Logger
 	cfg       []func(*collector.Config)
 	samplerFn []func(*nvmlsampler.SamplerConfig)
 }
@@ -156,7 +160,7 @@ func withPodMapOnWallClock() exporterOption {
 // withDCGM runs a DCGM sampler (embedded, 20ms interval) over open, or the
 // node's fake host engine when open is nil; setup runs on the fake before
 // the sampler's first read.
-func withDCGM(open func(dcgm.Config) (dcgm.Client, error), setup ...func(*dcgm.Fake, *simnode.Node)) exporterOption {
+func withDCGM(open func(dcgm.Config) (dcgm.Client, error), setup ...func(*fakedcgm.Fake, *simnode.Node)) exporterOption {
 	return func(o *exporterOptions) { o.dcgm, o.dcgmOpen, o.dcgmSetup = true, open, setup }
 }
 
@@ -206,12 +210,15 @@ func withSamplerConfig(f func(*nvmlsampler.SamplerConfig)) exporterOption {
 	return func(o *exporterOptions) { o.samplerFn = append(o.samplerFn, f) }
 }
 
-// newTestExporter builds an exporter over a simulated node. Without options:
-// the default scenario on a fresh fixed clock, 5s interval, 1s device
-// timeout, no pods, DCGM or XIDs. Everything it starts stops at cleanup.
+// newTestExporter assembles an exporter over a simulated node with
+// collector.Assemble, as the binary does. Without options: the default
+// scenario on a fresh fixed clock, 5s interval, 1s device timeout, no pods,
+// DCGM or XIDs. Nothing runs in the background but the DCGM sampler and the
+// XID reader the options ask for; the test samples. Everything it starts
+// stops at cleanup.
 func newTestExporter(t testing.TB, opts ...exporterOption) *testNode {
 	t.Helper()
-	var o exporterOptions
+	o := exporterOptions{log: zerolog.Nop()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -239,55 +246,86 @@ func newTestExporter(t testing.TB, opts ...exporterOption) *testNode {
 		t.Cleanup(node.Close)
 		tn.node = node
 	}
-	var lib nvmlsampler.NVML = tn.node
+	src := collector.Sources{NVML: tn.node}
 	if o.wrap != nil {
-		lib = o.wrap(tn.node)
+		src.NVML = o.wrap(tn.node)
 	}
-
-	cfg := collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: now}
+	cfg := collector.NodeConfig{Log: o.log, Now: now,
+		Exporter: collector.Config{Interval: 5 * time.Second},
+		Sampler:  nvmlsampler.SamplerConfig{DeviceTimeout: time.Second}}
 	if o.realTime {
-		cfg.Interval = time.Second
+		cfg.Exporter.Interval = time.Second
 	}
 	if o.kubelet {
-		podsNow := now
-		if o.podsWall {
-			podsNow = nil
-		}
 		// Not t.TempDir: a unix socket path must stay under ~100 bytes.
 		dir, err := os.MkdirTemp("", "gpe")
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		tn.kube, tn.client = startKubelet(t, dir, tn.node, podsNow)
-		cfg.Pods = tn.client
+		tn.kube = startKubelet(t, dir, tn.node)
+		src.KubeletSocket = tn.kube.Socket()
+		cfg.Kubelet = &podmap.Config{RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}
+		if o.podsWall {
+			cfg.Kubelet.Now = time.Now
+		}
 	}
 	if o.dcgm {
 		tn.fake = tn.node.DCGM()
 		for _, f := range o.dcgmSetup {
 			f(tn.fake, tn.node)
 		}
-		open := o.dcgmOpen
-		if open == nil {
-			open = tn.fake.Open
+		src.OpenDCGM = o.dcgmOpen
+		if src.OpenDCGM == nil {
+			src.OpenDCGM = tn.fake.Open
 		}
-		dc := dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, MaxBackoff: 50 * time.Millisecond, Log: zerolog.Nop()}
+		cfg.DCGM = &dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: 20 * time.Millisecond, MaxMissed: 3, MaxBackoff: 50 * time.Millisecond}
 		for _, f := range o.dcgmCfg {
-			f(&dc)
+			f(cfg.DCGM)
 		}
-		tn.ds = dcgm.NewSampler(dc, open)
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		go tn.ds.Run(ctx)
-		cfg.DCGM = tn.ds
 	}
 	if o.xidSource != nil {
-		tn.reader = xid.NewReader(o.xidSource(tn.node), nil)
-		tn.reader.WaitTimeout = 20 * time.Millisecond
+		src.XIDEvents = o.xidSource(tn.node)
+		cfg.XID, cfg.XIDWaitTimeout = true, 20*time.Millisecond
+	}
+	if o.procs {
+		src.Processes = o.resolver
+		if src.Processes == nil {
+			r, err := sim.HostResolver(tn.node, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src.Processes = r
+		}
+	}
+	if o.sysfs {
+		src.Sysfs = t.TempDir()
+		if err := tn.node.WriteSysfs(src.Sysfs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range o.samplerFn {
+		f(&cfg.Sampler)
+	}
+	for _, f := range o.cfg {
+		f(&cfg.Exporter)
+	}
+	n, err := collector.Assemble(cfg, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	tn.e, tn.client, tn.ds, tn.reader, tn.procs = n.Exporter, n.Pods, n.DCGM, n.XID, src.Processes
+	ctx, cancel := context.WithCancel(context.Background())
+	if tn.ds != nil {
+		done := make(chan struct{})
+		go func() { defer close(done); tn.ds.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	if tn.reader != nil {
 		for _, f := range o.xidTweak {
 			f(tn.reader)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = tn.reader.Run(ctx) }()
 		t.Cleanup(func() {
@@ -298,47 +336,14 @@ func newTestExporter(t testing.TB, opts ...exporterOption) *testNode {
 				t.Error("the XID reader did not stop within 5s")
 			}
 		})
-		cfg.XID = tn.reader
 	}
-	if o.procs {
-		tn.procs = o.resolver
-		if tn.procs == nil {
-			root, err := tn.node.HostProc()
-			if err != nil {
-				t.Fatal(err)
-			}
-			logDir, _ := tn.node.HostLogDir()
-			ld, err := procs.NewLogDir(logDir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tn.procs = procs.NewResolver(procs.Config{ProcRoot: root, Identities: ld, Now: now})
-		}
-		cfg.Processes = tn.procs
-	}
-
-	scfg := nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: now, Processes: o.procs}
-	if o.sysfs {
-		scfg.Sysfs = t.TempDir()
-		if err := tn.node.WriteSysfs(scfg.Sysfs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, f := range o.samplerFn {
-		f(&scfg)
-	}
-	s, err := nvmlsampler.NewSampler(lib, scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range o.cfg {
-		f(&cfg)
-	}
-	tn.e, err = collector.New(cfg, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(cancel)
 	return tn
+}
+
+// withLog gives every part of the exporter this log (default: none).
+func withLog(l zerolog.Logger) exporterOption {
+	return func(o *exporterOptions) { o.log = l }
 }
 
 // newExporter is the plain exporter: the node of sc on clk with its sysfs
@@ -382,7 +387,7 @@ func withProcessResolver(r *procs.Resolver) exporterOption {
 // newDCGMNode is the default node on real time with its fake DCGM host
 // engine behind open (nil: the fake itself), XIDs counted by counter when it
 // is not nil, and every group served.
-func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), counter *xid.Reader, setup ...func(*dcgm.Fake, *simnode.Node)) *dcgmNode {
+func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), counter *xid.Reader, setup ...func(*fakedcgm.Fake, *simnode.Node)) *dcgmNode {
 	t.Helper()
 	opts := []exporterOption{withRealTime(), withDCGM(open, setup...), withGroups(fullGroups())}
 	if counter != nil {
@@ -391,10 +396,8 @@ func newDCGMNode(t *testing.T, open func(dcgm.Config) (dcgm.Client, error), coun
 	return newTestExporter(t, opts...)
 }
 
-// startKubelet serves node's pods from a fake kubelet in dir and connects a
-// real podmap client to it over the unix socket; now is the client's clock
-// (nil: real time). The client has not refreshed yet.
-func startKubelet(t testing.TB, dir string, node *simnode.Node, now func() time.Time) (*fakekubelet.Server, *podmap.Client) {
+// startKubelet serves node's pods from a fake kubelet in dir.
+func startKubelet(t testing.TB, dir string, node *simnode.Node) *fakekubelet.Server {
 	t.Helper()
 	kube := fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
 	kube.SetPods(node.KubeletPods())
@@ -403,12 +406,7 @@ func startKubelet(t testing.TB, dir string, node *simnode.Node, now func() time.
 		t.Fatal(err)
 	}
 	t.Cleanup(kube.Stop)
-	client, err := podmap.NewClient(podmap.Config{Socket: kube.Socket(), RefreshInterval: time.Hour, CallTimeout: 2 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	return kube, client
+	return kube
 }
 
 // step moves the scenario clock, updates the fake kubelet, refreshes the

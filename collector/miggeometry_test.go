@@ -7,8 +7,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // TestMIGGeometryAgainstTable puts one GPU instance of every profile at

@@ -16,11 +16,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs/fakehost"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakehost"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 func within(got, want, rel float64) bool {
@@ -262,7 +261,7 @@ func TestProcRootNotTheHosts(t *testing.T) {
 	}
 	var logs syncBuf
 	pn := newTestExporter(t, withHostDir(), withKubelet(), withProcessResolver(procs.NewResolver(procs.Config{ProcRoot: other.ProcRoot})),
-		withConfig(func(c *collector.Config) { c.Log = zerolog.New(&logs) }))
+		withLog(zerolog.New(&logs)))
 	var p *collector.Page
 	for i := 0; i < 3; i++ {
 		p = pn.step(t, 5*time.Second)
@@ -303,13 +302,12 @@ func (s *syncBuf) String() string {
 // zeros for the pods and everything outside them. It comes back when the
 // root can be read again.
 func TestProcRootUnreadable(t *testing.T) {
-	pn := newPodNode(t, nil)
-	node, err := simnode.New(pn.node.Scenario, simnode.WithClock(pn.clk.Now), simnode.WithHostDir(t.TempDir()))
+	clk := newClock()
+	node, err := simnode.New(nil, simnode.WithClock(clk.Now), simnode.WithHostDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(node.Close)
-	pn.node = node
 	root, err := node.HostProc()
 	if err != nil {
 		t.Fatal(err)
@@ -326,15 +324,8 @@ func TestProcRootUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuf
-	s, err := nvmlsampler.NewSampler(node, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: pn.clk.Now, Processes: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pn.e, err = collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.New(&logs), Now: pn.clk.Now, Pods: pn.client,
-		Processes: procs.NewResolver(procs.Config{ProcRoot: link, Identities: ld, Now: pn.clk.Now})}, s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pn := newTestExporter(t, withNode(node), withClock(clk), withKubelet(), withLog(zerolog.New(&logs)),
+		withProcessResolver(procs.NewResolver(procs.Config{ProcRoot: link, Identities: ld, Now: clk.Now})))
 	g6 := []string{`gpu="6"`}
 	p := pn.step(t, time.Second)
 	if num(t, p, "gpu_container_memory_used_bytes", append(g6, `pod="chat-api-0"`)...) == 0 {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 )
 
 // socketPath returns a unix socket path short enough for sun_path (t.TempDir

@@ -12,8 +12,8 @@
 //     background and publishes immutable snapshots, so that nothing on the
 //     scrape path ever calls the kubelet.
 //
-// The subpackage fakekubelet serves the real PodResourcesLister gRPC service
-// on a unix socket for tests, demos and benchmarks.
+// The simulation wing's sim/fakekubelet serves the real PodResourcesLister
+// gRPC service on a unix socket for tests, demos and benchmarks.
 package podmap
 
 import (

@@ -1,6 +1,6 @@
 // Package pages turns what the exporter really serves into promtool test
 // input: it runs the exporter in-process on a simulated node (a scenario of
-// collector/simnode) under a simulated clock, takes its page every minute,
+// sim/simnode) under a simulated clock, takes its page every minute,
 // and writes the series the shipped rules read as promtool input_series.
 //
 // A fixture source (testdata/*.yml) names a scenario, how long to run it,
@@ -34,6 +34,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakedcgm"
+
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -45,18 +47,18 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	simwing "github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // Source is a fixture source: testdata/<name>.yml.
 type Source struct {
 	// Comment is written at the top of the test, as its description.
 	Comment string `yaml:"comment"`
-	// Scenario is a simulated node's scenario (collector/simnode), inline;
+	// Scenario is a simulated node's scenario (sim/simnode), inline;
 	// empty: the built-in default node.
 	Scenario string `yaml:"scenario"`
 	// Minutes is how long the exporter runs; a page every minute.
@@ -245,14 +247,14 @@ func Run(src *Source, keep map[string]bool) ([]*Series, error) {
 	record := func(m int, up float64) error {
 		var page []byte
 		if up == 1 {
-			page = proc.exp.Page().Plain
+			page = proc.node.Exporter.Page().Plain
 		}
 		if err := addPage(series, page, m, minutes, node, up, keep); err != nil {
 			return fmt.Errorf("minute %d: %w", m, err)
 		}
 		return nil
 	}
-	if proc, err = startProcess(sim, clk, socket, kubelet, opts); err != nil {
+	if proc, err = startProcess(sim, clk, kubelet, opts); err != nil {
 		return nil, err
 	}
 	if err := proc.sample(sim); err != nil {
@@ -268,7 +270,7 @@ func Run(src *Source, keep map[string]bool) ([]*Series, error) {
 			// what comes after it).
 			proc.stop()
 			clk.Advance(time.Minute)
-			if proc, err = startProcess(sim, clk, socket, kubelet, opts); err != nil {
+			if proc, err = startProcess(sim, clk, kubelet, opts); err != nil {
 				return nil, err
 			}
 			if err := record(m, 0); err != nil {
@@ -315,79 +317,55 @@ func (c *clock) Advance(d time.Duration) {
 // process is one exporter process: its own XID reader (an event set opened
 // when it starts, which sees only later events), pod map and collector state.
 type process struct {
-	exp     *collector.Exporter
-	reader  *xid.Reader
-	pods    *podmap.Client
-	srv     *fakekubelet.Server
-	dcgm    *steppedDCGM  // nil without DCGM
+	node    *collector.Node
+	kubelet *fakekubelet.Server
 	started time.Duration // of the node's time
 	cancel  context.CancelFunc
-	done    chan struct{}
+	done    <-chan struct{}
 	clk     *clock
 }
 
 // processOptions are the exporter's optional sources and settings.
 type processOptions struct {
 	procs      bool
-	dcgm       *dcgm.Fake
+	dcgm       *fakedcgm.Fake
 	idleWindow time.Duration
 }
 
-// steppedDCGM serves the snapshot of the DCGM sampler's last Step: the
-// values of the page's own moment.
-type steppedDCGM struct {
-	s    *dcgm.Sampler
-	snap *dcgm.Snapshot
-}
-
-func (d *steppedDCGM) Snapshot() *dcgm.Snapshot { return d.snap }
-
-func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet.Server, opts processOptions) (*process, error) {
+// startProcess assembles an exporter over sim as the binary does, stepped
+// on the simulated clock: its sources are the node, the fake kubelet's
+// socket, the fake host engine and the simulated host.
+func startProcess(sim *simnode.Node, clk *clock, srv *fakekubelet.Server, opts processOptions) (*process, error) {
 	started := clk.Now().Sub(time.Unix(0, 0))
-	src := &afterSource{src: sim.XIDSource(), from: clk.Now()}
-	reader := xid.NewReader(src, nil)
-	reader.WaitTimeout = 20 * time.Millisecond
-	pods, err := podmap.NewClient(podmap.Config{Socket: socket, Now: clk.Now})
-	if err != nil {
-		return nil, err
-	}
-	s, err := nvmlsampler.NewSampler(sim, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second, Log: zerolog.Nop(), Now: clk.Now, Processes: opts.procs})
-	if err != nil {
-		return nil, err
-	}
-	cfg := collector.Config{Interval: sampleEvery, Log: zerolog.Nop(), Now: clk.Now, XID: reader, Pods: pods}
-	cfg.Derived.Idle.Window = opts.idleWindow
+	src := collector.Sources{NVML: sim, KubeletSocket: srv.Socket(),
+		XIDEvents: &afterSource{src: sim.XIDSource(), from: clk.Now()}}
+	cfg := collector.NodeConfig{Log: zerolog.Nop(), Now: clk.Now, Stepped: true,
+		Exporter: collector.Config{Interval: sampleEvery},
+		Sampler:  nvmlsampler.SamplerConfig{DeviceTimeout: time.Second},
+		XID:      true, XIDWaitTimeout: 20 * time.Millisecond,
+		Kubelet: &podmap.Config{}}
+	cfg.Exporter.Derived.Idle.Window = opts.idleWindow
 	if opts.procs {
-		root, err := sim.HostProc()
+		r, err := simwing.HostResolver(sim, clk.Now)
 		if err != nil {
 			return nil, err
 		}
-		logDir, err := sim.HostLogDir()
-		if err != nil {
-			return nil, err
-		}
-		ids, err := procs.NewLogDir(logDir)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Processes = procs.NewResolver(procs.Config{ProcRoot: root, Identities: ids, Now: clk.Now})
+		src.Processes = r
 	}
-	var dsrc *steppedDCGM
 	if opts.dcgm != nil {
-		dsrc = &steppedDCGM{s: dcgm.NewSampler(dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: sampleEvery, Log: zerolog.Nop()}, opts.dcgm.Open)}
-		cfg.DCGM = dsrc
+		src.OpenDCGM = opts.dcgm.Open
+		cfg.DCGM = &dcgm.Config{Mode: dcgm.ModeEmbedded, Interval: sampleEvery}
 	}
-	e, err := collector.New(cfg, s)
+	node, err := collector.Assemble(cfg, src)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &process{exp: e, reader: reader, pods: pods, srv: srv, dcgm: dsrc, started: started, cancel: cancel, done: make(chan struct{}), clk: clk}
-	go func() { defer close(p.done); _ = reader.Run(ctx) }()
+	p := &process{node: node, kubelet: srv, started: started, cancel: cancel, done: node.StartXID(ctx), clk: clk}
 	// The event set opens within microseconds of a real start; wait for it,
 	// so that the first page does not depend on the goroutines' timing.
 	deadline := time.Now().Add(30 * time.Second)
-	for !reader.Up() {
+	for !node.XID.Up() {
 		if time.Now().After(deadline) {
 			p.stop()
 			return nil, fmt.Errorf("the XID reader did not open its event set in 30 s")
@@ -400,29 +378,25 @@ func startProcess(sim *simnode.Node, clk *clock, socket string, srv *fakekubelet
 func (p *process) stop() {
 	p.cancel()
 	<-p.done
-	_ = p.pods.Close()
+	p.node.Close()
 }
 
-// sample refreshes the pod map, waits until the XID reader has every event
-// raised since the process started up to now, and samples once.
+// sample brings the kubelet up to the scenario, waits until the XID reader
+// has every event raised since the process started up to now, and steps the
+// exporter once.
 func (p *process) sample(sim *simnode.Node) error {
-	ctx := context.Background()
 	now := p.clk.Now().Sub(time.Unix(0, 0))
 	want := uint64(len(sim.XIDsBetween(p.started, now)))
 	deadline := time.Now().Add(30 * time.Second)
-	for p.reader.Events() < want {
+	for p.node.XID.Events() < want {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the XID reader has %d of %d events after 30 s", p.reader.Events(), want)
+			return fmt.Errorf("the XID reader has %d of %d events after 30 s", p.node.XID.Events(), want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	p.srv.SetPods(sim.KubeletPods()) // the kubelet follows the scenario
-	p.srv.SetAllocatable(sim.KubeletAllocatable())
-	_ = p.pods.Refresh(ctx) // a failure shows on the page, as it would
-	if p.dcgm != nil {
-		p.dcgm.snap, _ = p.dcgm.s.Step(ctx, p.clk.Now()) // a failure shows on the page, as it would
-	}
-	p.exp.SampleOnce(ctx)
+	p.kubelet.SetPods(sim.KubeletPods()) // the kubelet follows the scenario
+	p.kubelet.SetAllocatable(sim.KubeletAllocatable())
+	p.node.Step(context.Background())
 	return nil
 }
 

@@ -25,7 +25,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 )
 
 // DefaultPort is registered to no other GPU exporter (dcgm-exporter: 9400,
@@ -110,50 +109,30 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 		return 0, err
 	}
 	defer ls.close()
-	lib, node, err := openNVML(o, log)
+	src, err := nodeSources(o, log)
 	if err != nil {
 		return 0, err
 	}
-	sysfs := o.sysfs
-	if node != nil {
-		defer node.Close()
-		if dir := simulatedSysfs(node); dir != "" {
-			defer os.RemoveAll(dir)
-			sysfs = dir
-		}
-	}
-	resolver, closeResolver, err := processResolver(o, node, log)
-	if err != nil {
-		return 0, err
-	}
-	defer closeResolver()
 	// NVML is initialised once, by the sampler, in the background: the
 	// listeners above serve /healthz at once and /readyz says what the
 	// exporter waits for.
-	sampler, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, InitTimeout: o.nvmlInitTimeout,
-		Log: log, Processes: resolver != nil, Sysfs: sysfs})
+	node, err := collector.Assemble(nodeConfig(o, derived, log), src)
 	if err != nil {
 		return 0, err
 	}
-	defer sampler.Close()
+	defer node.Close()
 
-	// Everything started from here stops with runCtx and is waited for.
+	// Everything started from here stops with runCtx and is waited for
+	// (before node.Close, deferred above).
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	defer waitStopped(&wg, log)
 	defer cancel()
-	cfg, err := collectorConfig(runCtx, &wg, o, sampler, node, derived, resolver, log)
-	if err != nil {
-		return 0, err
-	}
-	exp, err := collector.New(cfg, sampler)
-	if err != nil {
-		return 0, err
-	}
+	node.Start(runCtx, &wg)
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).
 		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
-	return serve(runCtx, cancel, o, exp, ls, log), nil
+	return serve(runCtx, cancel, o, node.Exporter, ls, log), nil
 }
 
 // stopWait bounds how long the exporter waits at exit for its background

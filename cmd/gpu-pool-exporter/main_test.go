@@ -314,7 +314,7 @@ func TestSetupFailureExits1(t *testing.T) {
 	if exit.ExitCode() != exitError {
 		t.Errorf("exit %d, want %d (a setup failure, not a usage error); stderr:\n%s", exit.ExitCode(), exitError, errb.String())
 	}
-	if !strings.Contains(errb.String(), "simulated host tree") {
+	if !strings.Contains(errb.String(), "simulated node's") || !strings.Contains(errb.String(), "TMPDIR") {
 		t.Errorf("stderr does not say what failed:\n%s", errb.String())
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
 )
 
 // The configuration matrix: the real exporter (flags, wiring, simulated node,

@@ -77,16 +77,14 @@ func otherPort(port string) string {
 	return "9948"
 }
 
-// serve runs the exporter and its servers until ctx is done (a clean
-// shutdown, exitOK) or a server fails (exitError). stop cancels what runs
-// beside the exporter.
+// serve runs the exporter's servers until ctx is done (a clean shutdown,
+// exitOK) or a server fails (exitError). stop cancels the exporter's parts,
+// which the caller waits for.
 func serve(ctx context.Context, stop context.CancelFunc, o *options, exp *collector.Exporter, ls *listeners, log zerolog.Logger) int {
 	for i, l := range ls.web {
 		ls.web[i] = newLimitListener(l, o.maxConnections)
 	}
 	srv := newHTTPServer(newMux(exp, o), log)
-	done := make(chan struct{})
-	go func() { defer close(done); exp.Run(ctx) }()
 
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- serveWeb(ls.web, srv, *o.web.WebConfigFile, o.hup, log) }()
@@ -110,7 +108,6 @@ func serve(ctx context.Context, stop context.CancelFunc, o *options, exp *collec
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("HTTP server failed")
 			stop()
-			<-done
 			return exitError
 		}
 	}
@@ -119,7 +116,6 @@ func serve(ctx context.Context, stop context.CancelFunc, o *options, exp *collec
 	_ = srv.Shutdown(sctx)
 	_ = probeSrv.Shutdown(sctx)
 	stop()
-	<-done
 	return exitOK
 }
 

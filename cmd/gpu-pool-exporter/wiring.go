@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/prometheus/common/version"
@@ -18,10 +15,9 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 func newLogger(o *options, w io.Writer) zerolog.Logger {
@@ -60,22 +56,75 @@ func derivedConfig(o *options) (collector.DerivedConfig, error) {
 	return dc, nil
 }
 
-// openNVML loads the driver's NVML, or builds the simulated node (returned
-// twice: as the NVML the sampler reads, and as the node the fake kubelet,
-// DCGM and /proc are served from).
-func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, error) {
+// nodeSources are the node's sources: the driver's libraries, the kubelet
+// and the host, or with --simulate the simulation wing's stand-ins for them
+// (a flag the user set still names a real kubelet or host tree).
+func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
 	if !o.simulate {
 		lib, err := nvmlsampler.NewNVML(o.nvmlLibrary)
 		if errors.Is(err, nvmlsampler.ErrNoNVML) {
-			return nil, nil, noNVMLError(o.nvmlLibrary)
+			return collector.Sources{}, noNVMLError(o.nvmlLibrary)
 		}
-		return lib, nil, err
+		if err != nil {
+			return collector.Sources{}, err
+		}
+		resolver, closeResolver, err := processResolver(o, o.procsRoot, o.procsLogDir, log)
+		if err != nil {
+			return collector.Sources{}, err
+		}
+		return collector.Sources{NVML: lib, KubeletSocket: o.kubeletSocket, Processes: resolver, Sysfs: o.sysfs, Close: closeResolver}, nil
 	}
+	node, err := simulatedNode(o, log)
+	if err != nil {
+		return collector.Sources{}, err
+	}
+	stand, err := sim.Sources(node, sim.Options{Kubelet: o.kubeletEnabled && !o.kubeletSocketSet, FollowEvery: min(o.interval, time.Second), Sysfs: true})
+	if err != nil {
+		node.Close()
+		return collector.Sources{}, err
+	}
+	src := stand.Sources
+	if stand.Kubelet != nil {
+		log.Info().Str("socket", src.KubeletSocket).Msg("serving the simulated node's pods on a built-in fake kubelet")
+	} else {
+		src.KubeletSocket = o.kubeletSocket
+	}
+	closeStand := src.Close
+	src.Close = func() { closeStand(); node.Close() }
+	// The simulated host's /proc and container logs unless the flags name
+	// others.
+	root, logDir := o.procsRoot, o.procsLogDir
+	if o.procsEnabled && !o.procsRootSet {
+		if root, err = node.HostProc(); err != nil {
+			src.Close()
+			return collector.Sources{}, err
+		}
+	}
+	if o.procsEnabled && !o.procsLogDirSet {
+		if logDir, err = node.HostLogDir(); err != nil {
+			src.Close()
+			return collector.Sources{}, err
+		}
+	}
+	resolver, closeResolver, err := processResolver(o, root, logDir, log)
+	if err != nil {
+		src.Close()
+		return collector.Sources{}, err
+	}
+	src.Processes = resolver
+	closeSim := src.Close
+	src.Close = func() { closeResolver(); closeSim() }
+	return src, nil
+}
+
+// simulatedNode builds the simulated node of --simulate.scenario (the
+// built-in one without it).
+func simulatedNode(o *options, log zerolog.Logger) (*simnode.Node, error) {
 	sc := simnode.DefaultScenario()
 	if o.simulateFile != "" {
 		var err error
 		if sc, err = simnode.LoadScenario(o.simulateFile); err != nil {
-			return nil, nil, inputError{err}
+			return nil, inputError{err}
 		}
 	}
 	if o.simulateSeedSet || sc.Seed == 0 {
@@ -83,10 +132,10 @@ func openNVML(o *options, log zerolog.Logger) (nvmlsampler.NVML, *simnode.Node, 
 	}
 	node, err := simnode.New(sc)
 	if err != nil {
-		return nil, nil, inputError{fmt.Errorf("--simulate.scenario=%s: %w", o.simulateFile, err)}
+		return nil, inputError{fmt.Errorf("--simulate.scenario=%s: %w", o.simulateFile, err)}
 	}
 	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Str("flavour", sc.Node.Flavour).Msg("running on a SIMULATED GPU node; no real GPU is read")
-	return node, node, nil
+	return node, nil
 }
 
 // noNVMLError says which library failed to load, where it was looked for,
@@ -113,30 +162,15 @@ func noNVMLError(path string) error {
 	return fmt.Errorf("cannot load --nvml.library=%s: %s; %s", path, why, hint)
 }
 
-// processResolver sets up per-process accounting. With --simulate it reads
-// the simulated host's generated /proc and log directory unless the flags
-// name others. A path the user set that cannot be read is an error; the
-// defaults that cannot be read (no host /proc mounted) turn accounting off
-// with a warning, so a minimal deployment still starts. The simulated host
-// tree that cannot be written is a setup failure, not the user's.
-func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs.Resolver, func(), error) {
+// processResolver sets up per-process accounting over the host /proc at
+// root and the container log directory logDir. A path the user set that
+// cannot be read is an error; the defaults that cannot be read (no host
+// /proc mounted) turn accounting off with a warning, so a minimal
+// deployment still starts.
+func processResolver(o *options, root, logDir string, log zerolog.Logger) (*procs.Resolver, func(), error) {
 	nothing := func() {}
 	if !o.procsEnabled {
 		return nil, nothing, nil
-	}
-	root, logDir := o.procsRoot, o.procsLogDir
-	if node != nil {
-		var err error
-		if !o.procsRootSet {
-			if root, err = node.HostProc(); err != nil {
-				return nil, nothing, err
-			}
-		}
-		if !o.procsLogDirSet {
-			if logDir, err = node.HostLogDir(); err != nil {
-				return nil, nothing, err
-			}
-		}
 	}
 	if err := procs.CheckProcRoot(root); err != nil {
 		if o.procsRootSet {
@@ -168,136 +202,29 @@ func processResolver(o *options, node *simnode.Node, log zerolog.Logger) (*procs
 	return procs.NewResolver(cfg), closeFn, nil
 }
 
-// simulatedSysfs writes the simulated GPUs' sysfs into a private directory
-// (their bus IDs are not this machine's) and returns it, or "" when it
-// cannot, leaving --path.sysfs in use.
-func simulatedSysfs(node *simnode.Node) string {
-	dir, err := os.MkdirTemp("", "gpu-pool-exporter-sysfs")
-	if err != nil {
-		return ""
+// nodeConfig is the configuration of every part of the exporter.
+func nodeConfig(o *options, derived collector.DerivedConfig, log zerolog.Logger) collector.NodeConfig {
+	cfg := collector.NodeConfig{
+		Log: log,
+		Exporter: collector.Config{Interval: o.interval, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
+			Status:           collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate},
+			NVMLRestartAfter: o.nvmlRestartAfter},
+		Sampler: nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, InitTimeout: o.nvmlInitTimeout},
+		XID:     o.groups.On(collector.GroupXID) || o.compatDCGM,
 	}
-	if node.WriteSysfs(dir) != nil {
-		os.RemoveAll(dir)
-		return ""
-	}
-	return dir
-}
-
-// collectorConfig is the exporter's configuration. It starts the sources
-// that run beside the sampler (XID events, DCGM, the pod map), each until
-// ctx is done and counted in wg.
-func collectorConfig(ctx context.Context, wg *sync.WaitGroup, o *options, sampler *nvmlsampler.Sampler, node *simnode.Node,
-	derived collector.DerivedConfig, resolver *procs.Resolver, log zerolog.Logger) (collector.Config, error) {
-	cfg := collector.Config{Interval: o.interval, Log: log, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
-		Status: collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate}, Processes: resolver,
-		NVMLRestartAfter: o.nvmlRestartAfter}
 	if o.compatDCGM {
 		host := o.nodeName
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
-	}
-	if src, ok := sampler.XIDSource(); ok && (o.groups.On(collector.GroupXID) || o.compatDCGM) {
-		cfg.XID = startXID(ctx, wg, src, log)
+		cfg.Exporter.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
 	}
 	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {
-		cfg.DCGM = startDCGM(ctx, wg, o, node, log)
+		cfg.DCGM = &dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval}
 	}
 	if o.kubeletEnabled {
-		pods, err := startPodMap(ctx, wg, o, node, log)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Pods = pods
+		cfg.Kubelet = &podmap.Config{RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
+			MaxRecvMsgSize: int(o.kubeletMaxBytes), ExtraResourceNames: o.kubeletResources}
 	}
-	return cfg, nil
-}
-
-func startXID(ctx context.Context, wg *sync.WaitGroup, src xid.EventSource, log zerolog.Logger) *xid.Reader {
-	r := xid.NewReader(src, nil)
-	r.Logf = func(f string, a ...any) { log.Warn().Msgf(f, a...) }
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = r.Run(ctx) }()
-	return r
-}
-
-// startDCGM samples DCGM in the background: the simulated node's when
-// there is one, else the library or host engine --dcgm.mode names.
-func startDCGM(ctx context.Context, wg *sync.WaitGroup, o *options, node *simnode.Node, log zerolog.Logger) *dcgm.Sampler {
-	dcfg := dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval, Log: log.With().Str("component", "dcgm").Logger()}
-	open := dcgm.DefaultOpen
-	if node != nil {
-		open = node.DCGM().Open
-	}
-	ds := dcgm.NewSampler(dcfg, open)
-	wg.Add(1)
-	go func() { defer wg.Done(); ds.Run(ctx) }()
-	return ds
-}
-
-// startPodMap keeps the GPU-to-pod map from the kubelet's PodResources
-// API; a simulated node gets a fake kubelet unless
-// --kubelet.pod-resources-socket names a real one.
-func startPodMap(ctx context.Context, wg *sync.WaitGroup, o *options, node *simnode.Node, log zerolog.Logger) (*podmap.Client, error) {
-	socket := o.kubeletSocket
-	if node != nil && !o.kubeletSocketSet {
-		fake, err := startFakeKubelet(ctx, wg, node, o.interval, log)
-		if err != nil {
-			return nil, err
-		}
-		socket = fake
-	}
-	client, err := podmap.NewClient(podmap.Config{Socket: socket, RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
-		MaxRecvMsgSize:     int(o.kubeletMaxBytes),
-		ExtraResourceNames: o.kubeletResources, Logger: log.With().Str("component", "podmap").Logger()})
-	if err != nil { // its settings passed validate: the failure is in setting up
-		return nil, err
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		client.Run(ctx)
-		client.Close() // after Run has returned, never under it
-	}()
-	return client, nil
-}
-
-// startFakeKubelet serves the simulated node's pods on a private socket and
-// keeps them in step with the scenario (pods that start and stop, a device
-// plugin that loses its devices).
-func startFakeKubelet(ctx context.Context, wg *sync.WaitGroup, node *simnode.Node, every time.Duration, log zerolog.Logger) (string, error) {
-	dir, err := os.MkdirTemp("", "gpe-kubelet-")
-	if err != nil {
-		return "", fmt.Errorf("fake kubelet: %w", err)
-	}
-	socket := filepath.Join(dir, "kubelet.sock")
-	srv := fakekubelet.New(socket)
-	update := func() {
-		srv.SetPods(node.KubeletPods())
-		srv.SetAllocatable(node.KubeletAllocatable())
-	}
-	update()
-	if err := srv.Start(); err != nil {
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("fake kubelet: %w", err)
-	}
-	log.Info().Str("socket", socket).Msg("serving the simulated node's pods on a built-in fake kubelet")
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer os.RemoveAll(dir)
-		defer srv.Stop()
-		t := time.NewTicker(min(every, time.Second))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				update()
-			}
-		}
-	}()
-	return socket, nil
+	return cfg
 }

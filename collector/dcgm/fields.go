@@ -179,8 +179,8 @@ func Fields() []Field {
 	return out
 }
 
-// fieldByID maps a DCGM field ID to a Field.
-func fieldByID(id uint16) (Field, bool) {
+// FieldByID maps a DCGM field ID to a Field.
+func FieldByID(id uint16) (Field, bool) {
 	for f, fid := range fieldIDs {
 		if fid == id {
 			return Field(f), true

@@ -1,4 +1,4 @@
-package dcgm
+package dcgm_test
 
 import (
 	"testing"

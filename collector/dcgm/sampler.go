@@ -564,7 +564,7 @@ func (s *Sampler) merge(now time.Time, raw []RawValue) {
 			}
 			continue
 		}
-		f, ok := fieldByID(rv.FieldID)
+		f, ok := FieldByID(rv.FieldID)
 		if !ok || v < 0 || !f.MeasuredFor(rv.Entity.Kind) {
 			// A field DCGM measures only for the GPU (instance) above
 			// this entity: what it answers is the parent's value, which

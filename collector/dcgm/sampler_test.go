@@ -1,4 +1,4 @@
-package dcgm
+package dcgm_test
 
 import (
 	"bytes"
@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakedcgm"
+
 	"github.com/rs/zerolog"
 )
 
@@ -22,7 +25,7 @@ const (
 
 // start runs s in the background and returns a stop function that cancels
 // it and checks that Run returns promptly.
-func start(t *testing.T, s *Sampler) (stop func()) {
+func start(t *testing.T, s *dcgm.Sampler) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -45,9 +48,9 @@ func start(t *testing.T, s *Sampler) (stop func()) {
 	return stop
 }
 
-func testConfig() Config {
-	return Config{
-		Mode:       ModeEmbedded,
+func testConfig() dcgm.Config {
+	return dcgm.Config{
+		Mode:       dcgm.ModeEmbedded,
 		Interval:   10 * time.Millisecond,
 		MaxMissed:  3,
 		MaxBackoff: 40 * time.Millisecond,
@@ -55,7 +58,7 @@ func testConfig() Config {
 	}
 }
 
-func upWith(s *Sampler, cond func(*Snapshot) bool) func() bool {
+func upWith(s *dcgm.Sampler, cond func(*dcgm.Snapshot) bool) func() bool {
 	return func() bool {
 		snap := s.Snapshot()
 		return snap.Up && cond(snap)
@@ -63,179 +66,121 @@ func upWith(s *Sampler, cond func(*Snapshot) bool) func() bool {
 }
 
 func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "Embedded": ModeEmbedded, " standalone ": ModeStandalone, "OFF": ModeOff} {
+	for in, want := range map[string]dcgm.Mode{"": dcgm.ModeAuto, "auto": dcgm.ModeAuto, "Embedded": dcgm.ModeEmbedded, " standalone ": dcgm.ModeStandalone, "OFF": dcgm.ModeOff} {
 		t.Run(fmt.Sprintf("%q", in), func(t *testing.T) {
-			got, err := ParseMode(in)
+			got, err := dcgm.ParseMode(in)
 			if err != nil || got != want {
 				t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
 			}
 		})
 	}
-	if _, err := ParseMode("remote"); err == nil {
+	if _, err := dcgm.ParseMode("remote"); err == nil {
 		t.Error("ParseMode(remote): want error")
 	}
 }
 
-func TestStandaloneAddress(t *testing.T) {
-	for _, c := range []struct{ in, addr, sock string }{
-		{"", "localhost:5555", "0"},
-		{"nvidia-dcgm:5555", "nvidia-dcgm:5555", "0"},
-		{"10.0.0.1", "10.0.0.1:5555", "0"},
-		{"tcp://10.0.0.1:6000", "10.0.0.1:6000", "0"},
-		{"[::1]:5555", "[::1]:5555", "0"},
-		{"unix:///run/dcgm.sock", "/run/dcgm.sock", "1"},
-	} {
-		t.Run(fmt.Sprintf("%q", c.in), func(t *testing.T) {
-			addr, sock, err := standaloneAddress(c.in)
-			if err != nil || addr != c.addr || sock != c.sock {
-				t.Errorf("standaloneAddress(%q) = %q, %q, %v; want %q, %q", c.in, addr, sock, err, c.addr, c.sock)
-			}
-		})
-	}
-}
-
 func TestFieldIDs(t *testing.T) {
-	want := map[Field]uint16{GraphicsActive: 1001, SMActive: 1002, SMOccupancy: 1003, TensorActive: 1004, DRAMActive: 1005,
-		FP64Active: 1006, FP32Active: 1007, FP16Active: 1008, PCIeTxBytes: 1009, PCIeRxBytes: 1010, NVLinkTxBytes: 1011, NVLinkRxBytes: 1012}
-	if len(want) != NumFields {
-		t.Fatalf("NumFields = %d, want %d", NumFields, len(want))
+	want := map[dcgm.Field]uint16{dcgm.GraphicsActive: 1001, dcgm.SMActive: 1002, dcgm.SMOccupancy: 1003, dcgm.TensorActive: 1004, dcgm.DRAMActive: 1005,
+		dcgm.FP64Active: 1006, dcgm.FP32Active: 1007, dcgm.FP16Active: 1008, dcgm.PCIeTxBytes: 1009, dcgm.PCIeRxBytes: 1010, dcgm.NVLinkTxBytes: 1011, dcgm.NVLinkRxBytes: 1012}
+	if len(want) != dcgm.NumFields {
+		t.Fatalf("NumFields = %d, want %d", dcgm.NumFields, len(want))
 	}
 	for f, id := range want {
 		if f.ID() != id {
 			t.Errorf("%s.ID() = %d, want %d", f, f.ID(), id)
 		}
-		if g, ok := fieldByID(id); !ok || g != f {
-			t.Errorf("fieldByID(%d) = %v, %v", id, g, ok)
+		if g, ok := dcgm.FieldByID(id); !ok || g != f {
+			t.Errorf("dcgm.FieldByID(%d) = %v, %v", id, g, ok)
 		}
 		if f.IsCounter() != (id >= 1009) {
 			t.Errorf("%s.IsCounter() = %v", f, f.IsCounter())
 		}
 	}
-	if _, ok := fieldByID(FieldIDXIDErrors); ok {
+	if _, ok := dcgm.FieldByID(dcgm.FieldIDXIDErrors); ok {
 		t.Error("the XID field is not a Field")
-	}
-}
-
-// TestMergeSkipsBlankAndNotSupported feeds raw values straight into merge.
-func TestMergeSkipsBlankAndNotSupported(t *testing.T) {
-	s := NewSampler(testConfig(), NewFake().Open)
-	gpu := Entity{EntityGPU, 0}
-	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1, -1}}
-	s.devs, s.byEntity = []*devState{st}, map[Entity]*devState{gpu: st}
-	now := time.Now()
-	d := func(f Field, v float64, status int) RawValue {
-		return RawValue{Entity: gpu, FieldID: f.ID(), Status: status, Type: FieldTypeDouble, Float: v, Time: now}
-	}
-	i := func(f Field, v int64, status int) RawValue {
-		return RawValue{Entity: gpu, FieldID: f.ID(), Status: status, Type: FieldTypeInt64, Int: v, Time: now}
-	}
-	s.merge(now, []RawValue{
-		d(SMActive, 0.5, StatusOK),                          // kept
-		d(SMOccupancy, FP64Blank, StatusOK),                 // blank
-		d(TensorActive, FP64NotSupported, StatusOK),         // not-supported sentinel
-		d(DRAMActive, 0.3, StatusNotSupported),              // not-supported status, plausible value
-		d(GraphicsActive, math.NaN(), StatusOK),             // not a number
-		d(FP64Active, -0.1, StatusOK),                       // negative
-		d(FP32Active, 0.2, StatusNotWatched),                // not watched
-		i(PCIeTxBytes, Int64Blank, StatusOK),                // int blank
-		i(PCIeRxBytes, Int64NotSupported, StatusOK),         // int not supported
-		i(NVLinkTxBytes, 1000, StatusProfilingNotSupported), // bad status
-		{Entity: Entity{EntityGPU, 7}, FieldID: SMActive.ID(), Type: FieldTypeDouble, Float: 0.9, Time: now}, // unknown entity
-		{Entity: gpu, FieldID: FieldIDXIDErrors, Type: FieldTypeInt64, Int: Int64Blank, Time: now},           // no XID
-	})
-	devs := s.build(now, nil, true)
-	if len(devs) != 1 {
-		t.Fatalf("devices = %+v", devs)
-	}
-	got := devs[0].Values
-	if len(got) != 1 || got[SMActive] != 0.5 {
-		t.Errorf("values = %v, want only sm_active 0.5", got)
-	}
-	if devs[0].LastXID != 0 {
-		t.Errorf("LastXID = %d from a blank", devs[0].LastXID)
 	}
 }
 
 // TestBlankAndNotSupportedThroughRun checks the same through the fake and
 // the background loop: nothing DCGM marks empty ever reaches a snapshot.
 func TestBlankAndNotSupportedThroughRun(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, SMActive, 0.75)
-	f.SetBlank(uuid0, -1, SMOccupancy)
-	f.SetNotSupported(uuid0, -1, TensorActive)
-	f.SetBlank(uuid0, -1, PCIeTxBytes)
-	f.SetValue(uuid0, -1, PCIeRxBytes, 1e6)
-	s := NewSampler(testConfig(), f.Open)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.75)
+	f.SetBlank(uuid0, -1, dcgm.SMOccupancy)
+	f.SetNotSupported(uuid0, -1, dcgm.TensorActive)
+	f.SetBlank(uuid0, -1, dcgm.PCIeTxBytes)
+	f.SetValue(uuid0, -1, dcgm.PCIeRxBytes, 1e6)
+	s := dcgm.NewSampler(testConfig(), f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "first sample", upWith(s, func(_ *Snapshot) bool { return f.Calls("Latest") >= 3 }))
+	waitFor(t, 2*time.Second, "first sample", upWith(s, func(_ *dcgm.Snapshot) bool { return f.Calls("Latest") >= 3 }))
 	snap := s.Snapshot()
 	if len(snap.Devices) != 1 {
 		t.Fatalf("devices = %+v", snap.Devices)
 	}
 	v := snap.Devices[0].Values
-	if v[SMActive] != 0.75 {
-		t.Errorf("sm_active = %v, want 0.75", v[SMActive])
+	if v[dcgm.SMActive] != 0.75 {
+		t.Errorf("sm_active = %v, want 0.75", v[dcgm.SMActive])
 	}
-	if _, ok := v[PCIeRxBytes]; !ok {
+	if _, ok := v[dcgm.PCIeRxBytes]; !ok {
 		t.Errorf("pcie rx counter missing: %v", v)
 	}
 	for fld, x := range v {
-		if fld != SMActive && fld != PCIeRxBytes {
+		if fld != dcgm.SMActive && fld != dcgm.PCIeRxBytes {
 			t.Errorf("unexpected field %s = %v", fld, x)
 		}
-		if x >= FP64Blank || float64(x) >= float64(Int32Blank) && !fld.IsCounter() {
+		if x >= dcgm.FP64Blank || float64(x) >= float64(dcgm.Int32Blank) && !fld.IsCounter() {
 			t.Errorf("sentinel leaked: %s = %v", fld, x)
 		}
 	}
-	if snap.Mode != ModeEmbedded || snap.Reason != "" {
+	if snap.Mode != dcgm.ModeEmbedded || snap.Reason != "" {
 		t.Errorf("mode %q reason %q", snap.Mode, snap.Reason)
 	}
 }
 
 func TestStaleValuesDropped(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, SMActive, 0.5)
-	f.SetValue(uuid0, -1, DRAMActive, 0.25)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.5)
+	f.SetValue(uuid0, -1, dcgm.DRAMActive, 0.25)
 	cfg := testConfig()
 	cfg.Interval = 20 * time.Millisecond
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "values", upWith(s, func(snap *Snapshot) bool {
+	waitFor(t, 2*time.Second, "values", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, ok := snap.Find(uuid0, -1)
-		return ok && d.Values[DRAMActive] == 0.25
+		return ok && d.Values[dcgm.DRAMActive] == 0.25
 	}))
 	// DCGM stops updating DRAM active: its timestamp stays put.
 	frozen := time.Now()
-	f.Freeze(uuid0, -1, DRAMActive, 0.25, frozen)
-	waitFor(t, 2*time.Second, "stale value dropped", upWith(s, func(snap *Snapshot) bool {
+	f.Freeze(uuid0, -1, dcgm.DRAMActive, 0.25, frozen)
+	waitFor(t, 2*time.Second, "stale value dropped", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, _ := snap.Find(uuid0, -1)
-		_, ok := d.Values[DRAMActive]
+		_, ok := d.Values[dcgm.DRAMActive]
 		return !ok
 	}))
 	if el, least := time.Since(frozen), time.Duration(cfg.MaxMissed)*cfg.Interval; el < least {
 		t.Errorf("dropped after %s, before %d intervals (%s)", el, cfg.MaxMissed, least)
 	}
 	d, _ := s.Snapshot().Find(uuid0, -1)
-	if d.Values[SMActive] != 0.5 {
+	if d.Values[dcgm.SMActive] != 0.5 {
 		t.Errorf("fresh value lost too: %v", d.Values)
 	}
 	// DCGM updates it again: it comes back.
-	f.SetValue(uuid0, -1, DRAMActive, 0.125)
-	waitFor(t, 2*time.Second, "value back", upWith(s, func(snap *Snapshot) bool {
+	f.SetValue(uuid0, -1, dcgm.DRAMActive, 0.125)
+	waitFor(t, 2*time.Second, "value back", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, _ := snap.Find(uuid0, -1)
-		return d.Values[DRAMActive] == 0.125
+		return d.Values[dcgm.DRAMActive] == 0.125
 	}))
 }
 
 // TestFirstValueAlreadyStale: a value whose DCGM timestamp is already old
 // when first seen is never served.
 func TestFirstValueAlreadyStale(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, SMActive, 0.5)
-	f.Freeze(uuid0, -1, TensorActive, 0.9, time.Now().Add(-time.Hour))
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.5)
+	f.Freeze(uuid0, -1, dcgm.TensorActive, 0.9, time.Now().Add(-time.Hour))
 	cfg := testConfig()
 	cfg.Interval = 50 * time.Millisecond // max age 175ms: longer than the check below
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
 	// Check every snapshot of the first samples: the value must never show.
 	waitFor(t, 2*time.Second, "samples", func() bool {
@@ -244,7 +189,7 @@ func TestFirstValueAlreadyStale(t *testing.T) {
 			return false
 		}
 		d, _ := snap.Find(uuid0, -1)
-		if _, ok := d.Values[TensorActive]; ok || d.Values[SMActive] != 0.5 {
+		if _, ok := d.Values[dcgm.TensorActive]; ok || d.Values[dcgm.SMActive] != 0.5 {
 			t.Fatalf("values = %v, want sm_active only", d.Values)
 		}
 		return f.Calls("Latest") >= 3
@@ -252,16 +197,16 @@ func TestFirstValueAlreadyStale(t *testing.T) {
 }
 
 func TestReconnectAfterLostHostEngine(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0}, SimDevice{GPU: 1, UUID: uuid1})
-	f.SetValue(uuid0, -1, SMActive, 0.5)
-	f.SetValue(uuid0, -1, PCIeTxBytes, 1e9)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0}, fakedcgm.SimDevice{GPU: 1, UUID: uuid1})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.5)
+	f.SetValue(uuid0, -1, dcgm.PCIeTxBytes, 1e9)
 	cfg := testConfig()
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
 	var before float64
-	waitFor(t, 2*time.Second, "up with a counter", upWith(s, func(snap *Snapshot) bool {
+	waitFor(t, 2*time.Second, "up with a counter", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, _ := snap.Find(uuid0, -1)
-		before = d.Values[PCIeTxBytes]
+		before = d.Values[dcgm.PCIeTxBytes]
 		return before > 0
 	}))
 	if n := f.Calls("Open"); n != 1 {
@@ -288,24 +233,24 @@ func TestReconnectAfterLostHostEngine(t *testing.T) {
 	}
 
 	f.SetLost(false)
-	waitFor(t, 2*time.Second, "up again", upWith(s, func(snap *Snapshot) bool {
+	waitFor(t, 2*time.Second, "up again", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, ok := snap.Find(uuid0, -1)
-		return ok && d.Values[SMActive] == 0.5
+		return ok && d.Values[dcgm.SMActive] == 0.5
 	}))
 	d, _ := s.Snapshot().Find(uuid0, -1)
-	if after := d.Values[PCIeTxBytes]; after < before {
+	if after := d.Values[dcgm.PCIeTxBytes]; after < before {
 		t.Errorf("counter went backwards across the reconnect: %v -> %v", before, after)
 	}
 }
 
 func TestTransientErrors(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, SMActive, 0.5)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.5)
 	cfg := testConfig()
 	cfg.Interval = 5 * time.Millisecond
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "up", upWith(s, func(*Snapshot) bool { return true }))
+	waitFor(t, 2*time.Second, "up", upWith(s, func(*dcgm.Snapshot) bool { return true }))
 
 	// Fewer than MaxMissed failures in a row: no reconnect.
 	n := f.Calls("Latest")
@@ -317,17 +262,17 @@ func TestTransientErrors(t *testing.T) {
 	// MaxMissed failures in a row: reconnect.
 	f.FailNext("Latest", cfg.MaxMissed)
 	waitFor(t, 2*time.Second, "reconnect", func() bool { return f.Calls("Open") >= 2 })
-	waitFor(t, 2*time.Second, "up again", upWith(s, func(*Snapshot) bool { return true }))
+	waitFor(t, 2*time.Second, "up again", upWith(s, func(*dcgm.Snapshot) bool { return true }))
 }
 
 // blockingClient hangs in Latest until released: a stuck DCGM call.
 type blockingClient struct {
-	*Fake
+	*fakedcgm.Fake
 	block   atomic.Bool
 	release chan struct{}
 }
 
-func (b *blockingClient) Latest(e []Entity, ids []uint16) ([]RawValue, error) {
+func (b *blockingClient) Latest(e []dcgm.Entity, ids []uint16) ([]dcgm.RawValue, error) {
 	if b.block.Load() {
 		<-b.release
 	}
@@ -335,12 +280,12 @@ func (b *blockingClient) Latest(e []Entity, ids []uint16) ([]RawValue, error) {
 }
 
 func TestSnapshotNotStaleWhenSamplerHangs(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, SMActive, 0.5)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.SMActive, 0.5)
 	bc := &blockingClient{Fake: f, release: make(chan struct{})}
-	s := NewSampler(testConfig(), func(Config) (Client, error) { return bc, nil })
+	s := dcgm.NewSampler(testConfig(), func(dcgm.Config) (dcgm.Client, error) { return bc, nil })
 	stop := start(t, s)
-	waitFor(t, 2*time.Second, "up", upWith(s, func(*Snapshot) bool { return true }))
+	waitFor(t, 2*time.Second, "up", upWith(s, func(*dcgm.Snapshot) bool { return true }))
 	bc.block.Store(true)
 	hungAt := time.Now()
 	waitFor(t, 2*time.Second, "down while hung", func() bool {
@@ -352,80 +297,14 @@ func TestSnapshotNotStaleWhenSamplerHangs(t *testing.T) {
 	}
 	bc.block.Store(false)
 	close(bc.release)
-	waitFor(t, 2*time.Second, "up after release", upWith(s, func(*Snapshot) bool { return true }))
+	waitFor(t, 2*time.Second, "up after release", upWith(s, func(*dcgm.Snapshot) bool { return true }))
 	stop()
 }
 
-func TestCounterIntegration(t *testing.T) {
-	cfg := testConfig()
-	cfg.Interval = time.Second // max age 3.5s
-	s := NewSampler(cfg, NewFake().Open)
-	gpu := Entity{EntityGPU, 0}
-	st := &devState{info: DeviceInfo{Entity: gpu, UUID: uuid0, GPUInstance: -1}, key: devKey{uuid0, -1, -1}}
-	s.devs, s.byEntity = []*devState{st}, map[Entity]*devState{gpu: st}
-	t0 := time.Now()
-	step := func(sec float64, rate int64, blank bool) (float64, float64) {
-		ts := t0.Add(time.Duration(sec * float64(time.Second)))
-		rv := RawValue{Entity: gpu, FieldID: PCIeTxBytes.ID(), Type: FieldTypeInt64, Int: rate, Time: ts}
-		if blank {
-			rv.Int = Int64Blank
-		}
-		s.merge(ts, []RawValue{rv})
-		d := s.build(ts, nil, false)
-		v, ok := d[0].Values[PCIeTxBytes]
-		if !ok {
-			t.Fatalf("t=%v: counter absent", sec)
-		}
-		r, ok := d[0].Rate(PCIeTxBytes)
-		if !ok {
-			t.Fatalf("t=%v: rate absent beside the counter", sec)
-		}
-		return v, r
-	}
-	steps := []struct {
-		sec   float64
-		rate  int64
-		blank bool
-		want  float64
-		// wantRate: the rate beside the counter is DCGM's last one, from
-		// the first value on and across gaps.
-		wantRate float64
-	}{
-		{0, 100, false, 0, 100},    // first value: the counter starts at 0
-		{1, 100, false, 100, 100},  // 100 B/s for 1 s
-		{2, 300, false, 400, 300},  // 300 B/s for 1 s
-		{2, 999, false, 400, 300},  // same DCGM timestamp: nothing new
-		{3, 0, true, 400, 300},     // blank: skipped (the last value stays fresh)
-		{4, 50, false, 500, 50},    // 50 B/s over the 2 s since the last rate
-		{12, 70, false, 500, 70},   // an 8 s gap (> max age) is not integrated; its rate is current
-		{13.5, 20, false, 530, 20}, // 20 B/s for 1.5 s
-	}
-	prev := -1.0
-	for _, c := range steps {
-		got, rate := step(c.sec, c.rate, c.blank)
-		if math.Abs(got-c.want) > 1e-6 {
-			t.Errorf("t=%v: counter = %v, want %v", c.sec, got, c.want)
-		}
-		if rate != c.wantRate {
-			t.Errorf("t=%v: rate = %v, want %v", c.sec, rate, c.wantRate)
-		}
-		if got < prev {
-			t.Errorf("t=%v: counter decreased %v -> %v", c.sec, prev, got)
-		}
-		prev = got
-	}
-	// Counters survive a reconnect (new field state, same device).
-	s.devs[0] = &devState{info: st.info, key: st.key}
-	s.byEntity[gpu] = s.devs[0]
-	if got, _ := step(14, 10, false); got != 535 { // 10 B/s for the 0.5 s since 13.5
-		t.Errorf("after reconnect: counter = %v, want 535", got)
-	}
-}
-
 func TestCountersMonotonicThroughRun(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
-	f.SetValue(uuid0, -1, NVLinkRxBytes, 5e8)
-	s := NewSampler(testConfig(), f.Open)
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
+	f.SetValue(uuid0, -1, dcgm.NVLinkRxBytes, 5e8)
+	s := dcgm.NewSampler(testConfig(), f.Open)
 	start(t, s)
 	prev := -1.0
 	seen := 0
@@ -435,7 +314,7 @@ func TestCountersMonotonicThroughRun(t *testing.T) {
 		if !snap.Up || !ok {
 			return false
 		}
-		v, ok := d.Values[NVLinkRxBytes]
+		v, ok := d.Values[dcgm.NVLinkRxBytes]
 		if !ok {
 			return false
 		}
@@ -455,14 +334,14 @@ func TestMIGInstanceValues(t *testing.T) {
 	// the GPU instance's and which is not watched), GPU instance 2 split
 	// into compute instances 0 (busy) and 1 (idle).
 	act := map[[3]int]float64{{0, -1, -1}: 0.8, {0, 1, -1}: 0.2, {0, 2, -1}: 0.45, {0, 2, 0}: 0.9, {0, 2, 1}: 0, {1, -1, -1}: 0.4}
-	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1, 2}, ComputeInstances: map[int][]int{2: {0, 1}}}, {GPU: 1, UUID: uuid1}},
+	f := fakedcgm.NewSimulated([]fakedcgm.SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1, 2}, ComputeInstances: map[int][]int{2: {0, 1}}}, {GPU: 1, UUID: uuid1}},
 		func(gpu, gi, ci int) (float64, bool) {
 			a, ok := act[[3]int{gpu, gi, ci}]
 			return a, ok
 		})
-	s := NewSampler(testConfig(), f.Open)
+	s := dcgm.NewSampler(testConfig(), f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "all devices", upWith(s, func(snap *Snapshot) bool { return len(snap.Devices) == len(act) }))
+	waitFor(t, 2*time.Second, "all devices", upWith(s, func(snap *dcgm.Snapshot) bool { return len(snap.Devices) == len(act) }))
 	snap := s.Snapshot()
 	for k, a := range act {
 		d, ok := snap.FindComputeInstance(map[int]string{0: uuid0, 1: uuid1}[k[0]], k[1], k[2])
@@ -473,9 +352,9 @@ func TestMIGInstanceValues(t *testing.T) {
 		if d.GPU != k[0] || d.GPUInstance != k[1] || d.ComputeInstance != k[2] {
 			t.Errorf("identity %d/%d/%d, want %v", d.GPU, d.GPUInstance, d.ComputeInstance, k)
 		}
-		for _, fld := range []Field{SMActive, SMOccupancy, TensorActive, DRAMActive} {
+		for _, fld := range []dcgm.Field{dcgm.SMActive, dcgm.SMOccupancy, dcgm.TensorActive, dcgm.DRAMActive} {
 			got, has := d.Values[fld]
-			if fld == DRAMActive && k[2] >= 0 {
+			if fld == dcgm.DRAMActive && k[2] >= 0 {
 				// DCGM measures DRAM per GPU instance: a compute
 				// instance has none of its own.
 				if has {
@@ -483,11 +362,11 @@ func TestMIGInstanceValues(t *testing.T) {
 				}
 				continue
 			}
-			if want := SimValue(fld, a); !has || math.Abs(got-want) > 1e-12 {
+			if want := fakedcgm.SimValue(fld, a); !has || math.Abs(got-want) > 1e-12 {
 				t.Errorf("gpu %d gi %d ci %d %s = %v, want %v", k[0], k[1], k[2], fld, got, want)
 			}
 		}
-		_, hasPCIe := d.Values[PCIeTxBytes]
+		_, hasPCIe := d.Values[dcgm.PCIeTxBytes]
 		if hasPCIe != (k[1] == -1) {
 			t.Errorf("gpu %d gi %d ci %d: PCIe counter present = %v", k[0], k[1], k[2], hasPCIe)
 		}
@@ -510,15 +389,15 @@ func TestMIGInstanceValues(t *testing.T) {
 		}
 	}
 	ents, every := f.Watched()
-	kinds := map[EntityKind]int{}
+	kinds := map[dcgm.EntityKind]int{}
 	for _, e := range ents {
 		kinds[e.Kind]++
 	}
-	if kinds[EntityGPUInstance] != 2 || kinds[EntityComputeInstance] != 2 || every != testConfig().Interval {
+	if kinds[dcgm.EntityGPUInstance] != 2 || kinds[dcgm.EntityComputeInstance] != 2 || every != testConfig().Interval {
 		t.Errorf("watched %v every %s", ents, every)
 	}
 	// SimValue is deterministic and clamps ratios.
-	if SimValue(SMOccupancy, 0.8) != 0.4 || SimValue(GraphicsActive, 1) != 1 || SimValue(PCIeRxBytes, 0.5) != 1e9 {
+	if fakedcgm.SimValue(dcgm.SMOccupancy, 0.8) != 0.4 || fakedcgm.SimValue(dcgm.GraphicsActive, 1) != 1 || fakedcgm.SimValue(dcgm.PCIeRxBytes, 0.5) != 1e9 {
 		t.Error("SimValue changed")
 	}
 }
@@ -528,59 +407,59 @@ func TestMIGInstanceValues(t *testing.T) {
 // GPU instance's byte rates and DRAM ratio to its compute instances (and a
 // GPU's to its GPU instances) must not have them counted once per child.
 func TestParentValuesNotTakenFromChildren(t *testing.T) {
-	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}, ComputeInstances: map[int][]int{1: {0, 1}}}},
+	f := fakedcgm.NewSimulated([]fakedcgm.SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}, ComputeInstances: map[int][]int{1: {0, 1}}}},
 		func(_, _, _ int) (float64, bool) { return 0.5, true })
-	f.SetValue(uuid0, 1, PCIeTxBytes, 1e9)
-	f.SetValue(uuid0, 1, NVLinkRxBytes, 1e9)
+	f.SetValue(uuid0, 1, dcgm.PCIeTxBytes, 1e9)
+	f.SetValue(uuid0, 1, dcgm.NVLinkRxBytes, 1e9)
 	for _, ci := range []int{0, 1} {
-		f.SetComputeInstanceValue(uuid0, 1, ci, DRAMActive, 0.7)
-		f.SetComputeInstanceValue(uuid0, 1, ci, PCIeTxBytes, 1e9)
+		f.SetComputeInstanceValue(uuid0, 1, ci, dcgm.DRAMActive, 0.7)
+		f.SetComputeInstanceValue(uuid0, 1, ci, dcgm.PCIeTxBytes, 1e9)
 	}
-	s := NewSampler(testConfig(), f.Open)
+	s := dcgm.NewSampler(testConfig(), f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "MIG values", upWith(s, func(snap *Snapshot) bool {
+	waitFor(t, 2*time.Second, "MIG values", upWith(s, func(snap *dcgm.Snapshot) bool {
 		_, a := snap.FindComputeInstance(uuid0, 1, 1)
 		_, b := snap.Find(uuid0, 1)
 		return a && b
 	}))
 	snap := s.Snapshot()
 	gi, _ := snap.Find(uuid0, 1)
-	for _, fld := range []Field{PCIeTxBytes, NVLinkRxBytes} {
+	for _, fld := range []dcgm.Field{dcgm.PCIeTxBytes, dcgm.NVLinkRxBytes} {
 		if v, ok := gi.Values[fld]; ok {
 			t.Errorf("GPU instance has %s %v: DCGM measures it per GPU", fld, v)
 		}
 	}
-	if _, ok := gi.Values[DRAMActive]; !ok {
+	if _, ok := gi.Values[dcgm.DRAMActive]; !ok {
 		t.Error("GPU instance lost its DRAM ratio")
 	}
 	for _, ci := range []int{0, 1} {
 		d, _ := snap.FindComputeInstance(uuid0, 1, ci)
-		for _, fld := range []Field{DRAMActive, PCIeTxBytes} {
+		for _, fld := range []dcgm.Field{dcgm.DRAMActive, dcgm.PCIeTxBytes} {
 			if v, ok := d.Values[fld]; ok {
 				t.Errorf("compute instance %d has %s %v: DCGM measures it for a coarser entity", ci, fld, v)
 			}
 		}
-		if _, ok := d.Values[SMActive]; !ok {
+		if _, ok := d.Values[dcgm.SMActive]; !ok {
 			t.Errorf("compute instance %d lost its SM ratio", ci)
 		}
 	}
-	for _, f := range Fields() {
-		if f.Level() == EntityGPU && !f.IsCounter() {
+	for _, f := range dcgm.Fields() {
+		if f.Level() == dcgm.EntityGPU && !f.IsCounter() {
 			t.Errorf("%s is measured per GPU only but is not a byte counter", f)
 		}
 	}
 }
 
 func TestMIGReconfiguration(t *testing.T) {
-	f := NewSimulated([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}}},
+	f := fakedcgm.NewSimulated([]fakedcgm.SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{1}}},
 		func(_, _, _ int) (float64, bool) { return 0.5, true })
 	cfg := testConfig()
 	cfg.Rediscover = 20 * time.Millisecond
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "gi 1", upWith(s, func(snap *Snapshot) bool { _, ok := snap.Find(uuid0, 1); return ok }))
-	f.SetDevices([]SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{3, 4}}})
-	waitFor(t, 2*time.Second, "gi 3 and 4, no gi 1", upWith(s, func(snap *Snapshot) bool {
+	waitFor(t, 2*time.Second, "gi 1", upWith(s, func(snap *dcgm.Snapshot) bool { _, ok := snap.Find(uuid0, 1); return ok }))
+	f.SetDevices([]fakedcgm.SimDevice{{GPU: 0, UUID: uuid0, GPUInstances: []int{3, 4}}})
+	waitFor(t, 2*time.Second, "gi 3 and 4, no gi 1", upWith(s, func(snap *dcgm.Snapshot) bool {
 		_, a := snap.Find(uuid0, 1)
 		_, b := snap.Find(uuid0, 3)
 		_, c := snap.Find(uuid0, 4)
@@ -589,26 +468,26 @@ func TestMIGReconfiguration(t *testing.T) {
 }
 
 func TestHealthAndXID(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0}, SimDevice{GPU: 1, UUID: uuid1})
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0}, fakedcgm.SimDevice{GPU: 1, UUID: uuid1})
 	xidAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
 	f.SetXID(uuid1, 79, xidAt)
-	f.SetHealth(uuid1, HealthPCIe, HealthFail)
-	f.SetHealth(uuid1, HealthThermal, HealthWarn)
+	f.SetHealth(uuid1, dcgm.HealthPCIe, dcgm.HealthFail)
+	f.SetHealth(uuid1, dcgm.HealthThermal, dcgm.HealthWarn)
 	cfg := testConfig()
 	cfg.HealthHold = -1 // no hold: DCGM's result as is
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	start(t, s)
-	waitFor(t, 2*time.Second, "health", upWith(s, func(snap *Snapshot) bool { d, _ := snap.Find(uuid1, -1); return d.Health != nil }))
+	waitFor(t, 2*time.Second, "health", upWith(s, func(snap *dcgm.Snapshot) bool { d, _ := snap.Find(uuid1, -1); return d.Health != nil }))
 	snap := s.Snapshot()
 	d0, _ := snap.Find(uuid0, -1)
 	d1, _ := snap.Find(uuid1, -1)
-	for _, sys := range HealthSystems {
-		if d0.Health[sys] != HealthPass {
+	for _, sys := range dcgm.HealthSystems {
+		if d0.Health[sys] != dcgm.HealthPass {
 			t.Errorf("gpu0 %s = %q", sys, d0.Health[sys])
 		}
-		want := map[string]string{HealthPCIe: HealthFail, HealthThermal: HealthWarn}[sys]
+		want := map[string]string{dcgm.HealthPCIe: dcgm.HealthFail, dcgm.HealthThermal: dcgm.HealthWarn}[sys]
 		if want == "" {
-			want = HealthPass
+			want = dcgm.HealthPass
 		}
 		if d1.Health[sys] != want {
 			t.Errorf("gpu1 %s = %q, want %q", sys, d1.Health[sys], want)
@@ -617,28 +496,11 @@ func TestHealthAndXID(t *testing.T) {
 	if d0.LastXID != 0 || d1.LastXID != 79 || !d1.LastXIDTime.Equal(xidAt) {
 		t.Errorf("xids: gpu0 %d, gpu1 %d at %v (want 79 at %v)", d0.LastXID, d1.LastXID, d1.LastXIDTime, xidAt)
 	}
-	f.SetHealth(uuid1, HealthPCIe, HealthPass)
-	waitFor(t, 2*time.Second, "pcie pass", upWith(s, func(snap *Snapshot) bool {
+	f.SetHealth(uuid1, dcgm.HealthPCIe, dcgm.HealthPass)
+	waitFor(t, 2*time.Second, "pcie pass", upWith(s, func(snap *dcgm.Snapshot) bool {
 		d, _ := snap.Find(uuid1, -1)
-		return d.Health[HealthPCIe] == HealthPass
+		return d.Health[dcgm.HealthPCIe] == dcgm.HealthPass
 	}))
-}
-
-func TestHealthHold(t *testing.T) {
-	cfg := testConfig()
-	cfg.HealthHold = time.Hour
-	s := NewSampler(cfg, nil)
-	k := devKey{uuid0, -1, -1}
-	now := time.Now()
-	if h := s.healthOf(now, k, map[string]string{HealthMemory: HealthFail}); h[HealthMemory] != HealthFail {
-		t.Fatalf("memory = %q", h[HealthMemory])
-	}
-	if h := s.healthOf(now.Add(time.Minute), k, nil); h[HealthMemory] != HealthFail || h[HealthPCIe] != HealthPass {
-		t.Errorf("held: %v", h)
-	}
-	if h := s.healthOf(now.Add(2*time.Hour), k, nil); h[HealthMemory] != HealthPass {
-		t.Errorf("after the hold: %v", h)
-	}
 }
 
 // syncBuffer is a log sink safe for the sampler's goroutine.
@@ -664,40 +526,40 @@ func (b *syncBuffer) String() string {
 // sampler in auto mode turns DCGM off with one log line.
 func TestAutoWithoutLibrary(t *testing.T) {
 	begin := time.Now()
-	c, err := DefaultOpen(Config{Mode: ModeAuto})
+	c, err := dcgm.DefaultOpen(dcgm.Config{Mode: dcgm.ModeAuto})
 	if err == nil {
 		_ = c.Close()
-		t.Skip(LibraryName + " is installed here")
+		t.Skip(dcgm.LibraryName + " is installed here")
 	}
-	if !errors.Is(err, ErrLibraryNotFound) {
+	if !errors.Is(err, dcgm.ErrLibraryNotFound) {
 		t.Skipf("DCGM present but not usable: %v", err)
 	}
 	if el := time.Since(begin); el > time.Second {
 		t.Errorf("DefaultOpen took %s", el)
 	}
-	if !strings.Contains(err.Error(), LibraryName) {
+	if !strings.Contains(err.Error(), dcgm.LibraryName) {
 		t.Errorf("error %q does not name the library", err)
 	}
 
 	var logs syncBuffer
 	cfg := testConfig()
-	cfg.Mode = ModeAuto
+	cfg.Mode = dcgm.ModeAuto
 	cfg.Log = zerolog.New(&logs)
 	var opens atomic.Int32
-	s := NewSampler(cfg, func(c Config) (Client, error) { opens.Add(1); return DefaultOpen(c) })
+	s := dcgm.NewSampler(cfg, func(c dcgm.Config) (dcgm.Client, error) { opens.Add(1); return dcgm.DefaultOpen(c) })
 	stop := start(t, s)
-	waitFor(t, 2*time.Second, "mode off", func() bool { return s.Snapshot().Mode == ModeOff })
+	waitFor(t, 2*time.Second, "mode off", func() bool { return s.Snapshot().Mode == dcgm.ModeOff })
 	time.Sleep(5 * cfg.Interval) // long enough for retries, if there were any
 	snap := s.Snapshot()
-	if snap.Up || !strings.Contains(snap.Reason, LibraryName) {
+	if snap.Up || !strings.Contains(snap.Reason, dcgm.LibraryName) {
 		t.Errorf("snapshot %+v", snap)
 	}
 	if n := opens.Load(); n != 1 {
 		t.Errorf("opens = %d, want 1 (no retries without the library)", n)
 	}
 	stop()
-	if lines := strings.Count(strings.TrimSpace(logs.String()), "\n") + 1; lines != 1 || !strings.Contains(logs.String(), LibraryName) {
-		t.Errorf("want one log line naming %s, got:\n%s", LibraryName, logs.String())
+	if lines := strings.Count(strings.TrimSpace(logs.String()), "\n") + 1; lines != 1 || !strings.Contains(logs.String(), dcgm.LibraryName) {
+		t.Errorf("want one log line naming %s, got:\n%s", dcgm.LibraryName, logs.String())
 	}
 }
 
@@ -705,11 +567,11 @@ func TestAutoWithoutLibrary(t *testing.T) {
 // listens on (and, here, without libdcgm): down, retrying, never exiting.
 func TestStandaloneUnreachable(t *testing.T) {
 	cfg := testConfig()
-	cfg.Mode = ModeStandalone
+	cfg.Mode = dcgm.ModeStandalone
 	cfg.HostEngine = "127.0.0.1:1"
 	cfg.MaxBackoff = 20 * time.Millisecond
 	var opens atomic.Int32
-	s := NewSampler(cfg, func(c Config) (Client, error) { opens.Add(1); return DefaultOpen(c) })
+	s := dcgm.NewSampler(cfg, func(c dcgm.Config) (dcgm.Client, error) { opens.Add(1); return dcgm.DefaultOpen(c) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
@@ -721,7 +583,7 @@ func TestStandaloneUnreachable(t *testing.T) {
 	default:
 	}
 	snap := s.Snapshot()
-	if snap.Up || snap.Mode != ModeStandalone || !strings.Contains(snap.Reason, "connect") {
+	if snap.Up || snap.Mode != dcgm.ModeStandalone || !strings.Contains(snap.Reason, "connect") {
 		t.Errorf("snapshot %+v", snap)
 	}
 	cancel()
@@ -733,14 +595,14 @@ func TestStandaloneUnreachable(t *testing.T) {
 }
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
 	f.SetLost(true)
 	cfg := testConfig()
 	cfg.Interval = 2 * time.Millisecond
 	cfg.MaxBackoff = 30 * time.Millisecond
 	var mu sync.Mutex
 	var at []time.Time
-	s := NewSampler(cfg, func(c Config) (Client, error) {
+	s := dcgm.NewSampler(cfg, func(c dcgm.Config) (dcgm.Client, error) {
 		mu.Lock()
 		at = append(at, time.Now())
 		mu.Unlock()
@@ -760,10 +622,10 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 }
 
 func TestRunStopsPromptlyAndCloses(t *testing.T) {
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
 	cfg := testConfig()
 	cfg.Interval = time.Hour // Run is asleep when cancelled
-	s := NewSampler(cfg, f.Open)
+	s := dcgm.NewSampler(cfg, f.Open)
 	stop := start(t, s)
 	waitFor(t, 2*time.Second, "first sample", func() bool { return f.Calls("Latest") >= 1 })
 	begin := time.Now()
@@ -778,9 +640,9 @@ func TestRunStopsPromptlyAndCloses(t *testing.T) {
 
 func TestRunStopsWhileOpenHangs(t *testing.T) {
 	release := make(chan struct{})
-	f := NewFake(SimDevice{GPU: 0, UUID: uuid0})
+	f := fakedcgm.NewFake(fakedcgm.SimDevice{GPU: 0, UUID: uuid0})
 	var entered atomic.Bool
-	s := NewSampler(testConfig(), func(c Config) (Client, error) {
+	s := dcgm.NewSampler(testConfig(), func(c dcgm.Config) (dcgm.Client, error) {
 		entered.Store(true)
 		<-release
 		return f.Open(c)
@@ -795,23 +657,23 @@ func TestRunStopsWhileOpenHangs(t *testing.T) {
 func TestModeOff(t *testing.T) {
 	var opens atomic.Int32
 	cfg := testConfig()
-	cfg.Mode = ModeOff
-	s := NewSampler(cfg, func(Config) (Client, error) { opens.Add(1); return nil, errors.New("no") })
+	cfg.Mode = dcgm.ModeOff
+	s := dcgm.NewSampler(cfg, func(dcgm.Config) (dcgm.Client, error) { opens.Add(1); return nil, errors.New("no") })
 	stop := start(t, s)
-	waitFor(t, 2*time.Second, "off", func() bool { return s.Snapshot().Reason == ErrDisabled.Error() })
+	waitFor(t, 2*time.Second, "off", func() bool { return s.Snapshot().Reason == dcgm.ErrDisabled.Error() })
 	stop()
-	if opens.Load() != 0 || s.Snapshot().Up || s.Snapshot().Mode != ModeOff {
+	if opens.Load() != 0 || s.Snapshot().Up || s.Snapshot().Mode != dcgm.ModeOff {
 		t.Errorf("opens %d snapshot %+v", opens.Load(), s.Snapshot())
 	}
-	if _, err := DefaultOpen(cfg); !errors.Is(err, ErrDisabled) {
+	if _, err := dcgm.DefaultOpen(cfg); !errors.Is(err, dcgm.ErrDisabled) {
 		t.Errorf("DefaultOpen(off) = %v", err)
 	}
 }
 
 func TestSnapshotBeforeRun(t *testing.T) {
-	s := NewSampler(Config{}, nil)
+	s := dcgm.NewSampler(dcgm.Config{}, nil)
 	snap := s.Snapshot()
-	if snap == nil || snap.Up || snap.Mode != ModeAuto || len(snap.Devices) != 0 {
+	if snap == nil || snap.Up || snap.Mode != dcgm.ModeAuto || len(snap.Devices) != 0 {
 		t.Errorf("initial snapshot %+v", snap)
 	}
 	if s.MaxAge() != 35*time.Second {

@@ -7,5 +7,5 @@
 // It fills the node's data model (collector/sample); nvml.X names NVIDIA's
 // go-nvml binding (github.com/NVIDIA/go-nvml/pkg/nvml). The real library is reached
 // through the narrow NVML and Device interfaces, which the simulated node
-// (collector/simnode) also implements.
+// (sim/simnode) also implements.
 package nvmlsampler

@@ -1,7 +1,7 @@
 package nvmlsampler
 
 // Every NVML C function the exporter calls, in one place: the fake
-// libnvidia-ml in fakenvml/ must serve each of them, and each function newer
+// libnvidia-ml in sim/fakenvml must serve each of them, and each function newer
 // than R470 is called only after its symbol was found in the loaded library.
 //
 // go-nvml binds lazily: calling a function that the installed driver lacks

@@ -16,7 +16,7 @@ import (
 	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs/fakehost"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakehost"
 )
 
 const (

@@ -1,9 +1,15 @@
-package dcgm
+// Package fakedcgm is a fake DCGM host engine: an in-memory
+// collector/dcgm Client whose fields are set by a test or derived from a
+// simulated node's activity, with blanks, not-supported fields, health
+// incidents, XIDs and a host engine that can be lost.
+package fakedcgm
 
 import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 )
 
 // SimDevice is one GPU of a Fake: its NVML index, physical UUID and, for a
@@ -30,25 +36,25 @@ type ActivityFunc func(gpu, gpuInstance, computeInstance int) (smActive float64,
 // How a Fake derives the other fields from the SM active ratio a
 // (deterministic, so tests and the simulated node can predict them). The
 // byte fields are rates in bytes per second, as DCGM reports them.
-var simDerived = [NumFields]float64{
-	GraphicsActive: 1.1, // min(1, 1.1a)
-	SMActive:       1,
-	SMOccupancy:    0.5,
-	TensorActive:   0.3,
-	DRAMActive:     0.4,
-	FP64Active:     0.02,
-	FP32Active:     0.2,
-	FP16Active:     0.1,
-	PCIeTxBytes:    1e9, // B/s at a = 1
-	PCIeRxBytes:    2e9,
-	NVLinkTxBytes:  10e9,
-	NVLinkRxBytes:  10e9,
+var simDerived = [dcgm.NumFields]float64{
+	dcgm.GraphicsActive: 1.1, // min(1, 1.1a)
+	dcgm.SMActive:       1,
+	dcgm.SMOccupancy:    0.5,
+	dcgm.TensorActive:   0.3,
+	dcgm.DRAMActive:     0.4,
+	dcgm.FP64Active:     0.02,
+	dcgm.FP32Active:     0.2,
+	dcgm.FP16Active:     0.1,
+	dcgm.PCIeTxBytes:    1e9, // B/s at a = 1
+	dcgm.PCIeRxBytes:    2e9,
+	dcgm.NVLinkTxBytes:  10e9,
+	dcgm.NVLinkRxBytes:  10e9,
 }
 
 // SimValue returns the value a Fake built by NewSimulated gives field f for
 // SM active ratio a (for the byte fields: the rate in bytes/s).
-func SimValue(f Field, a float64) float64 {
-	if f < 0 || int(f) >= NumFields {
+func SimValue(f dcgm.Field, a float64) float64 {
+	if f < 0 || int(f) >= dcgm.NumFields {
 		return 0
 	}
 	v := simDerived[f] * a
@@ -62,17 +68,17 @@ func SimValue(f Field, a float64) float64 {
 // byte rates and XIDs are int64.
 func fieldType(id uint16) byte {
 	switch id {
-	case FieldIDPCIeTxBytes, FieldIDPCIeRxBytes, FieldIDNVLinkTxBytes, FieldIDNVLinkRxBytes, FieldIDXIDErrors:
-		return FieldTypeInt64
+	case dcgm.FieldIDPCIeTxBytes, dcgm.FieldIDPCIeRxBytes, dcgm.FieldIDNVLinkTxBytes, dcgm.FieldIDNVLinkRxBytes, dcgm.FieldIDXIDErrors:
+		return dcgm.FieldTypeInt64
 	}
-	return FieldTypeDouble
+	return dcgm.FieldTypeDouble
 }
 
 type fakeKey struct {
 	uuid string
 	gi   int
 	ci   int
-	f    Field
+	f    dcgm.Field
 }
 
 type fakeValue struct {
@@ -88,7 +94,7 @@ const (
 )
 
 type fakeEntity struct {
-	info DeviceInfo
+	info dcgm.DeviceInfo
 }
 
 type fakeXID struct {
@@ -106,7 +112,7 @@ type fakeXID struct {
 type Fake struct {
 	mu       sync.Mutex
 	ents     []fakeEntity
-	byEntity map[Entity]DeviceInfo
+	byEntity map[dcgm.Entity]dcgm.DeviceInfo
 	values   map[fakeKey]fakeValue
 	activity ActivityFunc
 	health   map[string]map[string]string // uuid -> system -> warn|fail
@@ -118,7 +124,7 @@ type Fake struct {
 	closed   bool
 	failNext map[string]int
 	calls    map[string]int
-	watched  []Entity
+	watched  []dcgm.Entity
 	every    time.Duration
 	now      func() time.Time
 }
@@ -160,16 +166,16 @@ func (f *Fake) SetDevices(devices []SimDevice) {
 
 func (f *Fake) setDevices(devices []SimDevice) {
 	f.ents = nil
-	f.byEntity = map[Entity]DeviceInfo{}
+	f.byEntity = map[dcgm.Entity]dcgm.DeviceInfo{}
 	var giID, ciID uint
 	for i, d := range devices {
 		// DCGM's entity IDs are its own: GPUs by position, GPU and compute
 		// instances numbered across the node, none equal to NVML's numbers.
-		g := DeviceInfo{Entity: Entity{EntityGPU, uint(i)}, GPU: d.GPU, UUID: d.UUID, GPUInstance: -1, ComputeInstance: -1, Parent: uint(i)}
+		g := dcgm.DeviceInfo{Entity: dcgm.Entity{Kind: dcgm.EntityGPU, ID: uint(i)}, GPU: d.GPU, UUID: d.UUID, GPUInstance: -1, ComputeInstance: -1, Parent: uint(i)}
 		f.ents = append(f.ents, fakeEntity{g})
 		f.byEntity[g.Entity] = g
 		for _, gi := range d.GPUInstances {
-			e := DeviceInfo{Entity: Entity{EntityGPUInstance, giID}, GPU: d.GPU, UUID: d.UUID, GPUInstance: gi, ComputeInstance: -1, Parent: uint(i)}
+			e := dcgm.DeviceInfo{Entity: dcgm.Entity{Kind: dcgm.EntityGPUInstance, ID: giID}, GPU: d.GPU, UUID: d.UUID, GPUInstance: gi, ComputeInstance: -1, Parent: uint(i)}
 			giID++
 			f.ents = append(f.ents, fakeEntity{e})
 			f.byEntity[e.Entity] = e
@@ -179,7 +185,7 @@ func (f *Fake) setDevices(devices []SimDevice) {
 			}
 			for _, ci := range cis {
 				c := e
-				c.Entity, c.ComputeInstance = Entity{EntityComputeInstance, ciID}, ci
+				c.Entity, c.ComputeInstance = dcgm.Entity{Kind: dcgm.EntityComputeInstance, ID: ciID}, ci
 				ciID++
 				f.ents = append(f.ents, fakeEntity{c})
 				f.byEntity[c.Entity] = c
@@ -206,36 +212,36 @@ func (f *Fake) SetClock(now func() time.Time) {
 // the byte fields v is a rate in bytes/s. It overrides the activity
 // function, and is answered even where DCGM would have no data (a byte
 // rate on a GPU instance), as older DCGM profiling back-ends do.
-func (f *Fake) SetValue(uuid string, gi int, field Field, v float64) {
+func (f *Fake) SetValue(uuid string, gi int, field dcgm.Field, v float64) {
 	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeSet, v: v})
 }
 
 // SetComputeInstanceValue is SetValue for compute instance ci of GPU
 // instance gi.
-func (f *Fake) SetComputeInstanceValue(uuid string, gi, ci int, field Field, v float64) {
+func (f *Fake) SetComputeInstanceValue(uuid string, gi, ci int, field dcgm.Field, v float64) {
 	f.set(fakeKey{uuid, gi, ci, field}, fakeValue{kind: fakeSet, v: v})
 }
 
 // SetBlank makes a field come back as DCGM's blank sentinel.
-func (f *Fake) SetBlank(uuid string, gi int, field Field) {
+func (f *Fake) SetBlank(uuid string, gi int, field dcgm.Field) {
 	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeBlank})
 }
 
 // SetNotSupported makes a field come back not supported (status and
 // sentinel value, as DCGM does).
-func (f *Fake) SetNotSupported(uuid string, gi int, field Field) {
+func (f *Fake) SetNotSupported(uuid string, gi int, field dcgm.Field) {
 	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeNotSupported})
 }
 
 // Freeze sets a field's value with a DCGM timestamp that stays at `at`:
 // DCGM stopped updating it.
-func (f *Fake) Freeze(uuid string, gi int, field Field, v float64, at time.Time) {
+func (f *Fake) Freeze(uuid string, gi int, field dcgm.Field, v float64, at time.Time) {
 	f.set(fakeKey{uuid, gi, -1, field}, fakeValue{kind: fakeSet, v: v, frozen: at})
 }
 
 // ClearValue removes what SetValue, SetBlank, SetNotSupported or Freeze
 // set for a field.
-func (f *Fake) ClearValue(uuid string, gi int, field Field) {
+func (f *Fake) ClearValue(uuid string, gi int, field dcgm.Field) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.values, fakeKey{uuid, gi, -1, field})
@@ -265,7 +271,7 @@ func (f *Fake) SetHealth(uuid, system, result string) {
 		m = map[string]string{}
 		f.health[uuid] = m
 	}
-	if result == HealthPass || result == "" {
+	if result == dcgm.HealthPass || result == "" {
 		delete(m, system)
 		return
 	}
@@ -304,10 +310,10 @@ func (f *Fake) Calls(method string) int {
 }
 
 // Watched returns the entities and update period of the last Watch.
-func (f *Fake) Watched() ([]Entity, time.Duration) {
+func (f *Fake) Watched() ([]dcgm.Entity, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]Entity(nil), f.watched...), f.every
+	return append([]dcgm.Entity(nil), f.watched...), f.every
 }
 
 // ErrFakeTransient is the error FailNext injects.
@@ -317,21 +323,21 @@ var ErrFakeTransient = errors.New("fake DCGM: transient error")
 func (f *Fake) enter(method string) error {
 	f.calls[method]++
 	if f.lost {
-		return errors.Join(ErrConnection, errors.New("fake DCGM: host engine lost"))
+		return errors.Join(dcgm.ErrConnection, errors.New("fake DCGM: host engine lost"))
 	}
 	if n := f.failNext[method]; n > 0 {
 		f.failNext[method] = n - 1
 		return ErrFakeTransient
 	}
 	if f.closed && method != "Open" {
-		return errors.Join(ErrConnection, errors.New("fake DCGM: client closed"))
+		return errors.Join(dcgm.ErrConnection, errors.New("fake DCGM: client closed"))
 	}
 	return nil
 }
 
 // Open is a func(Config) (Client, error) for NewSampler: it returns the
 // Fake itself, or fails while the host engine is lost.
-func (f *Fake) Open(Config) (Client, error) {
+func (f *Fake) Open(dcgm.Config) (dcgm.Client, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Open"); err != nil {
@@ -342,13 +348,13 @@ func (f *Fake) Open(Config) (Client, error) {
 }
 
 // Devices implements Client.
-func (f *Fake) Devices() ([]DeviceInfo, error) {
+func (f *Fake) Devices() ([]dcgm.DeviceInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Devices"); err != nil {
 		return nil, err
 	}
-	out := make([]DeviceInfo, len(f.ents))
+	out := make([]dcgm.DeviceInfo, len(f.ents))
 	for i, e := range f.ents {
 		out[i] = e.info
 	}
@@ -356,26 +362,26 @@ func (f *Fake) Devices() ([]DeviceInfo, error) {
 }
 
 // Watch implements Client.
-func (f *Fake) Watch(entities []Entity, _ []uint16, every, _ time.Duration) error {
+func (f *Fake) Watch(entities []dcgm.Entity, _ []uint16, every, _ time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Watch"); err != nil {
 		return err
 	}
-	f.watched = append([]Entity(nil), entities...)
+	f.watched = append([]dcgm.Entity(nil), entities...)
 	f.every = every
 	return nil
 }
 
 // Latest implements Client.
-func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) {
+func (f *Fake) Latest(entities []dcgm.Entity, fieldIDs []uint16) ([]dcgm.RawValue, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Latest"); err != nil {
 		return nil, err
 	}
 	now := f.now()
-	out := make([]RawValue, 0, len(entities)*len(fieldIDs))
+	out := make([]dcgm.RawValue, 0, len(entities)*len(fieldIDs))
 	for _, e := range entities {
 		info, known := f.byEntity[e]
 		var act float64
@@ -384,14 +390,14 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 			act, actOK = f.activity(info.GPU, info.GPUInstance, info.ComputeInstance)
 		}
 		for _, id := range fieldIDs {
-			rv := RawValue{Entity: e, FieldID: id, Type: fieldType(id), Time: now}
+			rv := dcgm.RawValue{Entity: e, FieldID: id, Type: fieldType(id), Time: now}
 			if !known {
-				rv.Status = StatusNoData
+				rv.Status = dcgm.StatusNoData
 				out = append(out, rv)
 				continue
 			}
-			if id == FieldIDXIDErrors {
-				if e.Kind != EntityGPU {
+			if id == dcgm.FieldIDXIDErrors {
+				if e.Kind != dcgm.EntityGPU {
 					setNotSupported(&rv)
 				} else if x, ok := f.xids[info.UUID]; ok {
 					rv.Int, rv.Time = int64(x.code), x.at
@@ -401,9 +407,9 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 				out = append(out, rv)
 				continue
 			}
-			field, ok := fieldByID(id)
+			field, ok := dcgm.FieldByID(id)
 			if !ok {
-				rv.Status = StatusNotWatched
+				rv.Status = dcgm.StatusNotWatched
 				out = append(out, rv)
 				continue
 			}
@@ -421,7 +427,7 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 			case !field.MeasuredFor(e.Kind):
 				// Measured only for the entity above (DRAM per GPU
 				// instance, bytes per GPU): DCGM has no data here.
-				rv.Status = StatusNoData
+				rv.Status = dcgm.StatusNoData
 				setBlank(&rv)
 			case actOK:
 				setNumber(&rv, SimValue(field, act))
@@ -434,46 +440,46 @@ func (f *Fake) Latest(entities []Entity, fieldIDs []uint16) ([]RawValue, error) 
 	return out, nil
 }
 
-func setNumber(rv *RawValue, v float64) {
-	if rv.Type == FieldTypeInt64 {
+func setNumber(rv *dcgm.RawValue, v float64) {
+	if rv.Type == dcgm.FieldTypeInt64 {
 		rv.Int = int64(v)
 	} else {
 		rv.Float = v
 	}
 }
 
-func setBlank(rv *RawValue) {
-	rv.Int, rv.Float = Int64Blank, FP64Blank
+func setBlank(rv *dcgm.RawValue) {
+	rv.Int, rv.Float = dcgm.Int64Blank, dcgm.FP64Blank
 }
 
-func setNotSupported(rv *RawValue) {
-	rv.Status = StatusNotSupported
-	rv.Int, rv.Float = Int64NotSupported, FP64NotSupported
+func setNotSupported(rv *dcgm.RawValue) {
+	rv.Status = dcgm.StatusNotSupported
+	rv.Int, rv.Float = dcgm.Int64NotSupported, dcgm.FP64NotSupported
 }
 
 // HealthCheck implements Client.
-func (f *Fake) HealthCheck() ([]HealthIncident, error) {
+func (f *Fake) HealthCheck() ([]dcgm.HealthIncident, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("HealthCheck"); err != nil {
 		return nil, err
 	}
-	var out []HealthIncident
+	var out []dcgm.HealthIncident
 	for _, e := range f.ents {
-		if e.info.Entity.Kind != EntityGPU {
+		if e.info.Entity.Kind != dcgm.EntityGPU {
 			continue
 		}
 		var now map[string]string
 		if f.healthOf != nil {
 			now = f.healthOf(e.info.UUID)
 		}
-		for _, sys := range HealthSystems {
+		for _, sys := range dcgm.HealthSystems {
 			r := now[sys]
 			if r == "" {
 				r = f.health[e.info.UUID][sys]
 			}
 			if r != "" {
-				out = append(out, HealthIncident{Entity: e.info.Entity, System: sys, Result: r, Message: "fake incident"})
+				out = append(out, dcgm.HealthIncident{Entity: e.info.Entity, System: sys, Result: r, Message: "fake incident"})
 			}
 		}
 	}

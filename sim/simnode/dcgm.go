@@ -3,7 +3,7 @@ package simnode
 import (
 	"time"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakedcgm"
 )
 
 // DCGM returns a fake DCGM host engine for the node: profiling fields per
@@ -11,10 +11,10 @@ import (
 // workload curves, so that --simulate shows what a DCGM node shows. Like
 // DCGM, it lists every compute instance as an entity of its own, and the
 // compute instances of one GPU instance each have their own activity.
-func (n *Node) DCGM() *dcgm.Fake {
-	var devs []dcgm.SimDevice
+func (n *Node) DCGM() *fakedcgm.Fake {
+	var devs []fakedcgm.SimDevice
 	for _, d := range n.devices {
-		sd := dcgm.SimDevice{GPU: d.index, UUID: d.UUID()}
+		sd := fakedcgm.SimDevice{GPU: d.index, UUID: d.UUID()}
 		for _, m := range d.migs {
 			if m.ci == 0 {
 				sd.GPUInstances = append(sd.GPUInstances, m.gi)
@@ -26,7 +26,7 @@ func (n *Node) DCGM() *dcgm.Fake {
 		}
 		devs = append(devs, sd)
 	}
-	f := dcgm.NewSimulated(devs, n.activity)
+	f := fakedcgm.NewSimulated(devs, n.activity)
 	f.SetClock(func() time.Time { return n.now() })
 	f.SetHealthSource(n.dcgmHealth)
 	return f

@@ -19,9 +19,9 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/simnode/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // nodeFromSim describes a simulated node, at its clock's present, as a
@@ -473,15 +473,15 @@ func TestParitySimulatorAndFakeDriver(t *testing.T) {
 	defer sim.Close()
 	node := nodeFromSim(t, sim)
 
-	s, err := nvmlsampler.NewSampler(sim, nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
 	full, _ := collector.ProfileGroups(collector.ProfileFull) // the binary runs with --collector.profile=full
-	e, err := collector.New(collector.Config{Interval: 5 * time.Second, Log: zerolog.Nop(), Now: clk.Now, Groups: full}, s)
+	n, err := collector.Assemble(collector.NodeConfig{Log: zerolog.Nop(), Now: clk.Now, Stepped: true,
+		Exporter: collector.Config{Interval: 5 * time.Second, Groups: full},
+		Sampler:  nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second}}, collector.Sources{NVML: sim})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer n.Close()
+	e := n.Exporter
 	e.SampleOnce(context.Background())
 	simPage := parsePage(t, e.Page().Plain)
 

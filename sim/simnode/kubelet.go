@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 )
 
 // Device plugin resource names.

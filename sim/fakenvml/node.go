@@ -291,7 +291,7 @@ func (n *Node) Encode() ([]byte, error) {
 	}
 	sort.Strings(keys)
 	var b strings.Builder
-	b.WriteString("# fakenvml node file, written by collector/nvmlsampler/fakenvml\n")
+	b.WriteString("# fakenvml node file, written by sim/fakenvml\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s=%s\n", k, m[k])
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
 
 // The real exporter binary, built once per test process. The

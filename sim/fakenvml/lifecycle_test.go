@@ -14,7 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
 
 // The real binary across a node's life: a slow nvmlInit, a driver reload,

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
 
 // The exporter's table of NVML calls (collector/nvmlsampler/symbols.go) against the

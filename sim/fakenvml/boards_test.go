@@ -13,7 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
 
 // Boards that are not SXM data-centre parts: the real binary serves what

@@ -469,7 +469,7 @@ static nvmlReturn_t doInit(void) {
     if (initCount == 0) {
         const char *p = getenv("FAKENVML_NODE");
         if (!p || !*p) {
-            fprintf(stderr, "fakenvml: FAKENVML_NODE is not set: point it at a node file (see collector/nvmlsampler/fakenvml)\n");
+            fprintf(stderr, "fakenvml: FAKENVML_NODE is not set: point it at a node file (see sim/fakenvml)\n");
             RETURN(NVML_ERROR_DRIVER_NOT_LOADED);
         }
         snprintf(nodePath, sizeof nodePath, "%s", p);

@@ -13,7 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler/fakenvml"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
 
 // One builder per test process: the C library is compiled once, and every

@@ -12,7 +12,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs/fakehost"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakehost"
 )
 
 // ProcessSpec is a process a pod's container runs on one of its devices.

@@ -1,0 +1,175 @@
+// Package sim is the simulation wing: everything that stands in for a real
+// GPU node, for `--simulate`, the tests and the benchmarks. Production
+// packages never import it (a depguard rule in .golangci.yml says so); it
+// imports them, to hand the exporter a simulated node's sources.
+//
+//	simnode      a whole simulated node driven by a scenario (go-nvml's mock
+//	             server for the boards; telemetry, faults, pods, processes)
+//	fakenvml     a fake libnvidia-ml.so.1 at the C ABI, per driver branch
+//	fakedcgm     a fake DCGM host engine (collector/dcgm's Client)
+//	fakekubelet  the kubelet's real PodResources gRPC service on a unix socket
+//	fakehost     a host /proc and /var/log/containers tree
+//	miggeometry  NVIDIA's MIG geometry per model, from NVIDIA's documents
+//
+// This package joins them: Sources turns a simulated node into the
+// collector.Sources the exporter is assembled from.
+package sim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
+)
+
+// Options says which stand-ins Sources starts.
+type Options struct {
+	// Kubelet serves the node's pods from a fake kubelet on a private unix
+	// socket.
+	Kubelet bool
+	// FollowEvery, when not zero, brings the fake kubelet up to the node's
+	// present this often in the background (pods that start and stop, a
+	// device plugin that loses its devices); zero leaves that to Sync.
+	FollowEvery time.Duration
+	// Processes names the containers of the node's processes from its
+	// generated host /proc and /var/log/containers.
+	Processes bool
+	// Sysfs writes the GPUs' sysfs tree (their NUMA nodes) into a private
+	// directory: their bus IDs are not this machine's.
+	Sysfs bool
+	// Now is the process resolver's clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// Stand is a simulated node's stand-ins as the exporter's sources.
+type Stand struct {
+	Node    *simnode.Node
+	Sources collector.Sources
+	// Kubelet is the fake kubelet (nil without Options.Kubelet).
+	Kubelet *fakekubelet.Server
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+	dirs []string
+	once sync.Once
+}
+
+// Sources starts the stand-ins opt asks for around node. The node itself
+// is the NVML library and XID source, its fake host engine the DCGM. The
+// returned Sources' Close stops them and removes their files; the node
+// stays the caller's.
+func Sources(node *simnode.Node, opt Options) (*Stand, error) {
+	s := &Stand{Node: node, stop: make(chan struct{})}
+	s.Sources = collector.Sources{NVML: node, OpenDCGM: node.DCGM().Open, Close: s.close}
+	ok := false
+	defer func() {
+		if !ok {
+			s.close()
+		}
+	}()
+	if opt.Sysfs {
+		dir, err := s.tempDir("gpu-pool-exporter-sysfs", "sysfs")
+		if err != nil {
+			return nil, err
+		}
+		if err := node.WriteSysfs(dir); err != nil {
+			return nil, fmt.Errorf("simulated sysfs: %w", err)
+		}
+		s.Sources.Sysfs = dir
+	}
+	if opt.Processes {
+		r, err := HostResolver(node, opt.Now)
+		if err != nil {
+			return nil, err
+		}
+		s.Sources.Processes = r
+	}
+	if opt.Kubelet {
+		// Not t.TempDir or a deep path: a unix socket path must stay under
+		// about 100 bytes.
+		dir, err := s.tempDir("gpe-kubelet-", "kubelet socket")
+		if err != nil {
+			return nil, err
+		}
+		s.Kubelet = fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
+		s.Sync()
+		if err := s.Kubelet.Start(); err != nil {
+			return nil, fmt.Errorf("fake kubelet: %w", err)
+		}
+		s.Sources.KubeletSocket = s.Kubelet.Socket()
+		if opt.FollowEvery > 0 {
+			s.wg.Go(func() { s.follow(opt.FollowEvery) })
+		}
+	}
+	ok = true
+	return s, nil
+}
+
+// HostResolver names the containers of node's processes from its generated
+// host /proc and /var/log/containers.
+func HostResolver(node *simnode.Node, now func() time.Time) (*procs.Resolver, error) {
+	root, err := node.HostProc()
+	if err != nil {
+		return nil, err
+	}
+	logDir, err := node.HostLogDir()
+	if err != nil {
+		return nil, err
+	}
+	ids, err := procs.NewLogDir(logDir)
+	if err != nil {
+		return nil, err
+	}
+	return procs.NewResolver(procs.Config{ProcRoot: root, Identities: ids, Now: now}), nil
+}
+
+// Sync brings the fake kubelet up to the node's present.
+func (s *Stand) Sync() {
+	if s.Kubelet != nil {
+		s.Kubelet.SetPods(s.Node.KubeletPods())
+		s.Kubelet.SetAllocatable(s.Node.KubeletAllocatable())
+	}
+}
+
+func (s *Stand) follow(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sync()
+		}
+	}
+}
+
+// tempDir makes a private directory for what (named in the error).
+func (s *Stand) tempDir(prefix, what string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", fmt.Errorf("cannot create the simulated node's %s directory in %s (TMPDIR): %w", what, os.TempDir(), err)
+	}
+	s.dirs = append(s.dirs, dir)
+	return dir, nil
+}
+
+// close stops the fake kubelet and removes the private directories.
+func (s *Stand) close() {
+	s.once.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		if s.Kubelet != nil {
+			s.Kubelet.Stop()
+		}
+		for _, d := range s.dirs {
+			_ = os.RemoveAll(d)
+		}
+	})
+}
