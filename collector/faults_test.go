@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -487,7 +487,7 @@ func newFaultNode(t *testing.T, sc *simnode.Scenario) *faultNode {
 			r.MaxBackoff = 10 * time.Millisecond
 		}),
 		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 2 * time.Second }),
-		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}))
+		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}))
 	return fn
 }
 

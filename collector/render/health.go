@@ -1,11 +1,12 @@
-package collector
+package render
 
 import (
 	"strconv"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 )
 
 var (
@@ -27,54 +28,54 @@ const clockEventHelp = "1 while a clock event (throttle) reason holds the clocks
 const slowdownReasons = 0x8 | 0x20 | 0x40 | 0x80
 
 var (
-	eccDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	eccDesc = groupDesc(GroupECC, "gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"})
 	// eccAggregateDesc is the same family for scope="aggregate" (group
 	// ecc_detail): the GPU's lifetime counts, for RMA decisions.
-	eccAggregateDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
+	eccAggregateDesc = groupDesc(GroupECCDetail, "gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"})
 	// eccCorrectedDesc is the same family for error="corrected",
 	// scope="volatile" (group ecc_corrected).
-	eccCorrectedDesc = prometheus.NewDesc("gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"}, nil)
-	retiredDesc      = prometheus.NewDesc("gpu_retired_pages",
-		"Framebuffer pages retired, by cause (GPUs before Ampere).", []string{"gpu", "uuid", "cause"}, nil)
-	retiredPendingDesc = prometheus.NewDesc("gpu_retired_pages_pending",
-		"1 if a page retirement waits for the next driver reload.", []string{"gpu", "uuid"}, nil)
-	remappedDesc = prometheus.NewDesc("gpu_remapped_rows",
-		"Memory rows remapped, by the kind of error that caused it (Ampere and later).", []string{"gpu", "uuid", "type"}, nil)
-	remapPendingDesc = prometheus.NewDesc("gpu_remapped_rows_pending",
-		"1 if a row remap waits for a GPU reset to take effect.", []string{"gpu", "uuid"}, nil)
-	remapFailedDesc = prometheus.NewDesc("gpu_remapped_rows_failed",
-		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"}, nil)
+	eccCorrectedDesc = groupDesc(GroupECCCorrected, "gpu_ecc_errors_total", eccHelp, []string{"gpu", "uuid", "error", "scope"})
+	retiredDesc      = groupDesc(GroupECCDetail, "gpu_retired_pages",
+		"Framebuffer pages retired, by cause (GPUs before Ampere).", []string{"gpu", "uuid", "cause"})
+	retiredPendingDesc = groupDesc(GroupECC, "gpu_retired_pages_pending",
+		"1 if a page retirement waits for the next driver reload.", []string{"gpu", "uuid"})
+	remappedDesc = groupDesc(GroupECCDetail, "gpu_remapped_rows",
+		"Memory rows remapped, by the kind of error that caused it (Ampere and later).", []string{"gpu", "uuid", "type"})
+	remapPendingDesc = groupDesc(GroupECC, "gpu_remapped_rows_pending",
+		"1 if a row remap waits for a GPU reset to take effect.", []string{"gpu", "uuid"})
+	remapFailedDesc = groupDesc(GroupECC, "gpu_remapped_rows_failed",
+		"1 if a row remap failed: the GPU needs service.", []string{"gpu", "uuid"})
 	// remapBanksDesc is the row remapper's histogram (group ecc_detail);
 	// remapBanksLowDesc the part of it that says a GPU is running out of
 	// spare rows (group ecc), for the replacement signal on every profile:
 	// sparse, like the ECC increase time, so it costs a healthy GPU nothing.
-	remapBanksDesc = prometheus.NewDesc("gpu_row_remap_banks",
+	remapBanksDesc = groupDesc(GroupECCDetail, "gpu_row_remap_banks",
 		"Memory banks by the spare rows they have left for row remapping (nvmlDeviceGetRowRemapperHistogram; Ampere and later): availability max, high, partial, low or none. A bank with none left cannot repair another uncorrectable error by remapping.",
-		[]string{"gpu", "uuid", "availability"}, nil)
-	remapBanksLowDesc = prometheus.NewDesc("gpu_row_remap_banks_low_availability",
+		[]string{"gpu", "uuid", "availability"})
+	remapBanksLowDesc = groupDesc(GroupECC, "gpu_row_remap_banks_low_availability",
 		"Memory banks with low or no spare rows left for row remapping (the low and none levels of gpu_row_remap_banks; Ampere and later): the GPU is running out of memory repairs. Served only for GPUs that have such banks, so that a healthy fleet pays no series for it.",
-		[]string{"gpu", "uuid"}, nil)
-	clockEventDesc = prometheus.NewDesc("gpu_clock_event_active",
-		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
+		[]string{"gpu", "uuid"})
+	clockEventDesc = groupDesc(GroupThrottle, "gpu_clock_event_active",
+		clockEventHelp, []string{"gpu", "uuid", "reason"})
 	// clockEventOtherDesc is the same family for the reasons that do not
 	// slow a busy GPU down (group clock_events, off by default).
-	clockEventOtherDesc = prometheus.NewDesc("gpu_clock_event_active",
-		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
-	clockEventSummaryDesc = prometheus.NewDesc("gpu_clock_event_active",
-		clockEventHelp, []string{"gpu", "uuid", "reason"}, nil)
-	pcieReplayDesc = prometheus.NewDesc("gpu_pcie_replay_errors_total",
-		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"}, nil)
-	nvlinkErrDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
-	nvlinkErrSummaryDesc = prometheus.NewDesc("gpu_nvlink_errors_total",
-		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"}, nil)
-	recoveryDesc = prometheus.NewDesc("gpu_recovery_action_code",
+	clockEventOtherDesc = groupDesc(GroupClockEvents, "gpu_clock_event_active",
+		clockEventHelp, []string{"gpu", "uuid", "reason"})
+	clockEventSummaryDesc = groupDesc(GroupThrottleSummary, "gpu_clock_event_active",
+		clockEventHelp, []string{"gpu", "uuid", "reason"})
+	pcieReplayDesc = groupDesc(GroupPCIe, "gpu_pcie_replay_errors_total",
+		"PCIe replays: link-level retransmissions, a sign of a bad link or riser.", []string{"gpu", "uuid"})
+	nvlinkErrDesc = groupDesc(GroupNVLinkErrors, "gpu_nvlink_errors_total",
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"})
+	nvlinkErrSummaryDesc = groupDesc(GroupNVLinkErrorsSummary, "gpu_nvlink_errors_total",
+		"NVLink errors by type, summed over the GPU's links (per link: nvidia-smi nvlink -e): replay, recovery, crc_flit, crc_data before Blackwell; recovery, recovery_failed, symbol, effective, receive from NVLink5's counters on Blackwell.", []string{"gpu", "uuid", "type"})
+	recoveryDesc = groupDesc(GroupRecovery, "gpu_recovery_action_code",
 		"The recovery action NVML asks for (XID 154, R570 and later), as its code (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset, 5 recover_imex_domain, 6 bus_reset, 7 system_reboot; a newer code is shown as is. One action holds at a time, so one series with its code rather than a state set.",
-		[]string{"gpu", "uuid"}, nil)
-	nvlinkActiveDesc = prometheus.NewDesc("gpu_nvlink_active_links",
-		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"}, nil)
-	numaDesc = prometheus.NewDesc("gpu_numa_node",
-		"NUMA node the GPU is attached to.", []string{"gpu", "uuid"}, nil)
+		[]string{"gpu", "uuid"})
+	nvlinkActiveDesc = groupDesc(GroupDetails, "gpu_nvlink_active_links",
+		"Number of NVLinks up on the GPU.", []string{"gpu", "uuid"})
+	numaDesc = groupDesc(GroupDetails, "gpu_numa_node",
+		"NUMA node the GPU is attached to.", []string{"gpu", "uuid"})
 )
 
 func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
@@ -152,4 +153,28 @@ func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 	if h.NUMANode.OK {
 		ch <- prometheus.MustNewConstMetric(numaDesc, prometheus.GaugeValue, float64(h.NUMANode.V), gpu, uuid)
 	}
+}
+
+var (
+	dcgmHealthDesc = groupDesc(GroupDCGMHealth, "gpu_dcgm_health_status",
+		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
+		[]string{"gpu", "uuid", "system"})
+	dcgmHealthSummaryDesc = groupDesc(GroupDCGMHealthSummary, "gpu_dcgm_health_status",
+		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
+		[]string{"gpu", "uuid", "system"})
+	dcgmStatusValues = map[string]float64{dcgm.HealthPass: 0, dcgm.HealthWarn: 1, dcgm.HealthFail: 2}
+)
+
+func collectDCGMHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
+	if g.DCGMHealth == nil {
+		return
+	}
+	gpu := strconv.Itoa(g.GPU)
+	worst := 0.0
+	for _, sys := range dcgm.HealthSystems {
+		v := dcgmStatusValues[g.DCGMHealth[sys]] // not reported: 0, DCGM found nothing to say
+		worst = max(worst, v)
+		ch <- prometheus.MustNewConstMetric(dcgmHealthDesc, prometheus.GaugeValue, v, gpu, g.UUID, sys)
+	}
+	ch <- prometheus.MustNewConstMetric(dcgmHealthSummaryDesc, prometheus.GaugeValue, worst, gpu, g.UUID, "all")
 }

@@ -1,4 +1,4 @@
-package collector
+package render
 
 import (
 	"cmp"
@@ -7,10 +7,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
 
@@ -189,8 +189,8 @@ func CompatFamilyNames() []string {
 }
 
 // compatRenderer keeps what the compatibility series are labelled with
-// from one sample to the next. update runs once per sample, under the
-// exporter's render lock.
+// from one sample to the next. update runs once per sample, before the
+// registry is gathered.
 type compatRenderer struct {
 	cfg CompatConfig
 	// descs are compatFamilies' descriptors, in their order, and xidDesc
@@ -200,10 +200,16 @@ type compatRenderer struct {
 	// labelled is the holder each shared device's series were labelled
 	// with last: kept while it holds the device, so the series do not
 	// change when other holders come and go.
-	labelled map[DeviceKey]Holder
+	labelled map[sample.UnitKey]state.Holder
 	// lastLabels are the label values of each GPU's series (by UUID) when
 	// it last answered.
 	lastLabels map[string][][]string
+	// holders are the holders each device's series of the current state
+	// are labelled with.
+	holders map[sample.UnitKey][]state.Holder
+	// lost are the label values of the last series of each GPU (by index)
+	// of the current state that does not answer.
+	lost map[int][][]string
 }
 
 func newCompatRenderer(cfg CompatConfig) *compatRenderer {
@@ -211,7 +217,7 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 		cfg.HostnameLabel = HostnameLabelReleased
 	}
 	labels := compatLabelNames(cfg.HostnameLabel)
-	r := &compatRenderer{cfg: cfg, labelled: map[DeviceKey]Holder{}, lastLabels: map[string][][]string{}}
+	r := &compatRenderer{cfg: cfg, labelled: map[sample.UnitKey]state.Holder{}, lastLabels: map[string][][]string{}}
 	for _, f := range compatFamilies {
 		r.descs = append(r.descs, prometheus.NewDesc(f.name, f.help, labels, nil))
 	}
@@ -219,9 +225,9 @@ func newCompatRenderer(cfg CompatConfig) *compatRenderer {
 	return r
 }
 
-// update works out the holders the sample's series name and the label
-// sets of the GPUs that do not answer, into st.
-func (r *compatRenderer) update(st *State) {
+// update works out the holders the state's series name and the label sets
+// of the GPUs that do not answer.
+func (r *compatRenderer) update(st *state.State) {
 	r.updateHolders(st)
 	r.updateLost(st)
 }
@@ -230,35 +236,35 @@ func (r *compatRenderer) update(st *State) {
 // all of them with VirtualGPUs, otherwise one (dcgm-exporter's default
 // shape: one series per device), the one picked before while it still
 // holds the device, else the first by namespace, pod and container.
-func (r *compatRenderer) updateHolders(st *State) {
+func (r *compatRenderer) updateHolders(st *state.State) {
 	if st.Allocations == nil || st.Allocations.ByDevice == nil {
-		st.compatHolders = nil
+		r.holders = nil
 		return
 	}
 	if r.cfg.VirtualGPUs {
-		st.compatHolders = st.Allocations.ByDevice
+		r.holders = st.Allocations.ByDevice
 		return
 	}
-	st.compatHolders = make(map[DeviceKey][]Holder, len(st.Allocations.ByDevice))
-	next := make(map[DeviceKey]Holder, len(st.Allocations.ByDevice))
+	r.holders = make(map[sample.UnitKey][]state.Holder, len(st.Allocations.ByDevice))
+	next := make(map[sample.UnitKey]state.Holder, len(st.Allocations.ByDevice))
 	for k, hs := range st.Allocations.ByDevice {
 		if len(hs) == 0 {
 			continue
 		}
 		h, ok := r.labelled[k]
 		if !ok || !slices.Contains(hs, h) {
-			h = slices.MinFunc(hs, func(a, b Holder) int {
+			h = slices.MinFunc(hs, func(a, b state.Holder) int {
 				return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.Container, b.Container))
 			})
 		}
 		next[k] = h
-		st.compatHolders[k] = []Holder{h}
+		r.holders[k] = []state.Holder{h}
 	}
 	r.labelled = next
 }
 
-// collect renders the compatibility families from the state alone.
-func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
+// collect renders the compatibility families of the state update saw last.
+func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 	s := st.Sample
 	lastXID := map[int]*xid.DeviceLast{}
 	for i := range st.XIDLast {
@@ -279,7 +285,7 @@ func (r *compatRenderer) collect(st *State, ch chan<- prometheus.Metric) {
 			// its last XID series, under the labels it had, while it is
 			// lost: the alerts on DCGM_FI_DEV_XID_ERRORS see the XID that
 			// took it. Its other values are unknown, so absent.
-			for _, lv := range st.compatLost[g.GPU] {
+			for _, lv := range r.lost[g.GPU] {
 				xidSeries(lastXID[g.GPU], append([]string(nil), lv...))
 			}
 			continue
@@ -308,7 +314,7 @@ type compatSeries struct {
 
 // deviceSeries lists the devices of an answering GPU that have series: the
 // GPU, or its MIG GPU instances that answer.
-func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSeries {
+func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []compatSeries {
 	devs := []*sample.DeviceState{&g.DeviceState}
 	if g.MIGEnabled && len(g.MIG) > 0 {
 		devs = devs[:0]
@@ -320,16 +326,16 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 		for j := range g.MIG {
 			if g.MIG[j].Up && !seen[g.MIG[j].GPUInstance] {
 				seen[g.MIG[j].GPUInstance] = true
-				devs = append(devs, withGPUInstanceDCGM(g, &g.MIG[j]))
+				devs = append(devs, state.GPUInstanceDCGM(g, &g.MIG[j]))
 			}
 		}
 	}
 	out := make([]compatSeries, 0, len(devs))
 	for _, d := range devs {
 		base := r.labels(g, d, st.Sample.Driver.DriverVersion)
-		hs := st.compatHolders[DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}]
+		hs := r.holders[sample.UnitKey{GPU: g.GPU, GPUInstance: d.GPUInstance, ComputeInstance: d.ComputeInstance}]
 		if d.IsMIG() {
-			hs = giHolders(st.compatHolders, g, d.GPUInstance)
+			hs = giHolders(r.holders, g, d.GPUInstance)
 			if !r.cfg.VirtualGPUs && len(hs) > 1 {
 				// One series per GPU instance, as for a shared GPU: the
 				// holder of its first compute instance that has one.
@@ -337,7 +343,7 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 			}
 		}
 		if len(hs) == 0 {
-			hs = []Holder{{}}
+			hs = []state.Holder{{}}
 		}
 		cs := compatSeries{d: d}
 		for _, h := range hs {
@@ -349,10 +355,10 @@ func (r *compatRenderer) deviceSeries(st *State, g *sample.GPUState) []compatSer
 }
 
 // updateLost remembers the label sets of each answering GPU's series and
-// hands those of the GPUs that do not answer to collect (st.compatLost).
-// A GPU that leaves the sample is forgotten.
-func (r *compatRenderer) updateLost(st *State) {
-	st.compatLost = map[int][][]string{}
+// hands those of the GPUs that do not answer to collect (lost). A GPU that
+// leaves the sample is forgotten.
+func (r *compatRenderer) updateLost(st *state.State) {
+	r.lost = map[int][][]string{}
 	seen := make(map[string]bool, len(st.Sample.GPUs))
 	for i := range st.Sample.GPUs {
 		g := &st.Sample.GPUs[i]
@@ -367,7 +373,7 @@ func (r *compatRenderer) updateLost(st *State) {
 			}
 			r.lastLabels[g.UUID] = lvs
 		} else if lvs, ok := r.lastLabels[g.UUID]; ok {
-			st.compatLost[g.GPU] = lvs
+			r.lost[g.GPU] = lvs
 		}
 	}
 	for u := range r.lastLabels {
@@ -399,14 +405,14 @@ func xidMessage(code int) string { return xid.DCGMExporterMessage(code) }
 
 // giHolders are the holders of every compute instance of GPU instance gi,
 // each once.
-func giHolders(holders map[DeviceKey][]Holder, g *sample.GPUState, gi int) []Holder {
-	var out []Holder
-	seen := map[Holder]bool{}
+func giHolders(holders map[sample.UnitKey][]state.Holder, g *sample.GPUState, gi int) []state.Holder {
+	var out []state.Holder
+	seen := map[state.Holder]bool{}
 	for j := range g.MIG {
 		if g.MIG[j].GPUInstance != gi {
 			continue
 		}
-		for _, h := range holders[DeviceKey{g.GPU, gi, g.MIG[j].ComputeInstance}] {
+		for _, h := range holders[sample.MIGKey(g.GPU, &g.MIG[j])] {
 			if !seen[h] {
 				seen[h] = true
 				out = append(out, h)

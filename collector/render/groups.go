@@ -1,11 +1,9 @@
-package collector
+package render
 
 import (
 	"fmt"
 	"sort"
 	"strings"
-
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -179,14 +177,16 @@ var groupDefault = func() map[Group]bool {
 	return m
 }()
 
-// descGroups maps every Desc of the state collector to its group; a Desc
-// missing here is core.
+// descGroups maps every Desc of the state collector to its group.
 var descGroups = map[*prometheus.Desc]Group{}
 
-func inGroup(g Group, ds ...*prometheus.Desc) {
-	for _, d := range ds {
-		descGroups[d] = g
-	}
+// groupDesc is prometheus.NewDesc for a family of group g: every family
+// the state collector serves is declared with its group, which decides
+// whether it is served.
+func groupDesc(g Group, name, help string, labels []string) *prometheus.Desc {
+	d := prometheus.NewDesc(name, help, labels, nil)
+	descGroups[d] = g
+	return d
 }
 
 // FamilyGroups maps every metric family the exporter can serve (its own
@@ -206,17 +206,11 @@ func FamilyGroups() map[string][]Group {
 	for d, g := range descGroups {
 		add(descName(d), g)
 	}
-	for _, d := range coreDescs {
-		add(descName(d), GroupCore)
-	}
 	for _, gs := range out {
 		sort.Slice(gs, func(i, j int) bool { return gs[i] < gs[j] })
 	}
 	return out
 }
-
-// coreDescs are the core families, listed for FamilyGroups.
-var coreDescs []*prometheus.Desc
 
 // descName digs the fqName out of a Desc (client_golang does not export it).
 func descName(d *prometheus.Desc) string {
@@ -228,72 +222,6 @@ func descName(d *prometheus.Desc) string {
 	}
 	s = s[i+len(k):]
 	return s[:strings.IndexByte(s, '"')]
-}
-
-// fieldGroups puts each per-device field in its group.
-var fieldGroups = [sample.NumFields]Group{
-	sample.FieldMemoryUsed:          GroupCore,
-	sample.FieldMemoryTotal:         GroupCore,
-	sample.FieldUtilization:         GroupCore,
-	sample.FieldMemoryUtilization:   GroupMemory,
-	sample.FieldTemperature:         GroupTemperature,
-	sample.FieldPower:               GroupPower,
-	sample.FieldEnergy:              GroupEnergy,
-	sample.FieldSMClock:             GroupClocks,
-	sample.FieldMemoryClock:         GroupDetails,
-	sample.FieldPCIeLinkGeneration:  GroupDetails,
-	sample.FieldPCIeLinkWidth:       GroupDetails,
-	sample.FieldPowerLimit:          GroupPower,
-	sample.FieldSlowdownTemperature: GroupTemperature,
-	sample.FieldShutdownTemperature: GroupDetails,
-	sample.FieldSMActive:            GroupDCGMProfiling,
-	sample.FieldSMOccupancy:         GroupDCGMDetail,
-	sample.FieldTensorActive:        GroupDCGMProfiling,
-	sample.FieldDRAMActive:          GroupDCGMProfiling,
-	sample.FieldGraphicsActive:      GroupDCGMDetail,
-	sample.FieldFP64Active:          GroupDCGMDetail,
-	sample.FieldFP32Active:          GroupDCGMDetail,
-	sample.FieldFP16Active:          GroupDCGMDetail,
-	sample.FieldPCIeTxBytes:         GroupPCIe,
-	sample.FieldPCIeRxBytes:         GroupPCIe,
-	sample.FieldNVLinkTxBytes:       GroupNVLink,
-	sample.FieldNVLinkRxBytes:       GroupNVLink,
-	sample.FieldMemoryTemperature:   GroupMemoryDetail,
-	sample.FieldEncoderUtilization:  GroupMedia,
-	sample.FieldDecoderUtilization:  GroupMedia,
-	sample.FieldMemoryReserved:      GroupMemoryDetail,
-}
-
-func init() {
-	for f := sample.Field(0); f < sample.NumFields; f++ {
-		if g := fieldGroups[f]; g != GroupCore {
-			inGroup(g, fieldDescs[f])
-		} else {
-			coreDescs = append(coreDescs, fieldDescs[f])
-		}
-	}
-	coreDescs = append(coreDescs, gpuInfoDesc, migInfoDesc, gpuUpDesc, driverInfoDesc, collectorUpDesc,
-		xidEventsSupportedDesc, collectorDurationDesc, lastSampleDesc, sampleAgeDesc, nvmlInitializedDesc)
-	inGroup(GroupDetails, gpuLastSampleDesc, numaDesc, nvlinkActiveDesc, migPlaceableDesc, xidRegisteredDesc, nvmlInitsDesc, xidUncoveredDesc)
-	inGroup(GroupXID, xidDesc, lastXIDDesc, xidFirstDesc, xidLastDesc, migXIDDesc, xidUnregisteredDesc)
-	inGroup(GroupECC, eccDesc, retiredPendingDesc, remapPendingDesc, remapFailedDesc, remapBanksLowDesc, eccLastIncreaseDesc)
-	inGroup(GroupECCCorrected, eccCorrectedDesc)
-	inGroup(GroupECCDetail, eccAggregateDesc, retiredDesc, remappedDesc, remapBanksDesc, eccEventsDesc)
-	inGroup(GroupThrottle, clockEventDesc)
-	inGroup(GroupClockEvents, clockEventOtherDesc)
-	inGroup(GroupPCIe, pcieReplayDesc)
-	inGroup(GroupNVLinkErrors, nvlinkErrDesc)
-	inGroup(GroupNVLinkErrorsSummary, nvlinkErrSummaryDesc)
-	inGroup(GroupThrottleSummary, clockEventSummaryDesc)
-	inGroup(GroupDCGMHealthSummary, dcgmHealthSummaryDesc)
-	inGroup(GroupRecovery, recoveryDesc)
-	inGroup(GroupDCGMHealth, dcgmHealthDesc)
-	inGroup(GroupAllocation, freeIDsDesc, allocInfoDesc, allocatableDesc, devicesDesc, healthyDesc, allocatableHealthyDesc, unmatchedDesc)
-	inGroup(GroupContainer, containerMemDesc, containerUtilDesc, outsidePodsDesc)
-	inGroup(GroupDCGMDetail, containerSMDesc)
-	inGroup(GroupIdle, idleDesc, idleSecondsDesc, idleDevicesDesc, priceDesc)
-	inGroup(GroupFragmentation, strandedDesc, largestGroupDesc, migFreeSlicesDesc, migLargestDesc,
-		fragDesc, fittingDesc, fragWeightedDesc, unallocatedDesc)
 }
 
 // Series budgets per GPU on the simulated 8 x H100 node (sim/simnode's default

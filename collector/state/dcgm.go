@@ -1,14 +1,10 @@
-package collector
+package state
 
 import (
-	"strconv"
 	"time"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 )
 
 // DCGMSource gives the latest DCGM values without calling DCGM.
@@ -16,9 +12,16 @@ type DCGMSource interface {
 	Snapshot() *dcgm.Snapshot
 }
 
+// XIDSink is a DCGM source that hands the XIDs it records to the XID log
+// (dcgm.Sampler does); NewJoiner connects the two, so XIDs flow from source
+// to source and the sample pass only reads.
+type XIDSink interface {
+	SetXIDSink(func(gpu int, uuid string, code int, at time.Time))
+}
+
 // dcgmFields maps DCGM's fields to ours. Each of our fields has one
-// documented source (fieldSpecs): DCGM fields are never read from NVML, so
-// the merge never has two values to choose from.
+// documented source (the render package's fieldSpecs): DCGM fields are
+// never read from NVML, so the merge never has two values to choose from.
 var dcgmFields = map[dcgm.Field]sample.Field{
 	dcgm.SMActive:       sample.FieldSMActive,
 	dcgm.SMOccupancy:    sample.FieldSMOccupancy,
@@ -32,13 +35,6 @@ var dcgmFields = map[dcgm.Field]sample.Field{
 	dcgm.PCIeRxBytes:    sample.FieldPCIeRxBytes,
 	dcgm.NVLinkTxBytes:  sample.FieldNVLinkTxBytes,
 	dcgm.NVLinkRxBytes:  sample.FieldNVLinkRxBytes,
-}
-
-// XIDSink is a DCGM source that hands the XIDs it records to the XID log
-// (dcgm.Sampler does); New connects the two, so XIDs flow from source to
-// source and the sample pass only reads.
-type XIDSink interface {
-	SetXIDSink(func(gpu int, uuid string, code int, at time.Time))
 }
 
 // mergeDCGM adds DCGM's fields and health to the sample's devices, one way:
@@ -74,7 +70,7 @@ func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 			}
 			var dv dcgm.DeviceValues
 			var ok bool
-			if computeInstances(g, m.GPUInstance) > 1 {
+			if g.ComputeInstances(m.GPUInstance) > 1 {
 				dv, ok = snap.FindComputeInstance(g.UUID, m.GPUInstance, m.ComputeInstance)
 				if _, done := g.DCGMGPUInstances[m.GPUInstance]; !done {
 					if gv, found := snap.Find(g.UUID, m.GPUInstance); found {
@@ -96,11 +92,11 @@ func mergeDCGM(snap *dcgm.Snapshot, s *sample.NodeSample) {
 	}
 }
 
-// withGPUInstanceDCGM returns d, or where d is a compute instance of a GPU
+// GPUInstanceDCGM returns d, or where d is a compute instance of a GPU
 // instance split into several, a copy of d with the GPU instance's DCGM
 // values in place of its own: DCGM's GPU instance entity, which
 // dcgm-exporter's families describe.
-func withGPUInstanceDCGM(g *sample.GPUState, d *sample.DeviceState) *sample.DeviceState {
+func GPUInstanceDCGM(g *sample.GPUState, d *sample.DeviceState) *sample.DeviceState {
 	v, ok := g.DCGMGPUInstances[d.GPUInstance]
 	if !ok || !d.IsMIG() {
 		return d
@@ -125,37 +121,4 @@ func setDCGM(d *sample.DeviceState, dv dcgm.DeviceValues) {
 			d.Rates.Set(f, v)
 		}
 	}
-}
-
-var (
-	dcgmHealthDesc = prometheus.NewDesc("gpu_dcgm_health_status",
-		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
-		[]string{"gpu", "uuid", "system"}, nil)
-	dcgmHealthSummaryDesc = prometheus.NewDesc("gpu_dcgm_health_status",
-		"DCGM health watch result per subsystem: 0 pass, 1 warn, 2 fail. One result holds at a time, so one series with its value rather than a state set.",
-		[]string{"gpu", "uuid", "system"}, nil)
-	dcgmStatusValues = map[string]float64{dcgm.HealthPass: 0, dcgm.HealthWarn: 1, dcgm.HealthFail: 2}
-)
-
-func collectDCGMHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
-	if g.DCGMHealth == nil {
-		return
-	}
-	gpu := strconv.Itoa(g.GPU)
-	worst := 0.0
-	for _, sys := range dcgm.HealthSystems {
-		v := dcgmStatusValues[g.DCGMHealth[sys]] // not reported: 0, DCGM found nothing to say
-		worst = max(worst, v)
-		ch <- prometheus.MustNewConstMetric(dcgmHealthDesc, prometheus.GaugeValue, v, gpu, g.UUID, sys)
-	}
-	ch <- prometheus.MustNewConstMetric(dcgmHealthSummaryDesc, prometheus.GaugeValue, worst, gpu, g.UUID, "all")
-}
-
-// dcgmStatus is the collector status of DCGM: absent when DCGM is off (auto
-// mode without libdcgm is a supported setup, not a failure).
-func dcgmStatus(snap *dcgm.Snapshot, _ time.Time) (CollectorStatus, bool) {
-	if snap == nil || snap.Mode == dcgm.ModeOff {
-		return CollectorStatus{}, false
-	}
-	return CollectorStatus{Name: "dcgm", Up: snap.Up}, true
 }

@@ -1,23 +1,13 @@
-package collector
+package state
 
 import (
 	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// eccLastIncreaseDesc is the time the exporter last saw a GPU's volatile
-// uncorrected ECC count grow: the exporter's own timestamp, so that
-// GPUUncorrectableECCErrors reads a series only for GPUs that had an error
-// (a healthy fleet serves none) instead of an hour of every GPU's counter.
-var eccLastIncreaseDesc = prometheus.NewDesc("gpu_ecc_uncorrected_last_increase_timestamp_seconds",
-	"Unix time of the sample in which this exporter process last saw the GPU's volatile uncorrected ECC error count grow (also after a reset, if it is above 0 again). No series until it has; the count it had before the exporter started does not count.",
-	[]string{"gpu", "uuid"}, nil)
-
 // eccWatch remembers, per GPU (by UUID), the last volatile uncorrected ECC
-// count and when it last grew. Guarded by the exporter's renderMu.
+// count and when it last grew; a Joiner's own, used one sample at a time.
 type eccWatch struct {
 	gpus map[string]*eccWatchGPU
 }

@@ -1,106 +1,83 @@
-package collector
+package render
 
 import (
-	"cmp"
-	"slices"
 	"strconv"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 )
 
 var (
-	gpuInfoDesc = prometheus.NewDesc("gpu_info",
+	gpuInfoDesc = groupDesc(GroupCore, "gpu_info",
 		"Static facts about a physical GPU; value 1. device is the GKE/kubelet name nvidiaN, N being the NVML minor number.",
-		[]string{"gpu", "uuid", "model", "pci_bus_id", "device", "mig_mode"}, nil)
-	migInfoDesc = prometheus.NewDesc("gpu_mig_info",
+		[]string{"gpu", "uuid", "model", "pci_bus_id", "device", "mig_mode"})
+	migInfoDesc = groupDesc(GroupCore, "gpu_mig_info",
 		"Static facts about a MIG instance; value 1.",
-		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "mig_uuid"}, nil)
-	gpuUpDesc = prometheus.NewDesc("gpu_up",
+		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "mig_uuid"})
+	gpuUpDesc = groupDesc(GroupCore, "gpu_up",
 		"1 if the device answered NVML in the last sample, 0 if it is lost, failing or hanging.",
-		deviceLabels, nil)
-	gpuLastSampleDesc = prometheus.NewDesc("gpu_last_sample_timestamp_seconds",
+		deviceLabels)
+	gpuLastSampleDesc = groupDesc(GroupDetails, "gpu_last_sample_timestamp_seconds",
 		"Unix time of the last sample in which the GPU answered NVML.",
-		[]string{"gpu", "uuid"}, nil)
-	driverInfoDesc = prometheus.NewDesc("gpu_driver_info",
+		[]string{"gpu", "uuid"})
+	driverInfoDesc = groupDesc(GroupCore, "gpu_driver_info",
 		"The node's NVIDIA driver stack; value 1.",
-		[]string{"driver_version", "cuda_driver_version", "nvml_version"}, nil)
-	collectorUpDesc = prometheus.NewDesc("gpu_exporter_collector_up",
-		"1 if the collector's last run succeeded.", []string{"collector"}, nil)
-	xidEventsSupportedDesc = prometheus.NewDesc("gpu_exporter_xid_events_supported",
-		"1 if the node's boards support NVML XID/ECC events, 0 if they do not (the xid collector then has nothing to watch and reports up).", nil, nil)
-	collectorDurationDesc = prometheus.NewDesc("gpu_exporter_collector_duration_seconds",
-		"How long the collector's last run took.", []string{"collector"}, nil)
-	lastSampleDesc = prometheus.NewDesc("gpu_exporter_last_sample_timestamp_seconds",
-		"Unix time of the last sample; time() minus this is the age of what /metrics serves.", nil, nil)
-	xidDesc = prometheus.NewDesc("gpu_xid_errors_total",
+		[]string{"driver_version", "cuda_driver_version", "nvml_version"})
+	collectorUpDesc = groupDesc(GroupCore, "gpu_exporter_collector_up",
+		"1 if the collector's last run succeeded.", []string{"collector"})
+	xidEventsSupportedDesc = groupDesc(GroupCore, "gpu_exporter_xid_events_supported",
+		"1 if the node's boards support NVML XID/ECC events, 0 if they do not (the xid collector then has nothing to watch and reports up).", nil)
+	collectorDurationDesc = groupDesc(GroupCore, "gpu_exporter_collector_duration_seconds",
+		"How long the collector's last run took.", []string{"collector"})
+	lastSampleDesc = groupDesc(GroupCore, "gpu_exporter_last_sample_timestamp_seconds",
+		"Unix time of the last sample; time() minus this is the age of what /metrics serves.", nil)
+	xidDesc = groupDesc(GroupXID, "gpu_xid_errors_total",
 		"XID errors reported by the driver, by code, with the category and the immediate action of NVIDIA's Xid catalog. Every occurrence counts.",
-		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
-	migXIDDesc = prometheus.NewDesc("gpu_mig_xid_errors_total",
+		[]string{"gpu", "uuid", "xid", "category", "action"})
+	migXIDDesc = groupDesc(GroupXID, "gpu_mig_xid_errors_total",
 		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU); join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod. One NVML attributes to a GPU instance but to none of its compute instances is counted on each of them, as it hits every holder of the GPU instance: count a GPU's XIDs with gpu_xid_errors_total, not by summing these.",
-		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "xid", "category", "action"}, nil)
-	eccEventsDesc = prometheus.NewDesc("gpu_ecc_error_events_total",
+		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "xid", "category", "action"})
+	eccEventsDesc = groupDesc(GroupECCDetail, "gpu_ecc_error_events_total",
 		"ECC error events delivered by NVML's event set since the exporter started: single_bit (corrected) or double_bit (uncorrected).",
-		[]string{"gpu", "uuid", "type"}, nil)
+		[]string{"gpu", "uuid", "type"})
 	// The alert rules' "new XID in the last hour" is time() minus these, not
 	// increase(): a counter cannot tell a scrape gap or a fresh Prometheus
 	// from new events, nor a new event after an exporter restart from none.
-	xidFirstDesc = prometheus.NewDesc("gpu_xid_first_timestamp_seconds",
+	xidFirstDesc = groupDesc(GroupXID, "gpu_xid_first_timestamp_seconds",
 		"Unix time of the first XID of this code on this GPU since the exporter started: gpu_xid_errors_total was 0 (absent) before it.",
-		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
-	xidLastDesc = prometheus.NewDesc("gpu_xid_last_timestamp_seconds",
+		[]string{"gpu", "uuid", "xid", "category", "action"})
+	xidLastDesc = groupDesc(GroupXID, "gpu_xid_last_timestamp_seconds",
 		"Unix time of the latest XID of this code on this GPU since the exporter started.",
-		[]string{"gpu", "uuid", "xid", "category", "action"}, nil)
-	lastXIDDesc = prometheus.NewDesc("gpu_last_xid_timestamp_seconds",
-		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"}, nil)
-	nvmlInitializedDesc = prometheus.NewDesc("gpu_exporter_nvml_initialized",
-		"1 while NVML is initialised and usable; 0 while the exporter waits for nvmlInit or the driver went away (reloaded, upgraded, unloaded). The landing page and /readyz say why.", nil, nil)
-	nvmlInitsDesc = prometheus.NewDesc("gpu_exporter_nvml_inits_total",
-		"Successful nvmlInit calls: more than one means NVML was initialised again after the driver went away.", nil, nil)
-	xidRegisteredDesc = prometheus.NewDesc("gpu_xid_events_registered",
+		[]string{"gpu", "uuid", "xid", "category", "action"})
+	lastXIDDesc = groupDesc(GroupXID, "gpu_last_xid_timestamp_seconds",
+		"Unix time of the GPU's last XID error.", []string{"gpu", "uuid"})
+	nvmlInitializedDesc = groupDesc(GroupCore, "gpu_exporter_nvml_initialized",
+		"1 while NVML is initialised and usable; 0 while the exporter waits for nvmlInit or the driver went away (reloaded, upgraded, unloaded). The landing page and /readyz say why.", nil)
+	nvmlInitsDesc = groupDesc(GroupDetails, "gpu_exporter_nvml_inits_total",
+		"Successful nvmlInit calls: more than one means NVML was initialised again after the driver went away.", nil)
+	xidRegisteredDesc = groupDesc(GroupDetails, "gpu_xid_events_registered",
 		"1 if the GPU is registered on NVML's event set, so that its XIDs are seen; 0 if not (its registration failed or hangs, or no set is open). NVML keeps no history: an XID raised while 0 is lost.",
-		[]string{"gpu", "uuid"}, nil)
-	xidUnregisteredDesc = prometheus.NewDesc("gpu_exporter_xid_unregistered_gpus",
-		"GPUs not registered on NVML's event set now: their XIDs are not seen (gpu_xid_events_registered, in the details group, and the landing page say which). All of them while no set is open.", nil, nil)
-	xidUncoveredDesc = prometheus.NewDesc("gpu_exporter_xid_uncovered_seconds_total",
-		"Seconds since the exporter started during which no NVML event set was open: XIDs raised then were not seen. Tells \"no XID\" from \"not listening\".", nil, nil)
-	sampleAgeDesc = prometheus.NewDesc("gpu_exporter_sample_age_seconds",
-		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil, nil)
+		[]string{"gpu", "uuid"})
+	xidUnregisteredDesc = groupDesc(GroupXID, "gpu_exporter_xid_unregistered_gpus",
+		"GPUs not registered on NVML's event set now: their XIDs are not seen (gpu_xid_events_registered, in the details group, and the landing page say which). All of them while no set is open.", nil)
+	xidUncoveredDesc = groupDesc(GroupDetails, "gpu_exporter_xid_uncovered_seconds_total",
+		"Seconds since the exporter started during which no NVML event set was open: XIDs raised then were not seen. Tells \"no XID\" from \"not listening\".", nil)
+	sampleAgeDesc = groupDesc(GroupCore, "gpu_exporter_sample_age_seconds",
+		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil)
 )
 
-// stateCollector turns the exporter's current State into metrics. It is
-// unchecked (no Describe) because the label sets follow the node.
-type stateCollector struct{ e *Exporter }
+// eccLastIncreaseDesc is the time the exporter last saw a GPU's volatile
+// uncorrected ECC count grow: the exporter's own timestamp, so that
+// GPUUncorrectableECCErrors reads a series only for GPUs that had an error
+// (a healthy fleet serves none) instead of an hour of every GPU's counter.
+var eccLastIncreaseDesc = groupDesc(GroupECC, "gpu_ecc_uncorrected_last_increase_timestamp_seconds",
+	"Unix time of the sample in which this exporter process last saw the GPU's volatile uncorrected ECC error count grow (also after a reset, if it is above 0 again). No series until it has; the count it had before the exporter started does not count.",
+	[]string{"gpu", "uuid"})
 
-func (stateCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.e.cur
-	if st == nil {
-		return
-	}
-	groups := c.e.cfg.Groups
-	filtered := make(chan prometheus.Metric, 256)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for m := range filtered {
-			if g, ok := descGroups[m.Desc()]; !ok || groups.On(g) {
-				ch <- m
-			}
-		}
-	}()
-	collectState(st, filtered)
-	if c.e.compat != nil {
-		c.e.compat.collect(st, filtered)
-	}
-	close(filtered)
-	<-done
-}
-
-func collectState(st *State, ch chan<- prometheus.Metric) {
+// collectState renders the state but for the dcgm-exporter families.
+func collectState(st *state.State, ch chan<- prometheus.Metric) {
 	s := st.Sample
 	ch <- prometheus.MustNewConstMetric(driverInfoDesc, prometheus.GaugeValue, 1,
 		s.Driver.DriverVersion, s.Driver.CUDADriverVersion, s.Driver.NVMLVersion)
@@ -143,7 +120,7 @@ func collectState(st *State, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(xidFirstDesc, prometheus.GaugeValue, float64(x.First.UnixNano())/1e9, lv...)
 		ch <- prometheus.MustNewConstMetric(xidLastDesc, prometheus.GaugeValue, float64(x.Last.UnixNano())/1e9, lv...)
 	}
-	for _, x := range migXIDCounts(s, st.XIDInstances) {
+	for _, x := range st.XIDInstances {
 		ci := ""
 		if x.Instance.ComputeInstance >= 0 {
 			ci = strconv.Itoa(x.Instance.ComputeInstance)
@@ -203,71 +180,4 @@ func collectDevice(d *sample.DeviceState, ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(fieldDescs[f], fieldSpecs[f].valueType, v, lv...)
 		}
 	}
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// migXIDCounts are the per-MIG-device XID counts as served: an XID NVML
-// attributes to a GPU instance but to none of its compute instances is
-// added to each compute instance the sample shows in that GPU instance (a
-// GPU instance not split has one), so that it joins the allocation of every
-// pod on the GPU instance; only a GPU instance the sample no longer shows
-// keeps compute_instance "". The result is ordered like
-// xid.Reader.InstanceCounts.
-func migXIDCounts(s *sample.NodeSample, in []xid.InstanceCount) []xid.InstanceCount {
-	type key struct {
-		gpu      int
-		uuid     string
-		instance xid.Instance
-		code     int
-	}
-	var out []xid.InstanceCount
-	at := map[key]int{}
-	add := func(x xid.InstanceCount, ci int) {
-		x.Instance.ComputeInstance = ci
-		k := key{x.GPU, x.UUID, x.Instance, x.Code}
-		i, ok := at[k]
-		if !ok {
-			at[k] = len(out)
-			out = append(out, x)
-			return
-		}
-		out[i].Total += x.Total
-		if x.Last.After(out[i].Last) {
-			out[i].Last = x.Last
-		}
-	}
-	for _, x := range in {
-		if x.Instance.ComputeInstance >= 0 {
-			add(x, x.Instance.ComputeInstance)
-			continue
-		}
-		spread := false
-		for i := range s.GPUs {
-			g := &s.GPUs[i]
-			if (x.UUID != "" && g.UUID != x.UUID) || (x.UUID == "" && g.GPU != x.GPU) {
-				continue
-			}
-			for j := range g.MIG {
-				if g.MIG[j].GPUInstance == x.Instance.GPUInstance {
-					add(x, g.MIG[j].ComputeInstance)
-					spread = true
-				}
-			}
-		}
-		if !spread {
-			add(x, -1)
-		}
-	}
-	slices.SortFunc(out, func(a, b xid.InstanceCount) int {
-		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.UUID, b.UUID),
-			cmp.Compare(a.Instance.GPUInstance, b.Instance.GPUInstance),
-			cmp.Compare(a.Instance.ComputeInstance, b.Instance.ComputeInstance), cmp.Compare(a.Code, b.Code))
-	})
-	return out
 }

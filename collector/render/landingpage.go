@@ -1,18 +1,25 @@
-package collector
+package render
 
 import (
 	"fmt"
 	"strconv"
 	"strings"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 )
 
+// StatusInfo is what the landing page says about the exporter itself.
+type StatusInfo struct {
+	Version   string
+	Node      string
+	Simulated bool
+}
+
 // buildStatus turns one sample's state into the landing page's table.
-func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Node {
+func buildStatus(st *state.State, info StatusInfo, podMap, processes bool) *status.Node {
 	s := st.Sample
 	n := &status.Node{Version: info.Version, Node: info.Node, Simulated: info.Simulated, SampleTime: s.Time,
 		Driver: s.Driver.DriverVersion, CUDA: s.Driver.CUDADriverVersion, Processes: "off", PodMap: "off", GPUs: []status.GPU{}}
@@ -44,7 +51,7 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 	}
 	a := st.Allocations
 	if a == nil {
-		a = &Allocations{}
+		a = &state.Allocations{}
 	}
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
@@ -60,7 +67,7 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 			}
 		}
 		for _, d := range units {
-			key := DeviceKey{g.GPU, d.GPUInstance, d.ComputeInstance}
+			key := sample.UnitKey{GPU: g.GPU, GPUInstance: d.GPUInstance, ComputeInstance: d.ComputeInstance}
 			sg.Units = append(sg.Units, buildUnit(st, a, d, key, idle))
 		}
 		n.GPUs = append(n.GPUs, sg)
@@ -69,7 +76,7 @@ func buildStatus(st *State, info StatusInfo, podMap, processes bool) *status.Nod
 }
 
 // xidEventsLine says which GPUs' XIDs are seen.
-func xidEventsLine(st *State) string {
+func xidEventsLine(st *state.State) string {
 	if !st.XIDOn {
 		return "off"
 	}
@@ -102,7 +109,7 @@ func xidEventsLine(st *State) string {
 	return "not registered (XIDs not seen): GPU " + strings.Join(missing, ", ")
 }
 
-func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, idle map[fragmentation.HolderKey]fragmentation.IdleStatus) status.Unit {
+func buildUnit(st *state.State, a *state.Allocations, d *sample.DeviceState, key sample.UnitKey, idle map[fragmentation.HolderKey]fragmentation.IdleStatus) status.Unit {
 	u := status.Unit{GPUInstance: d.GPUInstance, MIGProfile: d.MIGProfile, Holders: []status.Holder{}}
 	if !d.IsMIG() {
 		u.GPUInstance = -1
@@ -115,7 +122,7 @@ func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, 
 		}
 	}
 	holders := a.ByDevice[key]
-	du := st.Usage.device(key)
+	du := st.Usage.Device(key)
 	u.Shared = a.Shared[key] || len(holders) > 1 || (du != nil && du.Shared)
 	if du != nil && du.Known && d.Up {
 		v := du.OutsidePods.MemoryBytes
@@ -125,9 +132,9 @@ func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, 
 			u.MPSServerMemoryBytes = &m
 		}
 	}
-	add := func(h Holder, holding bool, cu *ContainerUse) {
+	add := func(h state.Holder, holding bool, cu *state.ContainerUse) {
 		sh := status.Holder{Namespace: h.Namespace, Pod: h.Pod, Container: h.Container, Resource: h.Resource, Holding: holding,
-			Replicas: a.Replicas[HolderOn{h, key}]}
+			Replicas: a.Replicas[state.HolderOn{Holder: h, Key: key}]}
 		switch {
 		case !d.Up:
 		case du != nil && du.Known && du.Shared:
@@ -159,9 +166,9 @@ func buildUnit(st *State, a *Allocations, d *sample.DeviceState, key DeviceKey, 
 		u.Holders = append(u.Holders, sh)
 	}
 	for _, h := range holders {
-		var cu *ContainerUse
+		var cu *state.ContainerUse
 		if du != nil {
-			cu = du.container(h)
+			cu = du.Container(h)
 		}
 		add(h, true, cu)
 	}
@@ -184,7 +191,7 @@ func value(d *sample.DeviceState, f sample.Field) *float64 {
 
 // gpuHealth is the GPU's health at a glance: XIDs since start, throttling,
 // uncorrected ECC errors.
-func gpuHealth(st *State, g *sample.GPUState) status.Health {
+func gpuHealth(st *state.State, g *sample.GPUState) status.Health {
 	var h status.Health
 	for _, x := range st.XIDs {
 		if x.GPU == g.GPU && x.UUID == g.UUID {
