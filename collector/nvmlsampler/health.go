@@ -8,25 +8,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 )
 
-// HealthDevice is what the health reader needs beyond Device. It is part
-// of Device; split out to keep the list readable.
-type HealthDevice interface {
-	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
-	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
-	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
-	GetRemappedRows() (int, int, bool, bool, nvml.Return)
-	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
-	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
-	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
-	GetPcieReplayCounter() (int, nvml.Return)
-	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
-	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
-	GetPowerManagementLimit() (uint32, nvml.Return)
-	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
-	GetFieldValues([]nvml.FieldValue) nvml.Return
-	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
-}
-
 // nvlinkKey is one error counter of one link.
 type nvlinkKey struct{ link, typ int }
 

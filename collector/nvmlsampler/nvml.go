@@ -3,6 +3,7 @@ package nvmlsampler
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -23,6 +24,13 @@ type NVML interface {
 	// LookupSymbol says whether the loaded library exports a C function;
 	// see symbols.go for why every function newer than R470 is probed.
 	SymbolLookup
+}
+
+// SymbolLookup answers whether the loaded library exports a function:
+// go-nvml's Extensions().LookupSymbol on the real library, the scenario's
+// driver branch on the simulated node.
+type SymbolLookup interface {
+	LookupSymbol(name string) error
 }
 
 // Device is the part of an NVML device handle the exporter uses. A MIG device
@@ -59,6 +67,25 @@ type Device interface {
 	GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
 	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return)
+}
+
+// HealthDevice is what the health reader needs beyond Device. It is part
+// of Device; split out to keep the list readable.
+type HealthDevice interface {
+	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
+	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
+	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
+	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
+	GetPcieReplayCounter() (int, nvml.Return)
+	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
+	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+	GetPowerManagementLimit() (uint32, nvml.Return)
+	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
+	GetFieldValues([]nvml.FieldValue) nvml.Return
+	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
 }
 
 // ErrNoNVML is returned when libnvidia-ml.so.1 cannot be loaded.
@@ -142,6 +169,10 @@ func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstancePr
 func unsupported(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND
 }
+
+// validUTF8 keeps a label value that a driver bug or a corrupt answer made
+// invalid from panicking the metrics registry.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // XIDSource returns the NVML event source behind lib: the real library's
 // event set, or whatever a simulated library provides.

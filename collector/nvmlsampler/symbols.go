@@ -128,13 +128,6 @@ var Symbols = []Symbol{
 	{Name: "nvmlEventSetFree", Since: R470},
 }
 
-// SymbolLookup answers whether the loaded library exports a function:
-// go-nvml's Extensions().LookupSymbol on the real library, the scenario's
-// driver branch on the simulated node.
-type SymbolLookup interface {
-	LookupSymbol(name string) error
-}
-
 // probes are the answers for the functions newer than R470, asked once at
 // start: a driver does not grow symbols while it is loaded.
 type probes struct {
