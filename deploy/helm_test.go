@@ -168,6 +168,39 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		// A counters file from the values, in a ConfigMap of the chart's:
+		// mounted, named by the flag, and the compatibility scrape shape.
+		name:    "gpu-operator-dcgm-exporter-counters",
+		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-compat-counters.yaml"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			checkCountersFile(t, m, release+"-dcgm-exporter-counters", "dcgm-metrics.csv")
+			var found bool
+			for _, cm := range m.configMaps {
+				if cm.Name != release+"-dcgm-exporter-counters" {
+					continue
+				}
+				found = true
+				if !strings.Contains(cm.Data["dcgm-metrics.csv"], "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter,") {
+					t.Errorf("%s: the ConfigMap holds %q, not the values' counters file", m.name, cm.Data["dcgm-metrics.csv"])
+				}
+			}
+			if !found {
+				t.Errorf("%s: no ConfigMap %s-dcgm-exporter-counters", m.name, release)
+			}
+		},
+	},
+	{
+		// The GPU Operator's own ConfigMap (dcgmExporter.config.name).
+		name:    "gpu-operator-dcgm-exporter-counters-existing",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"exporter.compatCounters.existingConfigMap=custom-dcgm-metrics"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			checkCountersFile(t, m, "custom-dcgm-metrics", "dcgm-metrics.csv")
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,
@@ -180,6 +213,39 @@ var helmCases = []helmCase{
 		profile: gke,
 		check:   checkSecured,
 	},
+}
+
+// checkCountersFile: the counters file's ConfigMap is mounted, the flag
+// names the file in it, and the DCGM_FI_* families are served and scraped
+// as with --compat.dcgm-exporter.
+func checkCountersFile(t *testing.T, m *manifests, configMap, key string) {
+	t.Helper()
+	pod := m.daemonSet(t).Spec.Template.Spec
+	c := pod.Containers[0]
+	for _, want := range []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.collectors=/etc/gpu-pool-exporter/dcgm-exporter/" + key} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("%s: exporter args %v lack %s", m.name, c.Args, want)
+		}
+	}
+	mounted := false
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != "/etc/gpu-pool-exporter/dcgm-exporter" {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == vm.Name && v.ConfigMap != nil && v.ConfigMap.Name == configMap && len(v.ConfigMap.Items) == 1 && v.ConfigMap.Items[0].Key == key {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("%s: ConfigMap %s (key %s) is not mounted at /etc/gpu-pool-exporter/dcgm-exporter", m.name, configMap, key)
+	}
+	for _, e := range m.serviceMonitors[0].Spec.Endpoints {
+		if e.HonorLabels || !restoresHolderLabels(e.MetricRelabelConfigs) {
+			t.Errorf("%s: ServiceMonitor honorLabels %v: want the compatibility scrape shape", m.name, e.HonorLabels)
+		}
+	}
 }
 
 // wantLayers: a sharded setup's two rule objects, node level then global.
@@ -251,6 +317,7 @@ func TestHelmChartRejects(t *testing.T) {
 		{"basic auth without a password", []string{"web.basicAuth.enabled=true"}, "web.basicAuth.password"},
 		{"two scrape objects", []string{"serviceMonitor.enabled=true", "podMonitor.enabled=true"}, "not both"},
 		{"privileged without escalation", []string{"securityContext.privileged=true"}, "allowPrivilegeEscalation"},
+		{"two counters files", []string{"exporter.compatCounters.customMetrics=DCGM_FI_DEV_GPU_TEMP\\,gauge\\,t", "exporter.compatCounters.existingConfigMap=x"}, "not both"},
 		{"credentials in another namespace", []string{"web.basicAuth.enabled=true", "web.basicAuth.password=x", "serviceMonitor.enabled=true", "serviceMonitor.namespace=monitoring"}, "release namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -83,6 +83,10 @@ type options struct {
 	// families (CompatConfig).
 	compatHostnameLabel string
 	compatVirtualGPUs   bool
+	// compatCollectors is dcgm-exporter's counters file (-f), parsed into
+	// compatCounters by validate.
+	compatCollectors string
+	compatCounters   *render.CompatCounters
 
 	// hup delivers SIGHUP while the exporter runs (not a flag).
 	hup <-chan os.Signal
@@ -224,6 +228,8 @@ func addCollectorFlags(app *kingpin.Application, o *options) {
 		Default(render.HostnameLabelReleased).EnumVar(&o.compatHostnameLabel, render.HostnameLabels...)
 	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter's --kubernetes-virtual-gpus (KUBERNETES_VIRTUAL_GPUS): a GPU shared by several containers (time-slicing, MPS) gets one series per container, each with the same device values. Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
 		BoolVar(&o.compatVirtualGPUs)
+	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line). Implies --compat.dcgm-exporter. Default: dcgm-exporter's own default-counters.csv.").
+		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&o.compatCollectors)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.

@@ -265,6 +265,10 @@ func TestInputErrorsExit2(t *testing.T) {
 		{"scenario missing", []string{"--simulate.scenario=" + filepath.Join(dir, "nope.yaml")}, exitUsage, "nope.yaml"},
 		{"price file", []string{"--simulate", "--idle.price-file=" + write("p.yaml", "perGPUHour: [1\n")}, exitUsage, "--idle.price-file"},
 		{"web config", []string{"--simulate", "--web.config.file=" + write("w.yaml", "tls_server_config: {cert_file: /nonexistent.crt}\n")}, exitUsage, "--web.config.file"},
+		{"counters file: unknown field", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c1.csv", "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_FB_TOTL, gauge, typo\n")}, exitUsage, `c1.csv:2: unknown DCGM field "DCGM_FI_DEV_FB_TOTL"`},
+		{"counters file: bad type", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c2.csv", "# comment\n\nDCGM_FI_DEV_GPU_TEMP, gague, t\n")}, exitUsage, `c2.csv:3: prometheus type "gague"`},
+		{"counters file: malformed", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c3.csv", "DCGM_FI_DEV_GPU_TEMP, gauge\n")}, exitUsage, "c3.csv:1: want 3 comma-separated fields"},
+		{"counters file: missing", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + filepath.Join(dir, "nope.csv")}, exitUsage, "nope.csv"},
 		{"port taken", []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, exitError, "already in use"},
 		{"no nvml", []string{"--nvml.library=" + filepath.Join(dir, "libnvidia-ml.so.1")}, exitError, "--nvml.library"},
 	} {

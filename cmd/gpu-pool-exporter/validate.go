@@ -43,7 +43,7 @@ const maxWebConfigBytes = 256 << 10
 // user's (exit 2); only files read at start (scenario, price list) are
 // checked later.
 func (o *options) validate() error {
-	for _, check := range []func() error{o.checkSampling, o.checkWeb, o.checkIdle, o.resolveGroups, o.checkDCGM, o.checkKubelet, o.checkProcs} {
+	for _, check := range []func() error{o.checkSampling, o.checkWeb, o.checkIdle, o.resolveGroups, o.checkDCGM, o.checkKubelet, o.checkProcs, o.checkCompat} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -260,3 +260,19 @@ const (
 	minKubeletMaxBytes = 4 << 20
 	maxKubeletMaxBytes = 1 << 30
 )
+
+// checkCompat reads the counters file, which implies the compatibility
+// families: a field it does not know, a bad type or a malformed line is the
+// user's to fix (exit 2), named with its line.
+func (o *options) checkCompat() error {
+	if o.compatCollectors == "" {
+		return nil
+	}
+	o.compatDCGM = true
+	c, err := render.LoadCompatCounters(o.compatCollectors)
+	if err != nil {
+		return fmt.Errorf("--compat.dcgm-exporter.collectors (DCGM_EXPORTER_COLLECTORS): %w", err)
+	}
+	o.compatCounters = c
+	return nil
+}

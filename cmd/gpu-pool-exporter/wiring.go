@@ -219,7 +219,8 @@ func nodeConfig(o *options, derived state.DerivedConfig, log zerolog.Logger) col
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
+		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs,
+			Counters: o.compatCounters}
 	}
 	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {
 		cfg.DCGM = &dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval}
