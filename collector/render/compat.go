@@ -567,12 +567,12 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 	return out
 }
 
-// holderLabels adds the holder's labels to a device's.
+// holderLabels adds the holder's labels to a device's. A device no
+// container holds has none, as dcgm-exporter sends none: an empty label
+// sent would, under honor_labels: true, remove the target's own namespace,
+// pod and container, which dcgm-exporter's series keep.
 func (r *compatRenderer) holderLabels(base compatLabels, h state.Holder) compatLabels {
-	l := compatLabels{names: slices.Clone(base.names), values: slices.Clone(base.values)}
-	l.names = append(l.names, "namespace", "pod", "container")
-	l.values = append(l.values, h.Namespace, h.Pod, h.Container)
-	return l
+	return base.add("namespace", h.Namespace).add("pod", h.Pod).add("container", h.Container)
 }
 
 // updateLost remembers the label sets of each answering GPU's series and
