@@ -158,6 +158,11 @@ func Assemble(cfg NodeConfig, src Sources) (n *Node, err error) {
 			return nil, err
 		}
 		ecfg.Pods = n.Pods
+		if ecfg.PodMapWait == 0 {
+			// One refresh: List and GetAllocatableResources, each bounded
+			// by the kubelet's call timeout.
+			ecfg.PodMapWait = 2 * n.Pods.Config().CallTimeout
+		}
 	}
 	if n.Exporter, err = New(ecfg, n.Sampler); err != nil {
 		return nil, err

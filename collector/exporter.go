@@ -38,6 +38,11 @@ type Config struct {
 	Now func() time.Time
 	// Pods, when set, maps devices to the pods holding them.
 	Pods state.PodSource
+	// PodMapWait bounds how long Run's first sample waits for the pod
+	// source's first answer (when it says, as podmap.Client does, when
+	// that came), so that the first page names the holders; past it the
+	// page is served, and /readyz ready, without them. 0 does not wait.
+	PodMapWait time.Duration
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
 	// DCGM, when set, adds DCGM's profiling fields and health watches.
@@ -88,6 +93,15 @@ type Exporter struct {
 
 	renderMu  sync.Mutex // one sample joined and rendered at a time
 	renderErr atomic.Pointer[renderResult]
+	// waitingPodMap: Run waits for the first pod map before its first
+	// sample.
+	waitingPodMap atomic.Bool
+}
+
+// firstPodMap is a pod source that says when its first answer (or failure)
+// came.
+type firstPodMap interface {
+	FirstRefresh() <-chan struct{}
 }
 
 type renderResult struct{ err error }
@@ -122,8 +136,12 @@ func (e *Exporter) Registry() *prometheus.Registry { return e.render.Registry() 
 // Page returns the latest rendered page, or nil before the first sample.
 func (e *Exporter) Page() *Page { return e.page.Load() }
 
-// Run samples every interval until ctx is done.
+// Run samples every interval until ctx is done. The first sample waits for
+// the first pod map, up to PodMapWait.
 func (e *Exporter) Run(ctx context.Context) {
+	if !e.waitFirstPodMap(ctx) {
+		return
+	}
 	t := time.NewTicker(e.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -134,6 +152,30 @@ func (e *Exporter) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// waitFirstPodMap waits, up to PodMapWait, for the pod source's first
+// answer: a first page without it would serve every allocated device
+// without its holder, short-lived series that the next page replaces. It
+// reports false when ctx ended first.
+func (e *Exporter) waitFirstPodMap(ctx context.Context) bool {
+	f, ok := e.cfg.Pods.(firstPodMap)
+	if !ok || e.cfg.PodMapWait <= 0 {
+		return true
+	}
+	e.waitingPodMap.Store(true)
+	defer e.waitingPodMap.Store(false)
+	t := time.NewTimer(e.cfg.PodMapWait)
+	defer t.Stop()
+	select {
+	case <-f.FirstRefresh():
+	case <-t.C:
+		e.cfg.Log.Warn().Dur("waited", e.cfg.PodMapWait).
+			Msg("the kubelet has not answered since the start: serving devices without their holders until it does (the landing page says why)")
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // SampleOnce takes one sample, joins it into a state, renders that and
@@ -161,6 +203,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 func (e *Exporter) Ready() (bool, string) {
 	p := e.page.Load()
 	if p == nil {
+		if e.waitingPodMap.Load() {
+			return false, fmt.Sprintf("waiting for the kubelet's first pod map before the first sample (up to %s)", e.cfg.PodMapWait)
+		}
 		return false, "no sample yet"
 	}
 	if r := e.renderErr.Load(); r != nil && r.err != nil {

@@ -98,6 +98,7 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 			return nil, err
 		}
 		s.Kubelet = fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
+		s.Kubelet.SetDelay(time.Duration(node.Scenario.Node.KubeletLatency))
 		s.Sync()
 		if err := s.Kubelet.Start(); err != nil {
 			return nil, fmt.Errorf("fake kubelet: %w", err)

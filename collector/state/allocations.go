@@ -26,6 +26,9 @@ type Holder struct {
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
 	Up bool
+	// Down says why the pod map is down ("" when Up): the kubelet's last
+	// failure, or that it has not answered yet.
+	Down string
 	// Known: the kubelet answered within staleAllocations, so who holds what
 	// is known. Otherwise (no pod source, socket missing, kubelet down for
 	// longer) the gauges that depend on it are left out rather than showing
@@ -94,6 +97,13 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, units []sam
 		return a
 	}
 	a.Up, a.Duration = snap.Up, snap.RefreshDuration
+	switch {
+	case snap.Up:
+	case snap.Err != nil:
+		a.Down = snap.Err.Error()
+	default:
+		a.Down = "the kubelet has not answered yet"
+	}
 	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
 		return a
 	}

@@ -68,6 +68,9 @@ type NodeSpec struct {
 	// consumer boards and some vGPU guests do: ecc (ECC counters, remapped
 	// rows), power (power, energy, power limit), events (NVML event sets).
 	Unsupported []string `yaml:"unsupported"`
+	// KubeletLatency is how long the built-in fake kubelet takes to answer
+	// each PodResources call, as a busy kubelet on a big node does.
+	KubeletLatency Duration `yaml:"kubeletLatency"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
