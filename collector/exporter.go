@@ -38,10 +38,14 @@ type Config struct {
 	Now func() time.Time
 	// Pods, when set, maps devices to the pods holding them.
 	Pods state.PodSource
+	// PodMeta, when set, gives the holders' pod UIDs and labels (the API
+	// server's, from a cache).
+	PodMeta state.PodMetaSource
 	// PodMapWait bounds how long Run's first sample waits for the pod
-	// source's first answer (when it says, as podmap.Client does, when
-	// that came), so that the first page names the holders; past it the
-	// page is served, and /readyz ready, without them. 0 does not wait.
+	// source's first answer and the pod metadata's first list (each that
+	// says, as podmap.Client and podmap.MetaWatcher do, when that came), so
+	// that the first page names the holders with all their labels; past it
+	// the page is served, and /readyz ready, without them. 0 does not wait.
 	PodMapWait time.Duration
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
@@ -117,7 +121,7 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, XID: cfg.XID, DCGM: cfg.DCGM,
+	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, PodMeta: cfg.PodMeta, XID: cfg.XID, DCGM: cfg.DCGM,
 		Processes: cfg.Processes, Derived: cfg.Derived})
 	if err != nil {
 		return nil, err
@@ -155,25 +159,34 @@ func (e *Exporter) Run(ctx context.Context) {
 }
 
 // waitFirstPodMap waits, up to PodMapWait, for the pod source's first
-// answer: a first page without it would serve every allocated device
-// without its holder, short-lived series that the next page replaces. It
-// reports false when ctx ended first.
+// answer and the pod metadata's first list: a first page without them
+// would serve every allocated device without its holder (or its pod's
+// labels), short-lived series that the next page replaces. It reports false
+// when ctx ended first.
 func (e *Exporter) waitFirstPodMap(ctx context.Context) bool {
-	f, ok := e.cfg.Pods.(firstPodMap)
-	if !ok || e.cfg.PodMapWait <= 0 {
+	var firsts []<-chan struct{}
+	for _, src := range []any{e.cfg.Pods, e.cfg.PodMeta} {
+		if f, ok := src.(firstPodMap); ok {
+			firsts = append(firsts, f.FirstRefresh())
+		}
+	}
+	if len(firsts) == 0 || e.cfg.PodMapWait <= 0 {
 		return true
 	}
 	e.waitingPodMap.Store(true)
 	defer e.waitingPodMap.Store(false)
 	t := time.NewTimer(e.cfg.PodMapWait)
 	defer t.Stop()
-	select {
-	case <-f.FirstRefresh():
-	case <-t.C:
-		e.cfg.Log.Warn().Dur("waited", e.cfg.PodMapWait).
-			Msg("the kubelet has not answered since the start: serving devices without their holders until it does (the landing page says why)")
-	case <-ctx.Done():
-		return false
+	for _, first := range firsts {
+		select {
+		case <-first:
+		case <-t.C:
+			e.cfg.Log.Warn().Dur("waited", e.cfg.PodMapWait).
+				Msg("the kubelet (or the API server, for pod UIDs and labels) has not answered since the start: serving devices without what it gives until it does (the landing page says why)")
+			return true
+		case <-ctx.Done():
+			return false
+		}
 	}
 	return true
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -87,6 +88,15 @@ type options struct {
 	// compatCounters by validate.
 	compatCollectors string
 	compatCounters   *render.CompatCounters
+	// compatPodLabels and compatPodUID add the holders' pod labels and UID
+	// from the API server (--kubernetes.kubeconfig, else in-cluster), as
+	// dcgm-exporter's --kubernetes-enable-pod-*; compatLabelAllowlist is
+	// parsed into compatLabelRegexps by validate.
+	compatPodLabels      bool
+	compatPodUID         bool
+	compatLabelAllowlist []string
+	compatLabelRegexps   []*regexp.Regexp
+	kubeconfig           string
 
 	// hup delivers SIGHUP while the exporter runs (not a flag).
 	hup <-chan os.Signal
@@ -230,6 +240,14 @@ func addCollectorFlags(app *kingpin.Application, o *options) {
 		BoolVar(&o.compatVirtualGPUs)
 	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line). Implies --compat.dcgm-exporter. Default: dcgm-exporter's own default-counters.csv.").
 		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&o.compatCollectors)
+	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-labels", "As dcgm-exporter's --kubernetes-enable-pod-labels (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS): the holder's pod labels on its DCGM_FI_* series, each key with characters outside [a-zA-Z0-9_] made '_', from a watch of this node's pods on the API server (needs --node-name and RBAC to get, list and watch pods).").
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS").BoolVar(&o.compatPodLabels)
+	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-uid", "As dcgm-exporter's --kubernetes-enable-pod-uid (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID): the holder's pod UID (pod_uid) on its DCGM_FI_* series, from the same watch.").
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID").BoolVar(&o.compatPodUID)
+	app.Flag("compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex", "As dcgm-exporter's --kubernetes-pod-label-allowlist-regex (env DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX): only pod labels whose key one of these regular expressions matches (comma-separated, repeatable; unanchored); none: every label.").
+		Envar("DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX").StringsVar(&o.compatLabelAllowlist)
+	app.Flag("kubernetes.kubeconfig", "Kubeconfig of the API server for the pod labels and UIDs (env KUBECONFIG); empty: the pod's in-cluster service account.").
+		Envar("KUBECONFIG").Default("").StringVar(&o.kubeconfig)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.

@@ -269,6 +269,10 @@ func TestInputErrorsExit2(t *testing.T) {
 		{"counters file: bad type", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c2.csv", "# comment\n\nDCGM_FI_DEV_GPU_TEMP, gague, t\n")}, exitUsage, `c2.csv:3: prometheus type "gague"`},
 		{"counters file: malformed", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c3.csv", "DCGM_FI_DEV_GPU_TEMP, gauge\n")}, exitUsage, "c3.csv:1: want 3 comma-separated fields"},
 		{"counters file: missing", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + filepath.Join(dir, "nope.csv")}, exitUsage, "nope.csv"},
+		{"pod labels without compat", []string{"--simulate", "--compat.dcgm-exporter.kubernetes-enable-pod-labels"}, exitUsage, "need --compat.dcgm-exporter"},
+		{"pod UID without a node name", []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--node-name="}, exitUsage, "give --node-name"},
+		{"pod label allowlist", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-labels", "--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app$,([bad"}, exitUsage, `"([bad"`},
+		{"kubeconfig missing", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--kubernetes.kubeconfig=" + filepath.Join(dir, "nope.kubeconfig")}, exitUsage, "--kubernetes.kubeconfig"},
 		{"port taken", []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, exitError, "already in use"},
 		{"no nvml", []string{"--nvml.library=" + filepath.Join(dir, "libnvidia-ml.so.1")}, exitError, "--nvml.library"},
 	} {

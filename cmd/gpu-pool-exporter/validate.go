@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -263,8 +264,22 @@ const (
 
 // checkCompat reads the counters file, which implies the compatibility
 // families: a field it does not know, a bad type or a malformed line is the
-// user's to fix (exit 2), named with its line.
+// user's to fix (exit 2), named with its line. The pod labels and UID are
+// the compatibility families' and need this node's name.
 func (o *options) checkCompat() error {
+	if o.compatPodLabels || o.compatPodUID {
+		if !o.compatDCGM && o.compatCollectors == "" {
+			return errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid label the DCGM_FI_* families: they need --compat.dcgm-exporter (the native families take pod labels from kube-state-metrics' kube_pod_labels in PromQL: docs/pod-mapping.md)")
+		}
+		if o.nodeName == "" && !o.simulate {
+			return errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid watch this node's pods only: give --node-name (the chart sets NODE_NAME from spec.nodeName)")
+		}
+		res, err := podmap.ParseLabelAllowlist(o.compatLabelAllowlist)
+		if err != nil {
+			return fmt.Errorf("--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex: %w", err)
+		}
+		o.compatLabelRegexps = res
+	}
 	if o.compatCollectors == "" {
 		return nil
 	}

@@ -9,6 +9,9 @@ import (
 
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
@@ -70,22 +73,37 @@ func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
 		if err != nil {
 			return collector.Sources{}, err
 		}
+		kube, err := kubeClient(o)
+		if err != nil {
+			return collector.Sources{}, err
+		}
 		resolver, closeResolver, err := processResolver(o, o.procsRoot, o.procsLogDir, log)
 		if err != nil {
 			return collector.Sources{}, err
 		}
-		return collector.Sources{NVML: lib, KubeletSocket: o.kubeletSocket, Processes: resolver, Sysfs: o.sysfs, Close: closeResolver}, nil
+		return collector.Sources{NVML: lib, KubeletSocket: o.kubeletSocket, Kube: kube, Processes: resolver, Sysfs: o.sysfs, Close: closeResolver}, nil
 	}
 	node, err := simulatedNode(o, log)
 	if err != nil {
 		return collector.Sources{}, err
 	}
-	stand, err := sim.Sources(node, sim.Options{Kubelet: o.kubeletEnabled && !o.kubeletSocketSet, FollowEvery: min(o.interval, time.Second), Sysfs: true})
+	// The pod labels and UIDs come from the API server a kubeconfig names,
+	// else from the simulated node's own.
+	podMeta := (o.compatPodLabels || o.compatPodUID) && o.kubeconfig == ""
+	stand, err := sim.Sources(node, sim.Options{Kubelet: o.kubeletEnabled && !o.kubeletSocketSet, FollowEvery: min(o.interval, time.Second), Sysfs: true,
+		APIServer: podMeta, NodeName: podMetaNode(o, node)})
 	if err != nil {
 		node.Close()
 		return collector.Sources{}, err
 	}
 	src := stand.Sources
+	if !podMeta {
+		if src.Kube, err = kubeClient(o); err != nil {
+			stand.Sources.Close()
+			node.Close()
+			return collector.Sources{}, err
+		}
+	}
 	if stand.Kubelet != nil {
 		log.Info().Str("socket", src.KubeletSocket).Msg("serving the simulated node's pods on a built-in fake kubelet")
 	} else {
@@ -117,6 +135,35 @@ func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
 	closeSim := src.Close
 	src.Close = func() { closeResolver(); closeSim() }
 	return src, nil
+}
+
+// kubeClient is the API server's client for the pod labels and UIDs: from
+// --kubernetes.kubeconfig, else the pod's service account; nil when they
+// are not asked for.
+func kubeClient(o *options) (kubernetes.Interface, error) {
+	if !o.compatPodLabels && !o.compatPodUID {
+		return nil, nil
+	}
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig); err != nil {
+			return nil, inputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", o.kubeconfig, err)}
+		}
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
+	}
+	cfg.UserAgent = "gpu-pool-exporter/" + version.Version
+	return kubernetes.NewForConfig(cfg)
+}
+
+// podMetaNode is the node whose pods are watched: --node-name, or the
+// simulated node's own name.
+func podMetaNode(o *options, node *simnode.Node) string {
+	if o.nodeName != "" {
+		return o.nodeName
+	}
+	return node.Scenario.Node.Name
 }
 
 // simulatedNode builds the simulated node of --simulate.scenario (the
@@ -220,7 +267,10 @@ func nodeConfig(o *options, derived state.DerivedConfig, log zerolog.Logger) col
 			host, _ = os.Hostname()
 		}
 		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs,
-			Counters: o.compatCounters}
+			Counters: o.compatCounters, PodUID: o.compatPodUID, PodLabels: o.compatPodLabels}
+		if o.compatPodLabels || o.compatPodUID {
+			cfg.PodMeta = &podmap.MetaConfig{NodeName: host, Labels: o.compatPodLabels, LabelAllowlist: o.compatLabelRegexps}
+		}
 	}
 	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {
 		cfg.DCGM = &dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval}

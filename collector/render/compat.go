@@ -3,6 +3,7 @@ package render
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -34,6 +35,11 @@ type CompatConfig struct {
 	// Counters are the fields served, as dcgm-exporter's counters file
 	// (-f) lists them; nil serves DefaultCompatCounters.
 	Counters *CompatCounters
+	// PodUID adds the holder's pod UID (pod_uid), and PodLabels its pod's
+	// labels, each under its key made a label name, as dcgm-exporter's
+	// --kubernetes-enable-pod-uid and --kubernetes-enable-pod-labels: from
+	// the state's PodMeta (the API server's).
+	PodUID, PodLabels bool
 }
 
 // Host name label spellings: released dcgm-exporter's and its main branch's.
@@ -560,7 +566,7 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 		}
 		cs := compatSeries{d: d}
 		for _, h := range hs {
-			cs.labels = append(cs.labels, r.holderLabels(base, h))
+			cs.labels = append(cs.labels, r.holderLabels(st, base, h))
 		}
 		out = append(out, cs)
 	}
@@ -571,8 +577,73 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 // container holds has none, as dcgm-exporter sends none: an empty label
 // sent would, under honor_labels: true, remove the target's own namespace,
 // pod and container, which dcgm-exporter's series keep.
-func (r *compatRenderer) holderLabels(base compatLabels, h state.Holder) compatLabels {
-	return base.add("namespace", h.Namespace).add("pod", h.Pod).add("container", h.Container)
+func (r *compatRenderer) holderLabels(st *state.State, base compatLabels, h state.Holder) compatLabels {
+	l := base.add("namespace", h.Namespace).add("pod", h.Pod).add("container", h.Container)
+	if !r.cfg.PodUID && !r.cfg.PodLabels || h.Pod == "" {
+		return l
+	}
+	meta, ok := st.PodMeta[state.PodRef{Namespace: h.Namespace, Pod: h.Pod}]
+	if !ok {
+		return l
+	}
+	if r.cfg.PodUID {
+		l = l.add(podUIDLabel, meta.UID)
+	}
+	if r.cfg.PodLabels {
+		for _, pl := range podLabels(meta.Labels) {
+			if !slices.Contains(l.names, pl.name) && !slices.Contains(compatLaterLabels, pl.name) {
+				l = l.add(pl.name, pl.value)
+			}
+		}
+	}
+	return l
+}
+
+// Label names dcgm-exporter gives the holder's pod UID and a shared GPU's
+// replica.
+const (
+	podUIDLabel = "pod_uid"
+	vgpuLabel   = "vgpu"
+)
+
+// compatLaterLabels are added to a series after the holder's: a pod label of
+// the same name would make the name twice (a page client_golang refuses).
+var compatLaterLabels = []string{"err_code", "err_msg", podUIDLabel, vgpuLabel}
+
+type labelPair struct{ name, value string }
+
+// podLabels are a pod's labels as dcgm-exporter names them: each key with
+// every character outside [a-zA-Z0-9_] replaced by '_'
+// (app.kubernetes.io/name is app_kubernetes_io_name), sorted by name. A key
+// that starts with a digit gets a leading '_' (a label name cannot start
+// with one; dcgm-exporter would serve an invalid page); of keys that become
+// the same name, the first by key is kept.
+func podLabels(labels map[string]string) []labelPair {
+	keys := slices.Sorted(maps.Keys(labels))
+	out := make([]labelPair, 0, len(keys))
+	seen := map[string]bool{}
+	for _, k := range keys {
+		name := sanitizeLabelName(k)
+		if name == "" || strings.HasPrefix(name, "__") || seen[name] {
+			continue
+		}
+		seen[name] = true
+		out = append(out, labelPair{name, labels[k]})
+	}
+	return out
+}
+
+func sanitizeLabelName(k string) string {
+	b := []byte(k)
+	for i, c := range b {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 0 && b[0] >= '0' && b[0] <= '9' {
+		return "_" + string(b)
+	}
+	return string(b)
 }
 
 // updateLost remembers the label sets of each answering GPU's series and

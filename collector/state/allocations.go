@@ -14,6 +14,35 @@ type PodSource interface {
 	Snapshot() *podmap.Snapshot
 }
 
+// PodMetaSource gives a pod's UID and labels from a cache of the API
+// server's, without calling it.
+type PodMetaSource interface {
+	Lookup(namespace, name string) (podmap.PodMeta, bool)
+}
+
+// PodRef names a pod.
+type PodRef struct {
+	Namespace, Pod string
+}
+
+// holdersMeta are the UIDs and labels of the pods that hold a device, as
+// the source's cache has them (a pod it does not know yet is left out).
+func holdersMeta(src PodMetaSource, a *Allocations) map[PodRef]podmap.PodMeta {
+	out := map[PodRef]podmap.PodMeta{}
+	for _, hs := range a.ByDevice {
+		for _, h := range hs {
+			ref := PodRef{h.Namespace, h.Pod}
+			if _, done := out[ref]; done {
+				continue
+			}
+			if m, ok := src.Lookup(h.Namespace, h.Pod); ok {
+				out[ref] = m
+			}
+		}
+	}
+	return out
+}
+
 // staleAllocations: when the kubelet has not answered for this long, the
 // last known holders are dropped rather than shown as current.
 const staleAllocations = 5 * time.Minute

@@ -76,11 +76,14 @@ type NodeSpec struct {
 // PodSpec is a pod on the node. It exists from Start (default: the node's
 // start) until Stop (default: forever).
 type PodSpec struct {
-	Namespace  string          `yaml:"namespace"`
-	Name       string          `yaml:"name"`
-	Start      Duration        `yaml:"start"`
-	Stop       Duration        `yaml:"stop"`
-	Containers []ContainerSpec `yaml:"containers"`
+	Namespace string `yaml:"namespace"`
+	Name      string `yaml:"name"`
+	// Labels are the pod's labels, as the API server serves them (the
+	// kubelet's PodResources API has none).
+	Labels     map[string]string `yaml:"labels"`
+	Start      Duration          `yaml:"start"`
+	Stop       Duration          `yaml:"stop"`
+	Containers []ContainerSpec   `yaml:"containers"`
 }
 
 // ContainerSpec is a container and the devices it holds.
@@ -445,6 +448,7 @@ hostProcesses:
 pods:
   - namespace: ml-training
     name: llm-pretrain-0
+    labels: {app.kubernetes.io/name: llm-pretrain, team: foundation-models}
     containers:
       - name: trainer
         devices: [{gpu: 0}, {gpu: 1}]
@@ -460,6 +464,7 @@ pods:
         devices: [{gpu: 4}]
   - namespace: inference
     name: chat-api-0
+    labels: {app.kubernetes.io/name: chat-api, team: serving}
     containers:
       - name: server
         devices: [{gpu: 6, replica: 0}]
