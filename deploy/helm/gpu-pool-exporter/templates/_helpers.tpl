@@ -127,7 +127,15 @@ namespace, pod and container back: the shipped rules
 a counters file (which implies it), else "".
 */}}
 {{- define "gpu-pool-exporter.compatOn" -}}
-{{- if or .Values.exporter.compatDCGMExporter (include "gpu-pool-exporter.compatCountersConfigMap" .) }}true{{ end }}
+{{- if or .Values.exporter.compatDCGMExporter (include "gpu-pool-exporter.compatCountersConfigMap" .) (include "gpu-pool-exporter.podMetaOn" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the exporter watches this node's pods on the API server (pod
+labels or UIDs on the DCGM_FI_* series), else "".
+*/}}
+{{- define "gpu-pool-exporter.podMetaOn" -}}
+{{- if or .Values.exporter.compatKubernetes.enablePodLabels .Values.exporter.compatKubernetes.enablePodUID }}true{{ end }}
 {{- end }}
 
 {{/*
