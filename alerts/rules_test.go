@@ -328,6 +328,7 @@ func TestRulesFileParses(t *testing.T) {
 // evaluated every cycle may read, and why.
 var fastReadsOfSlowRecords = map[string]string{
 	"node:gpu_nodepool:info": "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+	"node:gpu_node_since:timestamp": "it only drops what an earlier exporter process saw, on a node that left or was re-created: read a minute late, such an XID ends up to a minute later, and its absence keeps every fault (no gap, so no second page)",
 }
 
 // TestGroupIntervals holds the rules' two speeds (docs/performance.md: "Rule evaluation
