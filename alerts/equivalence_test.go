@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 )
 
 // flatRulesFile holds the rules as they were before the node-level
@@ -46,7 +48,7 @@ func TestRestructuredRulesEquivalent(t *testing.T) {
 	// four times faster than 2.42's, so it goes first.
 	var pt string
 	for _, name := range []string{"promtool3", "promtool"} {
-		if p, ok := promtools(t)[name]; ok {
+		if p, ok := proctest.Promtools(t)[name]; ok {
 			pt = p
 			break
 		}
@@ -113,7 +115,7 @@ func TestRestructuredRulesEquivalent(t *testing.T) {
 			gen := equivalenceTests(t, f, check, append(slices.Clone(curGroups), flatGroups...))
 			path := filepath.Join(dir, strings.TrimSuffix(filepath.Base(f), ".yml")+".equivalence.yml")
 			writeYAML(t, path, gen)
-			out, err := promtoolCommand(pt, "test", "rules", path).CombinedOutput()
+			out, err := proctest.PromtoolCommand(pt, "test", "rules", path).CombinedOutput()
 			if err != nil {
 				t.Fatalf("the restructured rules differ from %s on the input series of %s; each series below names the rule in its equivalence_check label (the generated test is %s):\n%s",
 					flatRulesFile, f, path, promtoolFailures(out))
