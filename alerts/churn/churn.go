@@ -380,20 +380,32 @@ const steps = int(Length/Step) + 1
 
 // builder accumulates the day's series.
 type builder struct {
-	series map[string]*pages.Series
+	series map[string]*daySeries
 	runs   map[string][]runSeries // pages.Run's series per compressed life
 	keep   map[string]bool
 	parse  parser.Parser
 	pods   int // exporter pods so far: their addresses
 }
 
-func (b *builder) put(key string, step int, v float64) {
+// daySeries is a series over the day, its values in one array.
+type daySeries struct {
+	*pages.Series
+	values []float64
+}
+
+// get returns the day's series of key, new and empty the first time.
+func (b *builder) get(key string) *daySeries {
 	s := b.series[key]
 	if s == nil {
-		s = &pages.Series{Labels: key, Values: make([]*float64, steps), Stale: make([]bool, steps)}
+		s = &daySeries{&pages.Series{Labels: key, Values: make([]*float64, steps), Stale: make([]bool, steps)}, make([]float64, steps)}
 		b.series[key] = s
 	}
-	s.Values[step] = &v
+	return s
+}
+
+func (s *daySeries) set(step int, v float64) {
+	s.values[step] = v
+	s.Values[step] = &s.values[step]
 }
 
 // Build renders the day as a promtool test file for the rules file at
@@ -406,7 +418,7 @@ func Build(d *Day, rf *alerts.RuleFile, rulesPath, countPath string) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
-	b := &builder{series: map[string]*pages.Series{}, runs: map[string][]runSeries{}, keep: keep, parse: parser.NewParser(parser.Options{})}
+	b := &builder{series: map[string]*daySeries{}, runs: map[string][]runSeries{}, keep: keep, parse: parser.NewParser(parser.Options{})}
 	for _, n := range d.Nodes {
 		for _, m := range n.machines {
 			if err := b.exporter(n, m); err != nil {
@@ -563,7 +575,7 @@ func (b *builder) exporter(n *Node, m *machine) error {
 	}
 	inst := b.instance()
 	rolled := 0
-	keys := map[string]string{} // instance and run series: the day's key
+	var day []*daySeries // the day's series of each run series, for the pod serving now
 	for step := 0; step < steps; step++ {
 		t := time.Duration(step) * Step
 		if !m.target.holds(t) {
@@ -586,10 +598,14 @@ func (b *builder) exporter(n *Node, m *machine) error {
 		}
 		for ; rolled < r; rolled++ {
 			inst = b.instance()
+			day = nil
+		}
+		if day == nil {
+			day = make([]*daySeries, len(rs))
 		}
 		target := map[string]string{"job": pages.Job, "instance": inst, "node": n.Name}
 		if t < m.upFrom || t >= m.downFrom {
-			b.put(pages.SeriesKey("up", target), step, 0)
+			b.get(pages.SeriesKey("up", target)).set(step, 0)
 			continue
 		}
 		gap := compressedGap
@@ -618,13 +634,10 @@ func (b *builder) exporter(n *Node, m *machine) error {
 					val = eventTime(val)
 				}
 			}
-			ck := inst + "\x00" + strconv.Itoa(i)
-			key, ok := keys[ck]
-			if !ok {
-				key = b.dayKey(s, target, m.seq, n.Name)
-				keys[ck] = key
+			if day[i] == nil {
+				day[i] = b.get(b.dayKey(s, target, m.seq, n.Name))
 			}
-			b.put(key, step, val)
+			day[i].set(step, val)
 		}
 	}
 	return nil
@@ -681,12 +694,12 @@ func (b *builder) kubeStateMetrics(n *Node) {
 		nodeLabels["label_cloud_google_com_gke_spot"] = "true"
 	}
 	node := withKSM(map[string]string{"node": n.Name})
-	labelsKey, createdKey, unschedKey := pages.SeriesKey("kube_node_labels", nodeLabels), pages.SeriesKey("kube_node_created", node), pages.SeriesKey("kube_node_spec_unschedulable", node)
-	capacityKey := pages.SeriesKey("kube_node_status_capacity", withKSM(map[string]string{"node": n.Name, "resource": "nvidia_com_gpu", "unit": "integer"}))
+	labelsSeries, created, unschedulable := b.get(pages.SeriesKey("kube_node_labels", nodeLabels)), b.get(pages.SeriesKey("kube_node_created", node)), b.get(pages.SeriesKey("kube_node_spec_unschedulable", node))
+	capacity := b.get(pages.SeriesKey("kube_node_status_capacity", withKSM(map[string]string{"node": n.Name, "resource": "nvidia_com_gpu", "unit": "integer"})))
 	taints := append([]taint{{"nvidia.com/gpu", "present", "NoSchedule", span{0, end}}}, n.taints...)
-	taintKeys := make([]string, len(taints))
+	taintSeries := make([]*daySeries, len(taints))
 	for i, tt := range taints {
-		taintKeys[i] = pages.SeriesKey("kube_node_spec_taint", withKSM(map[string]string{"node": n.Name, "key": tt.key, "value": tt.value, "effect": tt.effect}))
+		taintSeries[i] = b.get(pages.SeriesKey("kube_node_spec_taint", withKSM(map[string]string{"node": n.Name, "key": tt.key, "value": tt.value, "effect": tt.effect})))
 	}
 	for step := 0; step < steps; step++ {
 		t := time.Duration(step) * Step
@@ -699,19 +712,19 @@ func (b *builder) kubeStateMetrics(n *Node) {
 		if obj == nil {
 			continue
 		}
-		b.put(labelsKey, step, 1)
-		b.put(createdKey, step, obj.from.Seconds())
-		b.put(capacityKey, step, float64(k.gpus))
+		labelsSeries.set(step, 1)
+		created.set(step, obj.from.Seconds())
+		capacity.set(step, float64(k.gpus))
 		cordoned := 0.0
 		for _, c := range n.cordons {
 			if c.holds(t) {
 				cordoned = 1
 			}
 		}
-		b.put(unschedKey, step, cordoned)
+		unschedulable.set(step, cordoned)
 		for i, tt := range taints {
 			if tt.holds(t) {
-				b.put(taintKeys[i], step, 1)
+				taintSeries[i].set(step, 1)
 			}
 		}
 	}
@@ -725,8 +738,9 @@ func (b *builder) steadyObject(name, pool string) {
 		pages.SeriesKey("kube_node_spec_unschedulable", withKSM(map[string]string{"node": name})):                                  0,
 	}
 	for key, v := range keys {
+		s := b.get(key)
 		for step := 0; step < steps; step++ {
-			b.put(key, step, v)
+			s.set(step, v)
 		}
 	}
 }
