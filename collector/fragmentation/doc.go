@@ -81,13 +81,15 @@
 // # MIG slots
 //
 // MIG placements come from NVML (nvmlDeviceGetGpuInstancePossiblePlacements):
-// a start and a size in slots. On A100/H100, TotalSlices is 7 but NVML's
-// slot space is 8 wide (3g placements have size 4 and 7g size 8). This
+// a start and a size in slots. The slot space can be wider than the compute
+// slices: on A100/H100, TotalSlices is 7 but NVML's slot space is 8 wide
+// (3g placements have size 4 and 7g size 8); an RTX PRO 6000 has 4 compute
+// slices on 12 slots (1g at {0,3,6,9}:3, 2g at {0,6}:6, 4g at {0}:12). This
 // package treats slots as a bitmap: an existing instance covers
-// [Start, Start+Size), a placement is free iff none of its slots is covered,
-// and the free-slice count is the number of slots in [0, TotalSlices) not
-// covered by an instance, which is the compute-slice count for NVML's
-// geometry. Slots at 64 and above are not modelled.
+// [Start, Start+Size) and a placement is free iff none of its slots is
+// covered. The free-slice count is compute slices: TotalSlices less the
+// slices of the existing instances (MIGInstance.Slices, else their
+// profile's). Slots at 64 and above are not modelled.
 //
 // # Idle allocations
 //

@@ -182,14 +182,17 @@ func noErrorLogs(t *testing.T, e *exporter, notice string) {
 }
 
 // rtxPro6000 is an RTX PRO 6000 Blackwell Server Edition as NVML names it
-// in the MIG geometry table: GB202, compute capability 12.0, GDDR7 on PCIe.
+// in the MIG geometry table: GB202, compute capability 12.0, GDDR7 on PCIe,
+// 97887 MiB of framebuffer.
 var rtxPro6000 = gpus.Config{Name: "NVIDIA RTX PRO 6000 Blackwell Server Edition", Architecture: nvml.DEVICE_ARCH_BLACKWELL,
-	Brand: nvml.BRAND_NVIDIA, MemoryMB: 98304, CudaMajor: 12, CudaMinor: 0, PciDeviceId: 0x2BB510DE}
+	Brand: nvml.BRAND_NVIDIA, MemoryMB: 97887, CudaMajor: 12, CudaMinor: 0, PciDeviceId: 0x2BB510DE}
 
-// TestRealBinaryOnRTXPro6000MIG: MIG on a four-slice board whose profiles
-// are asked for with NVML's +gfx, -me and +me.all profile constants. The real
-// binary names the GPU instances as the driver does and counts free slices
-// and placeable instances on four slices.
+// TestRealBinaryOnRTXPro6000MIG: MIG on a four-slice board that places
+// instances on a 12-unit grid, whose profiles are asked for with NVML's +gfx,
+// -me and +me.all profile constants. The real binary names the GPU instances
+// as the driver does and counts free slices and placeable instances: a
+// 2g.48gb+gfx at units 0-5 and a 1g.24gb-me at 6-8 leave one compute slice
+// and one 1g placement (9-11), and no 2g placement.
 func TestRealBinaryOnRTXPro6000MIG(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {

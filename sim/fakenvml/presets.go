@@ -15,8 +15,14 @@ import (
 // board feature an SXM data-centre GPU has, and MIG disabled. index numbers
 // its UUID, bus ID and minor. MIG profiles, names and placements come from
 // the MIG geometry table (miggeometry), not from go-nvml's mock nor from the
-// exporter's own naming: a model the table does not list has no MIG.
+// exporter's own naming: a model the table does not list has no MIG. A
+// model the table lists has the framebuffer and PCI device ID NVML reports
+// on that board.
 func FromModel(cfg gpus.Config, index int) GPU {
+	geo, mig := miggeometry.ByNVMLName(cfg.Name)
+	if mig {
+		cfg.MemoryMB, cfg.PciDeviceId = geo.MemoryMiB, geo.PCIDeviceID
+	}
 	total := cfg.MemoryMB << 20
 	reserved := uint64(512 << 20)
 	g := GPU{
@@ -57,7 +63,7 @@ func FromModel(cfg gpus.Config, index int) GPU {
 			nvml.NVLINK_ERROR_DL_REPLAY: 0, nvml.NVLINK_ERROR_DL_RECOVERY: 0, nvml.NVLINK_ERROR_DL_CRC_FLIT: 0, nvml.NVLINK_ERROR_DL_CRC_DATA: 0,
 		}})
 	}
-	if geo, ok := miggeometry.ByNVMLName(cfg.Name); ok {
+	if mig {
 		g.MIG = migFromGeometry(geo)
 	}
 	return g
