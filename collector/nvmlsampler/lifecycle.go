@@ -18,7 +18,8 @@ type lifecycle struct {
 	mu         sync.Mutex
 	ready      bool
 	gen        uint64 // bumped by every successful nvmlInit
-	inits      int
+	inits      int    // successful nvmlInit calls
+	holding    bool   // a successful nvmlInit not yet paired with nvmlShutdown
 	downReason string
 	downSince  time.Time
 	initCh     chan nvml.Return // non-nil while an nvmlInit runs
@@ -26,6 +27,7 @@ type lifecycle struct {
 	warned     bool // the InitTimeout warning was logged for this nvmlInit
 	nextTry    time.Time
 	backoff    time.Duration
+	listWarned bool // a failure to list the GPUs was logged since the last success
 	// inUse is held (read) by the event set's calls, which run beside the
 	// sampler; the release takes it, so that the library is never shut
 	// down under a call in flight.
@@ -88,6 +90,18 @@ func (l *lifecycle) setDown(reason string) {
 	l.mu.Unlock()
 }
 
+// retryLater schedules the next nvmlInit after the backoff, which doubles
+// from cfg.MinBackoff to cfg.MaxBackoff, and says why NVML is down with
+// reason (given the backoff). It returns the backoff.
+func (l *lifecycle) retryLater(cfg SamplerConfig, reason func(backoff time.Duration) string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.backoff = min(max(l.backoff*2, cfg.MinBackoff), cfg.MaxBackoff)
+	l.nextTry = time.Now().Add(l.backoff)
+	l.downReason = reason(l.backoff)
+	return l.backoff
+}
+
 // driverGone reports whether NVML says the driver went away under it: the
 // library must be initialised again before any call can succeed.
 func driverGone(ret nvml.Return) bool {
@@ -101,7 +115,7 @@ func (l *lifecycle) release(lib NVML, busy bool) {
 	initRunning := l.initCh != nil
 	registering := l.registering
 	l.mu.Unlock()
-	if busy || initRunning || (registering != nil && registering() > 0) {
+	if !l.holding || busy || initRunning || (registering != nil && registering() > 0) {
 		return
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -113,6 +127,9 @@ func (l *lifecycle) release(lib NVML, busy bool) {
 	}
 	defer l.inUse.Unlock()
 	_ = lib.Shutdown()
+	l.mu.Lock()
+	l.holding = false
+	l.mu.Unlock()
 }
 
 type gatedSource struct {

@@ -705,14 +705,15 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 	took := time.Since(started)
 	l.mu.Lock()
 	l.initCh = nil
+	if ret == nvml.SUCCESS {
+		l.inits++ // each one takes a reference on the library until its nvmlShutdown
+		l.holding = true
+	}
 	l.mu.Unlock()
 	if ret != nvml.SUCCESS {
-		l.mu.Lock()
-		l.backoff = min(max(l.backoff*2, s.cfg.MinBackoff), s.cfg.MaxBackoff)
-		l.nextTry = time.Now().Add(l.backoff)
-		l.downReason = fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), l.backoff)
-		b := l.backoff
-		l.mu.Unlock()
+		b := l.retryLater(s.cfg, func(b time.Duration) string {
+			return fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), b)
+		})
 		s.cfg.Log.Warn().Str("error", ret.Error()).Dur("retry_in", b).Msg("nvmlInit failed; trying again with backoff")
 		return false
 	}
@@ -725,27 +726,52 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 			s.lost(err)
 			return false
 		}
-		l.setDown(err.Error())
+		// The driver answers but cannot list the GPUs. NVML counts its
+		// initialisations and keeps the library (and with it the driver)
+		// until as many shutdowns: release this one before trying again.
+		l.release(s.lib, s.anyBusy())
+		b := l.retryLater(s.cfg, func(b time.Duration) string {
+			return fmt.Sprintf("NVML cannot list the GPUs (%v); next try in %s", err, b)
+		})
+		l.mu.Lock()
+		first := !l.listWarned
+		l.listWarned = true
+		l.mu.Unlock()
+		if first {
+			s.cfg.Log.Warn().Err(err).Dur("retry_in", b).Msg("nvmlInit succeeded but NVML cannot list the GPUs: releasing NVML (nvmlShutdown) and initialising it again with backoff; logged once until it can")
+		}
 		return false
 	}
 	l.mu.Lock()
 	l.ready = true
 	l.gen++
-	l.inits++
+	l.listWarned = false
 	l.downReason, l.downSince, l.backoff, l.nextTry = "", time.Time{}, 0, time.Time{}
-	inits := l.inits
+	gen, inits := l.gen, l.inits
 	l.mu.Unlock()
 	d := s.Driver()
 	s.mu.Lock()
 	n := len(s.workers)
 	s.mu.Unlock()
 	ev := s.cfg.Log.Info().Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).Int("gpus", n).Dur("took", took.Round(time.Millisecond))
-	if inits > 1 {
+	if gen > 1 {
 		ev.Int("inits", inits).Msg("NVML initialised again after the driver went away")
 	} else {
 		ev.Msg("NVML initialised")
 	}
 	return true
+}
+
+// anyBusy says whether a GPU's NVML calls have not returned.
+func (s *Sampler) anyBusy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		if w.busy.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // lost marks NVML unusable after a call said the driver went away, and
@@ -764,13 +790,7 @@ func (s *Sampler) lost(err error) {
 	l.backoff, l.nextTry = 0, time.Time{}
 	l.mu.Unlock()
 	s.cfg.Log.Error().Err(err).Msg("NVML answers that the driver went away (reloaded, upgraded or unloaded): releasing NVML, then initialising it again with backoff")
-	s.mu.Lock()
-	busy := false
-	for _, w := range s.workers {
-		busy = busy || w.busy.Load()
-	}
-	s.mu.Unlock()
-	l.release(s.lib, busy)
+	l.release(s.lib, s.anyBusy())
 }
 
 // Status says whether NVML is usable now, and if not why and since when.

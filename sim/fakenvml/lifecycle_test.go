@@ -129,6 +129,62 @@ func TestRealBinaryServesWhileNVMLInitHangs(t *testing.T) {
 	}
 }
 
+// nvmlInit succeeds but nvmlDeviceGetCount fails with an error that does
+// not say the driver went away: each successful nvmlInit is paired with
+// nvmlShutdown (NVML keeps the library, and the driver, until as many
+// shutdowns as inits), tried again with backoff (1 s doubling), logged
+// once, and counted in gpu_exporter_nvml_inits_total. When the GPUs can be
+// listed they come up, with one nvmlInit held.
+func TestRealBinaryReleasesNVMLWhenTheGPUsCannotBeListed(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	node.Returns = map[string]nvml.Return{"nvmlDeviceGetCount_v2": nvml.ERROR_UNKNOWN}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	exporterBinary(t) // built before the clock starts
+	start := time.Now()
+	e := launchExporter(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitHTTP("/readyz", "a /readyz naming nvmlDeviceGetCount's answer", func(code int, body string) bool {
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "Unknown Error")
+	})
+	time.Sleep(4 * time.Second)
+	calls := traceLines(t, trace)
+	inits, shutdowns := countCalls(calls, "nvmlInit"), countCalls(calls, "nvmlShutdown")
+	// Tries at 0 s, then after 1, 2, 4 s...: at most one more than the
+	// doublings that fit in the time the exporter ran.
+	allowed := 1
+	for at, b := time.Second, time.Second; at <= time.Since(start); at, b = at+2*b, 2*b {
+		allowed++
+	}
+	if inits > allowed {
+		t.Errorf("nvmlInit called %d times in %s, want at most %d (backoff)", inits, time.Since(start).Round(time.Second), allowed)
+	}
+	if shutdowns != inits && shutdowns != inits-1 {
+		t.Errorf("nvmlInit succeeded %d times, nvmlShutdown called %d times: each nvmlInit must be paired", inits, shutdowns)
+	}
+	if n := strings.Count(e.stderr.String(), "cannot list the GPUs"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once:\n%s", n, e.stderr.String())
+	}
+
+	node.Returns = nil
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "1"}) == 1 && value(f, "gpu_exporter_nvml_initialized", nil) == 1
+	}, "GPUs up once they can be listed")
+	calls = traceLines(t, trace)
+	inits, shutdowns = countCalls(calls, "nvmlInit"), countCalls(calls, "nvmlShutdown")
+	if shutdowns != inits-1 {
+		t.Errorf("after recovery: %d nvmlInit, %d nvmlShutdown; want every nvmlInit but the one in use released", inits, shutdowns)
+	}
+	if v := value(f, "gpu_exporter_nvml_inits_total", nil); v != float64(inits) {
+		t.Errorf("gpu_exporter_nvml_inits_total = %v, want %d: every successful nvmlInit", v, inits)
+	}
+}
+
 // A driver reload (every call UNINITIALIZED until nvmlInit again) is
 // recovered: NVML is released and initialised again, the GPUs come back,
 // and XIDs raised after the reload are counted on a new event set. An
