@@ -2,6 +2,7 @@ package nvmlsampler
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -152,6 +153,68 @@ func (g *gatedSource) Open() (xid.Waiter, error) {
 		return nil, err
 	}
 	return &gatedWaiter{w: w, gen: gen, life: g.life}, nil
+}
+
+// Create creates a set on the source, no device registered yet (see
+// xid.StagedSource); on a source that cannot, the set is opened whole at
+// Register.
+func (g *gatedSource) Create() (xid.UnregisteredSet, error) {
+	gen, ok := g.life.generation()
+	if !ok {
+		return nil, xid.ErrNotReady
+	}
+	st, ok := g.src.(xid.StagedSource)
+	if !ok {
+		return &gatedSet{gen: gen, life: g.life, open: g.src.Open}, nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	set, err := st.Create()
+	if err != nil {
+		return nil, err
+	}
+	return &gatedSet{set: set, gen: gen, life: g.life}, nil
+}
+
+// gatedSet is a set created but not registered, of one library instance.
+type gatedSet struct {
+	set  xid.UnregisteredSet // nil: open registers too
+	open func() (xid.Waiter, error)
+	gen  uint64
+	life *lifecycle
+}
+
+func (g *gatedSet) current() bool {
+	gen, ok := g.life.generation()
+	return ok && gen == g.gen
+}
+
+func (g *gatedSet) Register() (xid.Waiter, error) {
+	if !g.current() {
+		return nil, fmt.Errorf("%w: %v", xid.ErrNotReady, errDriverReloaded) // the set went with its driver
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	var w xid.Waiter
+	var err error
+	if g.set != nil {
+		w, err = g.set.Register()
+	} else {
+		w, err = g.open()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &gatedWaiter{w: w, gen: g.gen, life: g.life}, nil
+}
+
+func (g *gatedSet) Free() error {
+	if g.set == nil || !g.current() {
+		return nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	return g.set.Free()
 }
 
 type gatedWaiter struct {

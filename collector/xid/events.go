@@ -38,6 +38,28 @@ type EventSource interface {
 	Open() (Waiter, error)
 }
 
+// StagedSource is an EventSource that can create a set before it registers
+// the devices on it. The Reader replaces a broken set by creating the new
+// one, reading what the old one still holds, registering the new one and
+// closing the old one at once: NVML delivers an event to every set
+// registered at that moment, so an event raised while both sets are
+// registered would be read twice, and one raised while neither is, never.
+type StagedSource interface {
+	EventSource
+	// Create makes an event set with no device registered on it.
+	Create() (UnregisteredSet, error)
+}
+
+// UnregisteredSet is a set a StagedSource created, no device registered on
+// it yet.
+type UnregisteredSet interface {
+	// Register registers the devices on the set and returns its Waiter;
+	// when it fails the set is freed.
+	Register() (Waiter, error)
+	// Free frees the set unused.
+	Free() error
+}
+
 // Waiter waits on one event set. Wait and Close are called from one
 // goroutine, never concurrently.
 type Waiter interface {
@@ -317,10 +339,9 @@ func (r *Reader) InstanceCounts() []InstanceCount {
 // Run reads events until ctx ends, then closes the set and returns ctx's
 // error. It returns within about WaitTimeout of ctx ending.
 //
-// A set that fails is replaced by a new one created before the old one is
-// closed, and the old one's queued events are read first: NVML delivers no
-// event raised while no set is registered, so a gap between sets loses
-// XIDs.
+// A set that fails is replaced without a gap and without an overlap (see
+// replace): NVML delivers no event raised while no set is registered, and
+// delivers one raised while two are to both.
 func (r *Reader) Run(ctx context.Context) error {
 	waitTimeout := r.WaitTimeout
 	if waitTimeout <= 0 {
@@ -408,26 +429,52 @@ func (r *Reader) Run(ctx context.Context) error {
 			backoff = minB
 		default:
 			r.fail(fmt.Errorf("waiting for events: %w", err))
-			if nw, oerr := r.src.Open(); oerr == nil {
-				r.drain(w)
-				if cerr := w.Close(); cerr != nil {
-					r.logf("xid: closing the event set: %v", cerr)
-				}
+			nw, oerr := r.replace(w)
+			w = nil
+			if oerr == nil {
 				w = nw
 				r.recreated.Add(1)
 				r.logf("xid: event set re-created")
 				r.setOpen(w)
 				continue
-			} else if !errors.Is(oerr, ErrNotReady) {
+			}
+			r.setOpen(nil)
+			if !errors.Is(oerr, ErrNotReady) {
 				r.fail(fmt.Errorf("opening the event set: %w", oerr))
 			}
-			closeSet()
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, maxB)
 		}
 		r.setOpen(w) // registrations that finished late
 	}
 	return ctx.Err()
+}
+
+// replace closes the broken set old and opens the next one. A staged
+// source creates the new set first (the slow part, during which old still
+// receives events), then old is read until it holds nothing, the new set
+// is registered and old closed at once: an event raised before the new
+// set is registered is read from old, one raised after from the new set
+// only, as old is closed unread. Only an event raised in the instant
+// between old's last read and the registration is missed. A source that
+// creates and registers in one call gets old read first, then its Open.
+func (r *Reader) replace(old Waiter) (Waiter, error) {
+	defer func() {
+		if err := old.Close(); err != nil {
+			r.logf("xid: closing the event set: %v", err)
+		}
+	}()
+	st, ok := r.src.(StagedSource)
+	if !ok {
+		r.drain(old)
+		return r.src.Open()
+	}
+	set, err := st.Create()
+	r.drain(old)
+	if err != nil {
+		return nil, err
+	}
+	return set.Register()
 }
 
 // drain reads the events a failed set still holds, until it answers
@@ -572,6 +619,15 @@ type registered struct {
 
 // Open creates an NVML event set and registers the devices on it.
 func (s *NVMLEventSource) Open() (Waiter, error) {
+	set, err := s.Create()
+	if err != nil {
+		return nil, err
+	}
+	return set.Register()
+}
+
+// Create creates an NVML event set, no device registered on it yet.
+func (s *NVMLEventSource) Create() (UnregisteredSet, error) {
 	n := len(s.devices)
 	if s.devices == nil {
 		var ret nvml.Return
@@ -586,6 +642,28 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
 	}
+	return &nvmlSet{src: s, set: set, n: n}, nil
+}
+
+// nvmlSet is an NVML event set created, its n devices not registered yet.
+type nvmlSet struct {
+	src *NVMLEventSource
+	set nvml.EventSet
+	n   int
+}
+
+// Free frees the set unused.
+func (c *nvmlSet) Free() error {
+	if ret := c.set.Free(); ret != nvml.SUCCESS {
+		return fmt.Errorf("freeing the NVML event set: %w", ret)
+	}
+	return nil
+}
+
+// Register registers the devices on the set, in parallel and under
+// RegisterTimeout.
+func (c *nvmlSet) Register() (Waiter, error) {
+	s, set, n := c.src, c.set, c.n
 	w := &nvmlWaiter{set: set, src: s, slots: make([]Coverage, n)}
 	for i := range w.slots {
 		w.slots[i] = Coverage{GPU: i}

@@ -355,6 +355,60 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 	}
 }
 
+// A set replaced during an XID storm counts every XID once: GPU 1 falls
+// off the bus (breaking the set) as GPU 0 starts raising XID 13 at 1 kHz,
+// and the next set takes 200 ms to create. What the old set received
+// before the new one is registered is read from the old one; nothing
+// reaches the page twice (an XID raised while both sets are registered is
+// delivered to both).
+func TestRealBinaryCountsEachXIDOnceAcrossSetRecreation(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	const raised = 2000
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+	}, "both GPUs registered")
+	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
+
+	node.GPUs[1].Lost = true
+	node.Blocks = map[string]time.Duration{"nvmlEventSetCreate": 200 * time.Millisecond}
+	node.Bursts = []fakenvml.Burst{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13, Count: raised, Every: time.Millisecond}}
+	writeNode(t, node, path)
+	count := func(f map[string]*dto.MetricFamily) float64 {
+		return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "0", "xid": "13"})
+	}
+	// Wait until the count holds still for two samples: every XID raised
+	// has been read, from one set or the other.
+	var last, n float64 = -1, 0
+	stable := 0
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		ts := value(f, "gpu_exporter_last_sample_timestamp_seconds", nil)
+		if ts == last {
+			return false
+		}
+		last = ts
+		if c := count(f); c >= raised && c == n {
+			stable++
+		} else {
+			n, stable = c, 0
+		}
+		return stable >= 2
+	}, "every XID of the storm counted, and the count holding still")
+	if n != raised {
+		t.Errorf("gpu_xid_errors_total{gpu=0,xid=13} = %v for %d XIDs raised", n, raised)
+	}
+	if countCalls(traceLines(t, trace), "nvmlEventSetCreate") == creates {
+		t.Error("the broken set was never replaced")
+	}
+}
+
 // A GPU hung inside the driver holding a driver-wide lock stalls every
 // GPU. What the operator sees, precisely: the sampler goes on (a new
 // sample every interval) and says every GPU is down and the nvml collector
