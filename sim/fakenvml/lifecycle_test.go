@@ -309,6 +309,21 @@ func TestRealBinaryRegistersEventsPerGPU(t *testing.T) {
 	}, "XIDs of the late GPUs counted")
 }
 
+// twoRegisteredGPUs runs the real binary on two H100s, tracing the calls,
+// until both GPUs are registered for events.
+func twoRegisteredGPUs(t *testing.T) (node *fakenvml.Node, path, trace string, e *exporter) {
+	t.Helper()
+	node = fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	path = filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace = filepath.Join(t.TempDir(), "trace")
+	e = startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+	}, "both GPUs registered")
+	return node, path, trace, e
+}
+
 // A set that breaks (a GPU registered on it falls off the bus) is replaced
 // by a new one created before the old one is closed, and what the old one
 // still holds is read: XIDs of the healthy GPUs raised while the new set is
@@ -318,14 +333,7 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
-	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
-	path := filepath.Join(t.TempDir(), "node.conf")
-	writeNode(t, node, path)
-	trace := filepath.Join(t.TempDir(), "trace")
-	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
-	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
-	}, "both GPUs registered")
+	node, path, trace, e := twoRegisteredGPUs(t)
 	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
 
 	// GPU 1 falls off the bus; creating the next set takes 3 s.
@@ -367,14 +375,7 @@ func TestRealBinaryCountsEachXIDOnceAcrossSetRecreation(t *testing.T) {
 		t.Skip("builds and runs the exporter binary")
 	}
 	const raised = 2000
-	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
-	path := filepath.Join(t.TempDir(), "node.conf")
-	writeNode(t, node, path)
-	trace := filepath.Join(t.TempDir(), "trace")
-	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
-	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
-	}, "both GPUs registered")
+	node, path, trace, e := twoRegisteredGPUs(t)
 	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
 
 	node.GPUs[1].Lost = true
