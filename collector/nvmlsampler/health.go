@@ -92,10 +92,13 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 			}
 			break // no NVLink, or past the last link
 		}
+		if !h.NVLinkActive.OK {
+			h.NVLinkActive = sample.Some(0) // the GPU has NVLink: count its links up
+		}
 		if st != nvml.FEATURE_ENABLED {
 			continue
 		}
-		h.NVLinkActive++
+		h.NVLinkActive.V++
 		perLink := false
 		for t, et := range nvlinkReads {
 			if et.Counter < 0 {

@@ -92,12 +92,12 @@ func (l *lifecycle) setDown(reason string) {
 }
 
 // retryLater schedules the next nvmlInit after the backoff, which doubles
-// from cfg.MinBackoff to cfg.MaxBackoff, and says why NVML is down with
-// reason (given the backoff). It returns the backoff.
-func (l *lifecycle) retryLater(cfg SamplerConfig, reason func(backoff time.Duration) string) time.Duration {
+// from minB to maxB, and says why NVML is down with reason (given the
+// backoff). It returns the backoff.
+func (l *lifecycle) retryLater(minB, maxB time.Duration, reason func(backoff time.Duration) string) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.backoff = min(max(l.backoff*2, cfg.MinBackoff), cfg.MaxBackoff)
+	l.backoff = min(max(l.backoff*2, minB), maxB)
 	l.nextTry = time.Now().Add(l.backoff)
 	l.downReason = reason(l.backoff)
 	return l.backoff

@@ -711,7 +711,7 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 	}
 	l.mu.Unlock()
 	if ret != nvml.SUCCESS {
-		b := l.retryLater(s.cfg, func(b time.Duration) string {
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
 			return fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), b)
 		})
 		s.cfg.Log.Warn().Str("error", ret.Error()).Dur("retry_in", b).Msg("nvmlInit failed; trying again with backoff")
@@ -730,7 +730,7 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 		// initialisations and keeps the library (and with it the driver)
 		// until as many shutdowns: release this one before trying again.
 		l.release(s.lib, s.anyBusy())
-		b := l.retryLater(s.cfg, func(b time.Duration) string {
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
 			return fmt.Sprintf("NVML cannot list the GPUs (%v); next try in %s", err, b)
 		})
 		l.mu.Lock()

@@ -133,8 +133,13 @@ func collectState(st *state.State, ch chan<- prometheus.Metric) {
 			break
 		}
 		g := &s.GPUs[i]
-		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[0]), strconv.Itoa(g.GPU), g.UUID, "single_bit")
-		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[1]), strconv.Itoa(g.GPU), g.UUID, "double_bit")
+		// A GPU not registered for a type (ECC off) cannot say: no series.
+		if n.SingleWatched {
+			ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n.Single), strconv.Itoa(g.GPU), g.UUID, "single_bit")
+		}
+		if n.DoubleWatched {
+			ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n.Double), strconv.Itoa(g.GPU), g.UUID, "double_bit")
+		}
 	}
 	for _, x := range st.ECCUncorrectedGrew {
 		ch <- prometheus.MustNewConstMetric(eccLastIncreaseDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)

@@ -116,7 +116,7 @@ func fragInput(s *sample.NodeSample, a *Allocations) []fragmentation.GPU {
 			SharedFree: shared[sample.GPUKey(g.GPU)]}
 		fg.MemoryTotal = g.UsableMemory()
 		fg.MemoryUsed, _ = g.Values.Get(sample.FieldMemoryUsed)
-		if g.Health.NVLinkActive > 0 {
+		if g.Health.NVLinkActive.V > 0 {
 			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
 			// one domain. NVLink-bridged PCIe pairs would need topology
 			// queries this does not make; they count as one domain too.

@@ -11,12 +11,14 @@ import (
 // sim/miggeometry lists it), with the GPU instances given.
 func a100Layout(instances map[int]sample.MIGPlacement) *sample.MIGLayout {
 	return &sample.MIGLayout{TotalSlices: 7, MemorySlices: 8, Instances: instances, Profiles: []sample.MIGProfileInfo{
-		{Name: "1g.10gb", Slices: 1, MaxInstances: 7, Placements: []sample.Placement{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}},
-		{Name: "3g.40gb", Slices: 3, MaxInstances: 2, Placements: []sample.Placement{{0, 4}, {4, 4}}},
-		{Name: "4g.40gb", Slices: 4, MaxInstances: 1, Placements: []sample.Placement{{0, 4}}},
-		{Name: "7g.80gb", Slices: 7, MaxInstances: 1, Placements: []sample.Placement{{0, 8}}},
+		{Name: "1g.10gb", Slices: 1, MaxInstances: 7, Placements: []sample.Placement{pl(0, 1), pl(1, 1), pl(2, 1), pl(3, 1), pl(4, 1), pl(5, 1), pl(6, 1)}},
+		{Name: "3g.40gb", Slices: 3, MaxInstances: 2, Placements: []sample.Placement{pl(0, 4), pl(4, 4)}},
+		{Name: "4g.40gb", Slices: 4, MaxInstances: 1, Placements: []sample.Placement{pl(0, 4)}},
+		{Name: "7g.80gb", Slices: 7, MaxInstances: 1, Placements: []sample.Placement{pl(0, 8)}},
 	}}
 }
+
+func pl(start, size int) sample.Placement { return sample.Placement{Start: start, Size: size} }
 
 // A GPU instance without compute instances (nvidia-smi mig -cgi without
 // -C) is in the layout NVML reports (nvmlDeviceGetGpuInstances) but has

@@ -15,9 +15,9 @@ func joinXIDs(st *State, r *xid.Reader) {
 	st.XIDs = r.Counter().Snapshot()
 	st.XIDLast = r.Counter().LastPerDevice()
 	st.XIDInstances = spreadInstanceXIDs(s, r.InstanceCounts())
-	st.ECCEvents = make([][2]uint64, len(s.GPUs))
+	st.ECCEvents = make([]xid.ECCEventCount, len(s.GPUs))
 	for i, g := range s.GPUs {
-		st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
+		st.ECCEvents[i] = r.ECCEvents(g.GPU)
 	}
 	supported := !r.Unsupported()
 	st.XIDEventsSupported = &supported

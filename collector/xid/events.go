@@ -80,6 +80,10 @@ type Coverage struct {
 	// Unsupported: the GPU supports none of the watched event types; it is
 	// not registered, and never will be.
 	Unsupported bool
+	// Types are the event types the GPU is registered for (of
+	// WatchedEventTypes, those it supports: no ECC events where ECC is
+	// off); 0 where the source cannot say.
+	Types uint64
 }
 
 // CoverageReporter is a Waiter that knows which GPUs its set covers.
@@ -180,6 +184,7 @@ type Reader struct {
 
 	mu        sync.Mutex
 	ecc       map[int]*eccCount
+	watched   map[int]uint64 // by GPU: the event types it was ever registered for, or sent
 	instances map[instanceKey]*series
 	lastErr   error
 	// Coverage: the GPUs of the latest set, and the time with no set open.
@@ -215,7 +220,7 @@ func NewReader(src EventSource, counter *Counter) *Reader {
 	if counter == nil {
 		counter = NewCounter()
 	}
-	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}}
+	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}, watched: map[int]uint64{}}
 }
 
 // Coverage returns, per GPU of the latest event set, whether it is
@@ -265,6 +270,11 @@ func (r *Reader) setOpen(w Waiter) {
 	}
 	if c, ok := w.(CoverageReporter); ok {
 		r.covered = c.Covered()
+		for _, g := range r.covered {
+			if g.Registered {
+				r.watched[g.GPU] |= g.Types
+			}
+		}
 	} else if w != nil {
 		r.covered = nil // the source cannot tell
 	}
@@ -299,15 +309,25 @@ func (r *Reader) LastError() error {
 	return r.lastErr
 }
 
-// ECCEvents returns the single- and double-bit ECC error events received for
-// a GPU since the process started. Both never decrease.
-func (r *Reader) ECCEvents(gpu int) (single, double uint64) {
+// ECCEventCount is a GPU's single- and double-bit ECC error events
+// received since the process started (both never decrease), and whether
+// the GPU was ever registered for each type: a GPU with ECC off supports
+// neither, and its 0 would mean nothing.
+type ECCEventCount struct {
+	Single, Double               uint64
+	SingleWatched, DoubleWatched bool
+}
+
+// ECCEvents returns a GPU's ECC error events.
+func (r *Reader) ECCEvents(gpu int) ECCEventCount {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if c := r.ecc[gpu]; c != nil {
-		return c.single, c.double
+	w := r.watched[gpu]
+	c := ECCEventCount{SingleWatched: w&nvml.EventTypeSingleBitEccError != 0, DoubleWatched: w&nvml.EventTypeDoubleBitEccError != 0}
+	if n := r.ecc[gpu]; n != nil {
+		c.Single, c.Double = n.single, n.double
 	}
-	return 0, 0
+	return c
 }
 
 // InstanceCounts returns the Xid counts per MIG instance, ordered by GPU,
@@ -533,6 +553,7 @@ func (r *Reader) handle(ev Event) {
 			c = &eccCount{}
 			r.ecc[ev.GPU] = c
 		}
+		r.watched[ev.GPU] |= ev.Type // a GPU that sent one has them, whatever its source says
 		if ev.Type&nvml.EventTypeSingleBitEccError != 0 {
 			c.single++
 		}
@@ -810,7 +831,7 @@ func (w *nvmlWaiter) register(i int) {
 	}
 	w.mu.Lock()
 	w.regs = append(w.regs, registered{dev: d, gpu: gpu, uuid: uuid})
-	w.slots[i].Registered = true
+	w.slots[i].Registered, w.slots[i].Types = true, types
 	w.mu.Unlock()
 }
 

@@ -150,8 +150,7 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 			t.Fatalf("count went down: %d -> %d", prev, sum)
 		}
 		prev = sum
-		single, _ := r.ECCEvents(1)
-		return sum == 5 && single == 2 && r.Up()
+		return sum == 5 && r.ECCEvents(1).Single == 2 && r.Up()
 	})
 	if err := cancel(); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run returned %v", err)
@@ -164,11 +163,11 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 	if got := total(c, 1, 79); got != 2 {
 		t.Errorf("GPU 1 Xid 79: %d, want 2", got)
 	}
-	if s, d := r.ECCEvents(1); s != 2 || d != 1 {
-		t.Errorf("ECCEvents(1) = %d, %d; want 2, 1", s, d)
+	if e := r.ECCEvents(1); e.Single != 2 || e.Double != 1 || !e.SingleWatched || !e.DoubleWatched {
+		t.Errorf("ECCEvents(1) = %+v; want 2 and 1, both seen", e)
 	}
-	if s, d := r.ECCEvents(0); s != 0 || d != 0 {
-		t.Errorf("ECCEvents(0) = %d, %d", s, d)
+	if e := r.ECCEvents(0); e != (ECCEventCount{}) {
+		t.Errorf("ECCEvents(0) = %+v: no event, and a source that cannot say what GPU 0 is registered for", e)
 	}
 	if r.Recreated() != 2 {
 		t.Errorf("Recreated = %d, want 2", r.Recreated())
@@ -326,7 +325,8 @@ func TestNVMLEventSource(t *testing.T) {
 		t.Error("GPU 2 (NOT_SUPPORTED) was registered")
 	}
 	cov := w.(CoverageReporter).Covered()
-	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true}, {GPU: 1, UUID: "GPU-1", Registered: true},
+	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true, Types: WatchedEventTypes},
+		{GPU: 1, UUID: "GPU-1", Registered: true, Types: nvml.EventTypeXidCriticalError},
 		{GPU: 2, UUID: "GPU-2", Unsupported: true}, {GPU: 3, UUID: "GPU-3"}}
 	if !slices.Equal(cov, wantCov) {
 		t.Errorf("coverage %+v, want %+v", cov, wantCov)

@@ -161,7 +161,8 @@ type GPU struct {
 	ClockEventReasons          *uint64
 	SupportedClockEventReasons *uint64
 	NUMANode                   *int
-	// SupportedEvents defaults to XID, single and double bit ECC.
+	// SupportedEvents defaults to XID, and single and double bit ECC where
+	// ECC is enabled.
 	SupportedEvents *uint64
 	MIG             *MIG
 	// Lost makes every call on the GPU answer GPU_IS_LOST.

@@ -1613,10 +1613,13 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     RETURN(NVML_ERROR_INSUFFICIENT_RESOURCES);
 }
 
-#define DEFAULT_EVENTS (nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError)
-
+// supportedEvents: XIDs, and ECC events where ECC is on (nvml.h,
+// nvmlDeviceRegisterEvents: "ECC events are available only on ECC-enabled
+// devices"), unless supported_events says otherwise.
 static unsigned long long supportedEvents(int gpu) {
-    unsigned long long v = DEFAULT_EVENTS;
+    unsigned long long v = nvmlEventTypeXidCriticalError, mode[2];
+    if (parseList(get("gpu.%d.ecc.mode", gpu), mode, 2) == 2 && mode[0] == NVML_FEATURE_ENABLED)
+        v |= nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError;
     getU64(&v, "gpu.%d.supported_events", gpu);
     return v;
 }
