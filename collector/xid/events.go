@@ -610,6 +610,9 @@ type NVMLEventSource struct {
 
 	mu       sync.Mutex
 	inFlight map[int]bool // GPUs (by position) whose registration has not returned
+	// known is each GPU's (by position) index and UUID when it last told
+	// them: a GPU lost from the bus cannot, and its coverage keeps them.
+	known map[int]Coverage
 }
 
 // DefaultRegisterTimeout bounds the registration of all GPUs at Open.
@@ -686,9 +689,15 @@ func (c *nvmlSet) Free() error {
 func (c *nvmlSet) Register() (Waiter, error) {
 	s, set, n := c.src, c.set, c.n
 	w := &nvmlWaiter{set: set, src: s, slots: make([]Coverage, n)}
+	s.mu.Lock()
 	for i := range w.slots {
+		// Until it tells them, a GPU has the identity it last had.
 		w.slots[i] = Coverage{GPU: i}
+		if k, ok := s.known[i]; ok {
+			w.slots[i] = k
+		}
 	}
+	s.mu.Unlock()
 	done := make(chan struct{}, n)
 	pending := 0
 	for i := 0; i < n; i++ {
@@ -793,6 +802,12 @@ func (w *nvmlWaiter) register(i int) {
 		s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
 		return
 	}
+	s.mu.Lock()
+	if s.known == nil {
+		s.known = map[int]Coverage{}
+	}
+	s.known[i] = Coverage{GPU: gpu, UUID: uuid}
+	s.mu.Unlock()
 	w.mu.Lock()
 	w.slots[i].GPU, w.slots[i].UUID = gpu, uuid
 	w.mu.Unlock()

@@ -363,6 +363,36 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 	}
 }
 
+// A GPU lost from the bus cannot be registered on the next event set, nor
+// tell its UUID: its gpu_xid_events_registered series says 0 under the
+// identity it had, so that it still joins gpu_info (which keeps it too).
+func TestRealBinaryKeepsALostGPUsIdentityInItsRegistration(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node, path, _, e := twoRegisteredGPUs(t)
+	uuid := node.GPUs[1].UUID
+	node.GPUs[1].Lost = true
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		v, ok := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"})
+		return ok && v == 0
+	}, "GPU 1 not registered")
+	for _, m := range f["gpu_xid_events_registered"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["gpu"] == "1" && labels["uuid"] != uuid {
+			t.Errorf("gpu_xid_events_registered of the lost GPU has uuid %q, want %q", labels["uuid"], uuid)
+		}
+	}
+	if _, ok := sample(f, "gpu_info", map[string]string{"gpu": "1", "uuid": uuid}); !ok {
+		t.Errorf("gpu_info of the lost GPU lost its uuid %s", uuid)
+	}
+}
+
 // A set replaced during an XID storm counts every XID once: GPU 1 falls
 // off the bus (breaking the set) as GPU 0 starts raising XID 13 at 1 kHz,
 // and the next set takes 200 ms to create. What the old set received
