@@ -793,6 +793,33 @@ func (s *Sampler) lost(err error) {
 	l.release(s.lib, s.anyBusy())
 }
 
+// MIGDevices names the MIG devices the sampler read last in a GPU instance
+// of a GPU (xid.InstanceResolver): the compute instance in.ComputeInstance,
+// or every one when it is -1. known is false until the GPU's identity was
+// read, or when uuid names another GPU than the one at that index.
+func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance) (devices []xid.MIGDevice, known bool) {
+	s.mu.Lock()
+	workers := s.workers
+	s.mu.Unlock()
+	for _, w := range workers {
+		if w.index != gpu {
+			continue
+		}
+		w.identMu.Lock()
+		defer w.identMu.Unlock()
+		if w.ident.UUID == "" || (uuid != "" && uuid != w.ident.UUID) {
+			return nil, false
+		}
+		for _, m := range w.migIdent {
+			if m.GPUInstance == in.GPUInstance && (in.ComputeInstance < 0 || m.ComputeInstance == in.ComputeInstance) {
+				devices = append(devices, xid.MIGDevice{UUID: m.MIGUUID, ComputeInstance: m.ComputeInstance})
+			}
+		}
+		return devices, true
+	}
+	return nil, false
+}
+
 // Status says whether NVML is usable now, and if not why and since when.
 func (s *Sampler) Status() sample.NVMLStatus { return s.life.status() }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,25 +113,6 @@ type Event struct {
 	Instance *Instance
 }
 
-// Instance is a MIG device: a GPU instance and, when NVML names it, a
-// compute instance (-1 when it does not).
-type Instance struct{ GPUInstance, ComputeInstance int }
-
-// noInstance is NVML's "not attributable to an instance" (0xFFFFFFFF).
-const noInstance = ^uint32(0)
-
-// eventInstance reads the instance IDs of an NVML event.
-func eventInstance(gi, ci uint32) *Instance {
-	if gi == noInstance {
-		return nil
-	}
-	in := &Instance{GPUInstance: int(gi), ComputeInstance: -1}
-	if ci != noInstance {
-		in.ComputeInstance = int(ci)
-	}
-	return in
-}
-
 // WatchedEventTypes are the NVML event types the NVML event source registers,
 // on each device masked by what the device supports.
 const WatchedEventTypes uint64 = nvml.EventTypeXidCriticalError |
@@ -172,6 +152,9 @@ type Reader struct {
 	RetryMissing time.Duration
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Instances names the MIG device behind an XID's instance IDs, so that
+	// its count stays with that device (nil: counted by the IDs alone).
+	Instances InstanceResolver
 
 	src     EventSource
 	counter *Counter
@@ -185,31 +168,12 @@ type Reader struct {
 	mu        sync.Mutex
 	ecc       map[int]*eccCount
 	watched   map[int]uint64 // by GPU: the event types it was ever registered for, or sent
-	instances map[instanceKey]*series
+	instances instanceCounts
 	lastErr   error
 	// Coverage: the GPUs of the latest set, and the time with no set open.
 	covered        []Coverage
 	uncovered      time.Duration
 	uncoveredSince time.Time // zero while a set is open
-}
-
-type instanceKey struct {
-	gpu      int
-	uuid     string
-	instance Instance
-	code     int
-}
-
-// InstanceCount is the Xid events of one code attributed to one MIG
-// instance, as NVML's event names it. They are also counted on the GPU.
-type InstanceCount struct {
-	GPU      int
-	UUID     string
-	Instance Instance
-	Code     int
-	Entry    Entry
-	Total    uint64
-	Last     time.Time
 }
 
 type eccCount struct{ single, double uint64 }
@@ -330,30 +294,15 @@ func (r *Reader) ECCEvents(gpu int) ECCEventCount {
 	return c
 }
 
-// InstanceCounts returns the Xid counts per MIG instance, ordered by GPU,
-// GPU instance, compute instance and code. Totals never decrease.
+// InstanceCounts returns the Xid counts per MIG device, ordered by GPU, GPU
+// instance, compute instance, MIG device and code; totals never decrease.
+// Events that came before their GPU's MIG devices were read are placed
+// first, if the resolver can name them now.
 func (r *Reader) InstanceCounts() []InstanceCount {
 	r.mu.Lock()
-	out := make([]InstanceCount, 0, len(r.instances))
-	for k, s := range r.instances {
-		out = append(out, InstanceCount{GPU: k.gpu, UUID: k.uuid, Instance: k.instance, Code: k.code, Entry: Lookup(k.code), Total: s.total, Last: s.last})
-	}
-	r.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		switch {
-		case a.GPU != b.GPU:
-			return a.GPU < b.GPU
-		case a.UUID != b.UUID:
-			return a.UUID < b.UUID
-		case a.Instance.GPUInstance != b.Instance.GPUInstance:
-			return a.Instance.GPUInstance < b.Instance.GPUInstance
-		case a.Instance.ComputeInstance != b.Instance.ComputeInstance:
-			return a.Instance.ComputeInstance < b.Instance.ComputeInstance
-		}
-		return a.Code < b.Code
-	})
-	return out
+	defer r.mu.Unlock()
+	r.instances.resolvePending(r.Instances, r.now())
+	return r.instances.snapshot()
 }
 
 // Run reads events until ctx ends, then closes the set and returns ctx's
@@ -531,19 +480,7 @@ func (r *Reader) handle(ev Event) {
 			// A tenant's XID 13/31/43 on MIG points at its instance, and
 			// so at its pod.
 			r.mu.Lock()
-			if r.instances == nil {
-				r.instances = map[instanceKey]*series{}
-			}
-			k := instanceKey{ev.GPU, ev.UUID, *ev.Instance, int(ev.Data)}
-			s := r.instances[k]
-			if s == nil {
-				s = &series{}
-				r.instances[k] = s
-			}
-			s.total++
-			if at.After(s.last) {
-				s.last = at
-			}
+			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at})
 			r.mu.Unlock()
 		}
 	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:

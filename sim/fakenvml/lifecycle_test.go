@@ -709,3 +709,81 @@ func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
 		t.Errorf("nvmlShutdown called %d times, want none", n)
 	}
 }
+
+// A MIG device's XID count belongs to that device: once its GPU instance
+// is destroyed and another created under the same GPU and compute instance
+// IDs (a new UUID, another profile, another tenant), the old count leaves
+// the page with its device and is not the new device's; the new device
+// counts its own.
+func TestRealBinaryKeepsMIGXIDCountsWithTheirDevice(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	g := &node.GPUs[1]
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	e := startExporter(t, fakenvml.Full, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1 && len(migUUIDs(f)) == 1
+	}, "GPU 1 registered for events, its MIG device on the page")
+	gi, ci := g.MIG.Devices[0].GPUInstance, g.MIG.Devices[0].ComputeInstance
+	xidOn := func(code uint64) fakenvml.Event {
+		return fakenvml.Event{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: code,
+			GPUInstance: fakenvml.Ptr(uint32(gi)), ComputeInstance: fakenvml.Ptr(uint32(ci))}
+	}
+	at := map[string]string{"gpu": "1", "gpu_instance": fmt.Sprint(gi), "compute_instance": fmt.Sprint(ci)}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{k: v}
+		for a, b := range at {
+			m[a] = b
+		}
+		return m
+	}
+	node.Events = []fakenvml.Event{xidOn(13)}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_mig_xid_errors_total", with("xid", "13")) == 1
+	}, "XID 13 counted on the 3g.40gb")
+
+	old := g.MIG.Devices[0].UUID
+	if err := g.RemoveGPUInstance(gi); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	d := g.MIG.Devices[0]
+	if d.GPUInstance != gi || d.ComputeInstance != ci || d.UUID == old {
+		t.Fatalf("the new instance is GI %d CI %d %s; the test needs the old IDs and a new UUID", d.GPUInstance, d.ComputeInstance, d.UUID)
+	}
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUUIDs(f)[d.UUID] }, "the new 2g.20gb on the page")
+	if v, ok := sample(f, "gpu_mig_xid_errors_total", with("xid", "13")); ok {
+		t.Errorf("the destroyed 3g.40gb's XID 13 (%v) is served under the new 2g.20gb's IDs", v)
+	}
+	node.Events = append(node.Events, xidOn(43))
+	writeNode(t, node, path)
+	f = e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_mig_xid_errors_total", with("xid", "43")) == 1
+	}, "XID 43 counted on the 2g.20gb")
+	for _, m := range f["gpu_mig_xid_errors_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["xid"] == "13" {
+			t.Errorf("XID 13 of the destroyed instance still served: %v", labels)
+		}
+		if labels["xid"] == "43" && labels["mig_uuid"] != d.UUID {
+			t.Errorf("XID 43 served with mig_uuid %q, want the new device's %s", labels["mig_uuid"], d.UUID)
+		}
+	}
+	if v := value(f, "gpu_xid_errors_total", map[string]string{"gpu": "1", "xid": "13"}); v != 1 {
+		t.Errorf("the GPU's XID 13 count = %v, want 1: it stays with the GPU", v)
+	}
+}
