@@ -215,6 +215,15 @@ func (e *exporter) alive() bool {
 	}
 }
 
+// labelMap is a series' labels by name.
+func labelMap(m *dto.Metric) map[string]string {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	return have
+}
+
 // sample finds a family's value for the series whose labels include want.
 func sample(f map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
 	mf := f[name]
@@ -223,10 +232,7 @@ func sample(f map[string]*dto.MetricFamily, name string, want map[string]string)
 	}
 next:
 	for _, m := range mf.Metric {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
+		have := labelMap(m)
 		for k, v := range want {
 			if have[k] != v {
 				continue next

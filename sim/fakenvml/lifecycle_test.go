@@ -380,10 +380,7 @@ func TestRealBinaryKeepsALostGPUsIdentityInItsRegistration(t *testing.T) {
 		return ok && v == 0
 	}, "GPU 1 not registered")
 	for _, m := range f["gpu_xid_events_registered"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
+		labels := labelMap(m)
 		if labels["gpu"] == "1" && labels["uuid"] != uuid {
 			t.Errorf("gpu_xid_events_registered of the lost GPU has uuid %q, want %q", labels["uuid"], uuid)
 		}
@@ -772,10 +769,7 @@ func TestRealBinaryKeepsMIGXIDCountsWithTheirDevice(t *testing.T) {
 		return value(f, "gpu_mig_xid_errors_total", with("xid", "43")) == 1
 	}, "XID 43 counted on the 2g.20gb")
 	for _, m := range f["gpu_mig_xid_errors_total"].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
+		labels := labelMap(m)
 		if labels["xid"] == "13" {
 			t.Errorf("XID 13 of the destroyed instance still served: %v", labels)
 		}
