@@ -568,8 +568,8 @@ func readDevice(d Device, p probes, s *sample.DeviceState, health, prevHealth *s
 		}
 		return true, nil // the rest is per board, read on the parent GPU
 	}
-	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
-		v.Set(sample.FieldTemperature, float64(t))
+	if t, ret := readTemperature(d, p); ok(ret) {
+		v.Set(sample.FieldTemperature, t)
 	}
 	if p, ret := d.GetPowerUsage(); ok(ret) {
 		v.Set(sample.FieldPower, float64(p)/1000)
@@ -645,6 +645,28 @@ func readMemory(d Device, p probes, v *sample.Values) nvml.Return {
 		v.Set(sample.FieldMemoryTotal, float64(m.Total))
 	}
 	return ret
+}
+
+// readTemperature reads the GPU's die temperature with the versioned call
+// where the driver has it (R570+): 13.0 deprecates nvmlDeviceGetTemperature,
+// and a driver that drops it would end the process at the call.
+func readTemperature(d Device, p probes) (float64, nvml.Return) {
+	if p.temperatureV {
+		t, ret := d.GetTemperatureV1()
+		switch ret {
+		case nvml.SUCCESS:
+			return float64(t.Temperature), ret
+		case nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+			// fall back to the older call
+		default:
+			return 0, ret
+		}
+	}
+	if !p.temperature {
+		return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
+	t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU)
+	return float64(t), ret
 }
 
 // memoryWithheld: the device answered, it just does not report memory.
