@@ -111,18 +111,25 @@ func driverGone(ret nvml.Return) bool {
 
 // release shuts NVML down unless a call is in flight in it: a hung worker,
 // or an event-set call that does not finish within a couple of seconds.
-func (l *lifecycle) release(lib NVML, busy bool) {
+// It says why it did not, "" when it did or nothing was held.
+func (l *lifecycle) release(lib NVML, busy bool) (kept string) {
 	l.mu.Lock()
-	initRunning := l.initCh != nil
-	registering := l.registering
+	holding, initRunning, registering := l.holding, l.initCh != nil, l.registering
 	l.mu.Unlock()
-	if !l.holding || busy || initRunning || (registering != nil && registering() > 0) {
-		return
+	switch {
+	case !holding:
+		return ""
+	case busy:
+		return "NVML calls on a GPU have not returned"
+	case initRunning:
+		return "an nvmlInit has not returned"
+	case registering != nil && registering() > 0:
+		return "a GPU's event registration has not returned"
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for !l.inUse.TryLock() {
 		if time.Now().After(deadline) {
-			return
+			return "an event set call has not returned within 2s"
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -131,6 +138,7 @@ func (l *lifecycle) release(lib NVML, busy bool) {
 	l.mu.Lock()
 	l.holding = false
 	l.mu.Unlock()
+	return ""
 }
 
 type gatedSource struct {

@@ -163,17 +163,25 @@ func (s *Sampler) Driver() sample.DriverInfo {
 }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
-// library down under a call in flight is asking for a crash at exit.
+// library down under a call in flight is asking for a crash at exit. Calls
+// that hang are abandoned, and the log says so, naming their GPUs.
 func (s *Sampler) Close() {
 	s.mu.Lock()
-	workers := s.workers
-	s.mu.Unlock()
-	for _, w := range workers {
+	var hung []int
+	for _, w := range s.workers {
 		if w.busy.Load() {
-			return
+			hung = append(hung, w.index)
 		}
 	}
-	s.life.release(s.lib, false)
+	s.mu.Unlock()
+	if len(hung) > 0 {
+		s.cfg.Log.Warn().Ints("gpus", hung).
+			Msg("NVML calls on these GPUs are still blocked in the driver (a GPU hung in it): they are abandoned at exit and NVML is not shut down under them")
+		return
+	}
+	if why := s.life.release(s.lib, false); why != "" {
+		s.cfg.Log.Warn().Str("reason", why).Msg("a call still blocked in the driver is abandoned at exit; NVML is not shut down under it")
+	}
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each. While

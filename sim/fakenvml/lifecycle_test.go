@@ -1,11 +1,13 @@
 package fakenvml_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -564,6 +566,39 @@ func TestRealBinaryDriverWideStall(t *testing.T) {
 	stall()
 	e.waitFor(allDown, "every GPU down again")
 	e.stop()
+}
+
+// SIGTERM with one GPU hung in the driver: the exporter exits at once
+// (code 0), without nvmlShutdown under the hung call, and says in its log
+// that it abandoned calls blocked in the driver, naming the GPU.
+func TestRealBinaryLogsAbandonedCallsAtExit(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node, path, trace, e := twoRegisteredGPUs(t)
+	node.GPUs[1].Blocks = map[string]time.Duration{"all": fakenvml.Forever}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": ""}) == 0
+	}, "GPU 1 down, its calls hung")
+	e.stop() // fails the test unless it exits with 0 within 20 s
+	found := false
+	for _, line := range strings.Split(e.stderr.String(), "\n") {
+		var l struct {
+			Level, Message string
+			GPUs           []int
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Level == "warn" && strings.Contains(l.Message, "abandoned") && slices.Contains(l.GPUs, 1) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no warning that calls blocked in the driver on GPU 1 were abandoned:\n%s", e.stderr.String())
+	}
+	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times under a hung call, want none", n)
+	}
 }
 
 // migUUIDs lists every MIG UUID the page names, in any family.
