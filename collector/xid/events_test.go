@@ -667,7 +667,7 @@ func TestReaderCountsEachEventOnceAcrossReplacement(t *testing.T) {
 	d := &stagedDriver{}
 	r := fastReader(d)
 	cancel := start(t, r)
-	defer cancel()
+	defer func() { _ = cancel() }()
 	eventually(t, "the first set open", func() bool { return r.Up() })
 	d.raise(xidEvent(0, 13).ev)
 	eventually(t, "XID 13 counted", func() bool { return total(r.Counter(), 0, 13) == 1 })

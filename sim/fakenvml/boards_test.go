@@ -113,7 +113,7 @@ func TestRealBinaryLeavesOutWhatTheBoardCannotSay(t *testing.T) {
 	}
 	node.GPUs[3].NVLinks = nil
 	e := startBoard(t, node)
-	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
 		for gpu := 0; gpu < 4; gpu++ {
 			if v, _ := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": strconv.Itoa(gpu)}); v != 1 {
 				return false
@@ -121,7 +121,7 @@ func TestRealBinaryLeavesOutWhatTheBoardCannotSay(t *testing.T) {
 		}
 		return true
 	}, "every GPU registered for events")
-	f = healthyPage(t, e, 4)
+	f := healthyPage(t, e, 4)
 	for _, c := range []struct {
 		family, gpu string
 		labels      map[string]string
