@@ -73,6 +73,12 @@ type MIGInstance struct {
 	// once. Allocated is set when any of them is held.
 	ComputeInstances, AllocatedUnits int
 	Allocated                        bool
+	// NoComputeInstances: the GPU instance was created without a compute
+	// instance. It covers its slots and counts against its profile's
+	// per-GPU limit, but is no unit (no MIG device stands for it) and no
+	// task fits in it until a compute instance is created; its slices stay
+	// unallocated capacity, which no task shape can use.
+	NoComputeInstances bool
 	// MemoryTotal and MemoryUsed are in bytes.
 	MemoryTotal, MemoryUsed float64
 }
@@ -230,6 +236,8 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 				}
 				held = min(held, units)
 				switch {
+				case in.NoComputeInstances:
+					// No unit to count, free or not.
 				case !g.Healthy:
 					res.Unhealthy += units
 				case held > 0:
@@ -331,8 +339,7 @@ func migFitting(g *GPU, occupied uint64, freeSlices int, profile string) int {
 	}
 	n := 0
 	for j := range g.MIG.Instances {
-		in := &g.MIG.Instances[j]
-		if !in.Allocated && strings.EqualFold(in.Profile, profile) {
+		if takesTask(&g.MIG.Instances[j], profile) {
 			n++
 		}
 	}
@@ -354,8 +361,7 @@ func canServeMIG(g *GPU, occupied uint64, freeSlices int, profile string) bool {
 		return false
 	}
 	for j := range g.MIG.Instances {
-		in := &g.MIG.Instances[j]
-		if !in.Allocated && strings.EqualFold(in.Profile, profile) {
+		if takesTask(&g.MIG.Instances[j], profile) {
 			return true
 		}
 	}
@@ -366,6 +372,13 @@ func canServeMIG(g *GPU, occupied uint64, freeSlices int, profile string) bool {
 		}
 	}
 	return false
+}
+
+// takesTask reports whether an existing instance can take a task of
+// profile: it is of that profile, unallocated, and has a compute instance
+// to run it.
+func takesTask(in *MIGInstance, profile string) bool {
+	return !in.Allocated && !in.NoComputeInstances && strings.EqualFold(in.Profile, profile)
 }
 
 // migResult computes the MIG picture of GPU g whose existing instances cover

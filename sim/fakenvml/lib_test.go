@@ -466,6 +466,41 @@ func TestXIDEventsCarryMIGInstances(t *testing.T) {
 	}
 }
 
+// A burst delivers one event per wait, to every set registered then: a
+// set registered between two waits gets the events delivered after.
+func TestEventBurstDeliveredAtWaits(t *testing.T) {
+	node := fakenvml.NewNode(gpus.A100_SXM4_80GB, 1, fakenvml.Full)
+	lib := open(t, node)
+	d := must[nvml.Device](t, "handle")(lib.DeviceGetHandleByIndex(0))
+	sets := make([]nvml.EventSet, 2)
+	for i := range sets {
+		sets[i] = must[nvml.EventSet](t, "event set")(lib.EventSetCreate())
+		defer func() { _ = sets[i].Free() }()
+	}
+	if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError, sets[0]); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	node.Bursts = []fakenvml.Burst{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13, Count: 3, Every: time.Microsecond}}
+	write(t, node)
+	if e := must[nvml.EventData](t, "wait")(sets[0].Wait(5000)); e.EventData != 13 {
+		t.Fatalf("event %+v", e)
+	}
+	if ret := d.RegisterEvents(nvml.EventTypeXidCriticalError, sets[1]); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	got := [2]int{1, 0}
+	for i := 0; i < 4; i++ { // two events left, each to both sets
+		for j, set := range sets {
+			if _, ret := set.Wait(20); ret == nvml.SUCCESS {
+				got[j]++
+			}
+		}
+	}
+	if got != [2]int{3, 2} {
+		t.Errorf("events per set %v, want [3 2]: the second set registered after the first event", got)
+	}
+}
+
 func TestProcesses(t *testing.T) {
 	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 1, fakenvml.Full)
 	node.GPUs[0].Processes = &fakenvml.Processes{

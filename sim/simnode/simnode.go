@@ -661,8 +661,23 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
+	return d.temperature(), nvml.SUCCESS
+}
+
+// GetTemperatureV1 implements nvmlsampler.Device: nvmlDeviceGetTemperatureV
+// (R570+) for the GPU's sensor.
+func (d *Device) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	d.node.require("nvmlDeviceGetTemperatureV")
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Temperature{}, ret
+	}
+	return nvml.Temperature{SensorType: uint32(nvml.TEMPERATURE_GPU), Temperature: int32(d.temperature())}, nvml.SUCCESS
+}
+
+// temperature is the die's temperature, warmer with work.
+func (d *Device) temperature() uint32 {
 	t := d.node.elapsed()
-	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("temp"), t))), nvml.SUCCESS
+	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("temp"), t)))
 }
 
 // memoryTemperature is the HBM temperature: a few degrees under the die's
@@ -902,6 +917,13 @@ func (m *MIGDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 func (m *MIGDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetTemperatureV1 implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetTemperatureV")
+	m.count()
+	return nvml.Temperature{}, nvml.ERROR_NOT_SUPPORTED
 }
 
 // GetPowerUsage implements nvmlsampler.Device: per board only.
