@@ -199,10 +199,10 @@ func (f *fleet) job(namespace, job, kind, name string) {
 		"owner_kind", kind, "owner_name", name, "owner_is_controller", "true"), from, to, constant(1)})
 }
 
-// writeOpenMetrics writes families as OpenMetrics: one family at a time,
-// each series' samples in time order, timestamps in seconds to the
-// millisecond.
-func writeOpenMetrics(path string, tl timeline, families map[string][]series) error {
+// writeOpenMetrics writes the samples of families in [from, to) as
+// OpenMetrics: one family at a time, each series' samples in time order,
+// timestamps in seconds to the millisecond.
+func writeOpenMetrics(path string, tl timeline, from, to time.Time, families map[string][]series) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -216,7 +216,7 @@ func writeOpenMetrics(path string, tl timeline, families map[string][]series) er
 	for _, name := range names {
 		fmt.Fprintf(w, "# TYPE %s gauge\n", name)
 		for _, s := range families[name] {
-			writeSeries(w, name, tl, s)
+			writeSeries(w, name, tl, from, to, s)
 		}
 	}
 	fmt.Fprintln(w, "# EOF")
@@ -227,9 +227,9 @@ func writeOpenMetrics(path string, tl timeline, families map[string][]series) er
 	return f.Close()
 }
 
-func writeSeries(w io.Writer, name string, tl timeline, s series) {
+func writeSeries(w io.Writer, name string, tl timeline, from, to time.Time, s series) {
 	for t := tl.start; !t.After(tl.end); t = t.Add(gridStep) {
-		if t.Before(s.from) || t.After(s.to) {
+		if t.Before(s.from) || t.After(s.to) || t.Before(from) || !t.Before(to) {
 			continue
 		}
 		v, ok := s.value(t)
