@@ -42,3 +42,29 @@ func TestShippedGKEPriceLists(t *testing.T) {
 		}
 	}
 }
+
+// TestPricesByAcceleratorName: a price list keyed by GKE's accelerator
+// names prices the models of those accelerators.
+func TestPricesByAcceleratorName(t *testing.T) {
+	list, err := fragmentation.ParsePriceList("gke.yaml", []byte("per_gpu_hour:\n  nvidia-tesla-t4: 0.35\n  nvidia-h100-80gb: 11\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Prices{List: list}
+	for _, tc := range []struct {
+		model, accelerator string
+		want               float64
+	}{
+		{"Tesla T4", "nvidia-tesla-t4", 0.35},
+		{"NVIDIA H100 80GB HBM3", "nvidia-h100-80gb", 11},
+		{"NVIDIA H100 80GB HBM3", "", 11}, // the key's words are all in the model's
+		{"", "nvidia-tesla-t4", 0.35},
+	} {
+		if got := p.PerGPUHour(tc.model, tc.accelerator); got == nil || *got != tc.want {
+			t.Errorf("PerGPUHour(%q, %q) = %v, want %v", tc.model, tc.accelerator, got, tc.want)
+		}
+	}
+	if got := p.PerGPUHour("NVIDIA L4", "nvidia-l4"); got != nil {
+		t.Errorf("the L4 is not in the list, but is priced %v", *got)
+	}
+}
