@@ -16,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/rightsize"
 )
 
 // rightsizingWindow is the window recommend and report read: Prometheus
@@ -29,8 +32,9 @@ const rightsizingWindow = 3 * time.Minute
 // prometheusBinary finds) that scrapes the exporter on the built-in
 // simulated node (--simulate without a scenario: research/notebook-alice
 // holds a whole H100 and never uses it, ml-training/llm-pretrain-0 and -1
-// hold two busy H100s each) and a fake kube-state-metrics, with the rules
-// evaluated every second. After three minutes of data:
+// hold two busy H100s each) and a fake kube-state-metrics, with the
+// recordings the commands read evaluated every second. After three minutes
+// of data:
 //   - recommend --window=3m releases notebook-alice or moves it to a
 //     smaller shape, and keeps the llm-pretrain StatefulSet;
 //   - report --by=namespace --since=3m has a row per namespace that holds
@@ -78,8 +82,28 @@ func TestRightsizingEndToEnd(t *testing.T) {
 	}))
 	t.Cleanup(ksm.Close)
 
-	rules := groupIntervalRE.ReplaceAllString(string(alerts.RulesYAML), "${1}1s")
-	if err := os.WriteFile(filepath.Join(tmp, "rules.yml"), []byte(rules), 0o644); err != nil {
+	// Only the recordings the commands read, every second.
+	rf, err := alerts.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := rf.Recordings(rightsize.Recordings...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type rule struct {
+		Record string `yaml:"record"`
+		Expr   string `yaml:"expr"`
+	}
+	var group []rule
+	for _, r := range recs {
+		group = append(group, rule{r.Record, r.Expr})
+	}
+	rules, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": "rightsizing", "interval": "1s", "rules": group}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "rules.yml"), rules, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	promAddr := freeAddr(t)

@@ -166,6 +166,12 @@ func newFleet(end time.Time) *fleet {
 	return f
 }
 
+// blockDuration is promtool's (hidden) largest block: the week in three
+// blocks rather than 85 of two hours, each of which promtool writes (and,
+// for OpenMetrics, reads its whole input for) on its own. A Prometheus
+// compaction range (2h x 3^4), as promtool requires.
+const blockDuration = "--max-block-duration=162h"
+
 // backfillRulesFile and backfillGroup name the rules promtool backfills:
 // its evaluation times are offset from the grid by a hash of the two
 // (rules.Group.EvalTimestamp), which evalPhase computes to put the
@@ -177,10 +183,7 @@ const (
 
 // The recordings the commands read, in the order the backfill must make
 // them: the first pass reads raw series only, the second the first's.
-var backfillPasses = [][]string{
-	{rightsize.RecordShare, rightsize.RecordActivity, rightsize.RecordMemory, rightsize.RecordModel},
-	{rightsize.RecordBusy, rightsize.RecordIdle, rightsize.RecordAccel},
-}
+var backfillPasses = [][]string{rightsize.Recordings[:4], rightsize.Recordings[4:]}
 
 // evalPhase is where promtool evaluates the group: at offset + k x
 // interval, offset the hash of the group's name and file modulo the
@@ -205,8 +208,8 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 	// The grid: promtool's evaluation times. A phase on a whole minute
 	// would put a query step exactly five minutes after a sample (where
 	// Prometheus 2 and 3 disagree on the lookback's edge); one in the
-	// last second before a two-hour block boundary would lose that
-	// evaluation between promtool's blocks.
+	// last second before a block boundary (a multiple of four minutes)
+	// would lose that evaluation between promtool's blocks.
 	phase := evalPhase(gridStep)
 	if phase%time.Minute == 0 || (gridStep-phase)%gridStep <= time.Second && phase != 0 {
 		t.Fatalf("the backfill's evaluation phase %s falls on a whole minute or just before a block boundary: rename backfillRulesFile", phase)
@@ -218,9 +221,7 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 	fx := newFleet(end)
 	began := time.Now()
 
-	// Raw blocks: the exporters' and kube-state-metrics' series. promtool
-	// reads its whole input once per two-hour block it writes: a file a day
-	// keeps that to a day's samples.
+	// Raw blocks: the exporters' and kube-state-metrics' series.
 	raw := filepath.Join(tmp, "raw")
 	all := map[string][]series{}
 	for _, fams := range []map[string][]series{fx.families, fx.ksm} {
@@ -228,13 +229,10 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 			all[name] = append(all[name], ss...)
 		}
 	}
-	for from := fx.tl.start.Truncate(day); !from.After(fx.tl.end); from = from.Add(day) {
-		om := raw + "-" + from.Format("2006-01-02") + ".om"
-		if err := writeOpenMetrics(om, fx.tl, from, from.Add(day), all); err != nil {
-			t.Fatal(err)
-		}
-		runTool(t, promtool3, tmp, "tsdb", "create-blocks-from", "openmetrics", "--quiet", om, raw)
+	if err := writeOpenMetrics(raw+".om", fx.tl, fx.tl.start, fx.tl.end.Add(time.Millisecond), all); err != nil {
+		t.Fatal(err)
 	}
+	runTool(t, promtool3, tmp, "tsdb", "create-blocks-from", blockDuration, "openmetrics", "--quiet", raw+".om", raw)
 	t.Logf("raw blocks written in %s", time.Since(began).Round(time.Millisecond))
 
 	// The rules, pass by pass, each against a Prometheus on what the
@@ -243,22 +241,14 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exprs := map[string]string{}
-	for _, g := range rf.Groups {
-		for _, r := range g.Rules {
-			if r.Record != "" {
-				exprs[r.Record] = r.Expr
-			}
-		}
-	}
 	blockDirs := []string{raw}
 	for i, names := range backfillPasses {
 		data := filepath.Join(tmp, fmt.Sprintf("data-pass%d", i+1))
 		copyBlocks(t, data, blockDirs...)
 		prom := startPrometheus(t, ctx, servers[0], data)
-		writeRules(t, filepath.Join(tmp, backfillRulesFile), names, exprs, backfillPasses[:i])
+		writeRules(t, filepath.Join(tmp, backfillRulesFile), rf, names, backfillPasses[:i])
 		out := filepath.Join(tmp, fmt.Sprintf("rules-pass%d", i+1))
-		runTool(t, promtool3, tmp, "tsdb", "create-blocks-from", "rules", "--quiet", "--url="+prom,
+		runTool(t, promtool3, tmp, "tsdb", "create-blocks-from", blockDuration, "rules", "--quiet", "--url="+prom,
 			"--start="+strconv.FormatInt(fx.tl.start.Unix()-1, 10), "--end="+strconv.FormatInt(end.Add(time.Minute).Unix(), 10),
 			"--eval-interval="+gridStep.String(), "--output-dir="+out, backfillRulesFile)
 		blockDirs = append(blockDirs, out)
@@ -503,7 +493,7 @@ func runCommand(t *testing.T, gpe string, args ...string) (stdout, stderr string
 
 // writeRules writes the backfill's rule file: the named recordings, in
 // one group; each must read only raw series and earlier passes'.
-func writeRules(t *testing.T, path string, names []string, exprs map[string]string, earlier [][]string) {
+func writeRules(t *testing.T, path string, rf *alerts.RuleFile, names []string, earlier [][]string) {
 	t.Helper()
 	done := map[string]bool{}
 	for _, p := range earlier {
@@ -511,24 +501,24 @@ func writeRules(t *testing.T, path string, names []string, exprs map[string]stri
 			done[n] = true
 		}
 	}
+	rules, err := rf.Recordings(names...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	type rule struct {
 		Record string `yaml:"record"`
 		Expr   string `yaml:"expr"`
 	}
-	var rules []rule
-	for _, n := range names {
-		e, ok := exprs[n]
-		if !ok {
-			t.Fatalf("the rules file records no %s", n)
-		}
-		for rec := range exprs {
-			if rec != n && !done[rec] && regexp.MustCompile(`(^|[^a-zA-Z0-9_:])`+regexp.QuoteMeta(rec)+`($|[^a-zA-Z0-9_:])`).MatchString(e) {
-				t.Fatalf("%s reads %s, which no earlier backfill pass records: add it to backfillPasses", n, rec)
+	var out []rule
+	for _, r := range rules {
+		for _, rec := range rf.RecordNames() {
+			if rec != r.Record && !done[rec] && regexp.MustCompile(`(^|[^a-zA-Z0-9_:])`+regexp.QuoteMeta(rec)+`($|[^a-zA-Z0-9_:])`).MatchString(r.Expr) {
+				t.Fatalf("%s reads %s, which no earlier backfill pass records: add it to backfillPasses", r.Record, rec)
 			}
 		}
-		rules = append(rules, rule{n, e})
+		out = append(out, rule{r.Record, r.Expr})
 	}
-	b, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": backfillGroup, "rules": rules}}})
+	b, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": backfillGroup, "rules": out}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +583,6 @@ func runTool(t *testing.T, bin, dir string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOGC=400")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
 	}

@@ -27,6 +27,10 @@ const (
 	RecordAccel    = "node:gpu_accelerator:info"
 )
 
+// Recordings are the recordings the commands read, each after those it
+// reads.
+var Recordings = []string{RecordShare, RecordActivity, RecordMemory, RecordModel, RecordBusy, RecordIdle, RecordAccel}
+
 // RulesHint says which rules record what the commands read.
 const RulesHint = "load alerts/gpu-pool-exporter.rules.yml (sharded: gpu-pool-exporter.shard.rules.yml in every shard, and query where every shard's node-level series are visible, such as Thanos Query)"
 

@@ -14,10 +14,14 @@ type RecommendOptions struct {
 	Prices        Prices
 }
 
-// minCoverage is the part of a pod's time in the window its devices must
-// be recorded for: less means gaps in the data (an exporter or Prometheus
-// down for longer than the 5-minute lookback).
-const minCoverage = 0.99
+// A holding there from the window's start to its end must be recorded at
+// all of its steps but 1% (and ten steps): more missing means gaps in the
+// data (an exporter, its pod map or Prometheus away for longer than the
+// lookback).
+const (
+	minCoverage     = 0.99
+	gapStepsAllowed = 10
+)
 
 // InsufficientData is the recommendation of a workload whose data cannot
 // carry one.
@@ -205,8 +209,7 @@ func maxOf(a, b *float64) *float64 {
 // insufficient says why a workload's data cannot carry a recommendation,
 // or "": none of its pods held a device at the window's start (it is
 // younger than the window), a holding there from start to end was not
-// recorded all along (gaps: an exporter or Prometheus down for longer than
-// the lookback), or a device it holds has no activity or memory recorded.
+// recorded all along (gaps), or a device it holds has no activity or memory recorded.
 func (o *Observation) insufficient(wh *workloadHoldings) string {
 	w := o.Window
 	steps := w.Length.Seconds() / w.Step.Seconds()
@@ -225,7 +228,7 @@ func (o *Observation) insufficient(wh *workloadHoldings) string {
 		return fmt.Sprintf("younger than the window: first seen %s before its end", promDuration(age))
 	}
 	for _, h := range wh.all {
-		if h.AtStart && h.Current && h.Steps < minCoverage*steps {
+		if h.AtStart && h.Current && h.Steps < min(minCoverage*steps, steps-gapStepsAllowed) {
 			return fmt.Sprintf("gaps in the data: %s/%s on %s recorded %.0f%% of the window", h.Namespace, h.Pod, h.Node, 100*h.Steps/steps)
 		}
 	}
