@@ -430,6 +430,7 @@ func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
 		msg  string
 	}{
 		{[]string{"recommend", "--window=30d", "--prometheus=" + prom, atFlag}, 1, "longer than the data"},
+		{[]string{"report", "--since=1d", "--prometheus=" + prom, "--at=" + at.Add(-30*day).Format(time.RFC3339)}, 1, "no recordings of gpu-pool-exporter's rules in Prometheus: no series node:gpu_model:info"},
 		{[]string{"report", "--by=pod", "--prometheus=" + prom, atFlag}, 2, "want namespace, owner or label:"},
 		{[]string{"report", "--by=label:cost-center", "--since=7d", "--prometheus=" + prom, atFlag}, 1, "--metric-labels-allowlist=pods=[cost-center]"},
 		{[]string{"recommend", "-o", "yaml", "--prometheus=" + prom, atFlag}, 2, "want table, csv, json"},
