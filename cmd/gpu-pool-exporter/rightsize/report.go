@@ -48,8 +48,10 @@ const NoLabel = "(none)"
 var ErrNoKSM = errors.New("kube-state-metrics' pod objects (kube_pod_owner) are not in Prometheus")
 
 // ShowbackRow is one group's GPU-hours and their cost over the window. A
-// MIG device counts by its share of the GPU's compute slices, a shared GPU
-// by its holder's share (1/n of the GPU for each of its n holders).
+// MIG device counts by its slice share, a shared GPU by its replica share:
+// 1/n of the GPU for a holder of one of its n replicas where the node's
+// labels say n (time-sharing on GKE, GPU Feature Discovery's replicas),
+// else 1/n for each of its n holders.
 type ShowbackRow struct {
 	Group          string   `json:"group"`
 	AllocatedHours float64  `json:"allocated_gpu_hours"`
@@ -112,6 +114,10 @@ func (o *Observation) Report(by By, prices Prices) (*Showback, error) {
 		part := stepHours
 		if h.GPUInstance != "" {
 			part *= SliceShare(model, h.MIGProfile)
+		} else if n := o.nodes[h.Node].replicas; n > 1 && h.Share > 0 {
+			// A replica of a time-shared GPU is 1/n of it, whoever holds the
+			// others: scale the holders' share (1/holders) to it.
+			part *= h.Steps / float64(n) / h.Share
 		}
 		alloc, busy, idle := h.Share*part, h.Busy*part, h.Idle*part
 		p := prices.PerGPUHour(model, o.AcceleratorOf(h.Node, model))
