@@ -72,6 +72,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "fleet" {
 		return runFleet(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "recommend" {
+		return runRecommend(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "report" {
+		return runReport(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)

@@ -5,9 +5,11 @@
 // framebuffer as NVML reports it, each with the source it comes from.
 //
 // Only the fakes read it (the simulated node and the fake libnvidia-ml), and
-// tests that check the exporter's output against it. The exporter itself
-// must not: its names, slice counts and placements come from NVML, and a
-// table it shared with its fakes could never disagree with it.
+// tests that check the exporter's output against it, and `gpu-pool-exporter
+// recommend`, for the sizes of MIG profiles no node of the cluster serves.
+// The exporter itself must not: its names, slice counts and placements come
+// from NVML, and a table it shared with its fakes could never disagree with
+// it.
 package miggeometry
 
 import (
