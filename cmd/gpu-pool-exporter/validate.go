@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
@@ -134,7 +135,7 @@ func (o *options) checkIdle() error {
 // flags into the served groups; --no-collector.dcgm and
 // --no-collector.kubelet switch their sources off.
 func (o *options) resolveGroups() error {
-	groups, err := collector.ProfileGroups(o.profile)
+	groups, err := render.ProfileGroups(o.profile)
 	if err != nil {
 		return fmt.Errorf("--collector.profile=%s: %v", o.profile, err)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
@@ -30,9 +32,9 @@ func newLogger(o *options, w io.Writer) zerolog.Logger {
 }
 
 // derivedConfig reads the idle, price and fragmentation settings.
-func derivedConfig(o *options) (collector.DerivedConfig, error) {
+func derivedConfig(o *options) (state.DerivedConfig, error) {
 	shapes, _ := fragmentation.ParseShapes(o.shapes) // checked in validate
-	dc := collector.DerivedConfig{
+	dc := state.DerivedConfig{
 		Idle:   fragmentation.IdleConfig{Threshold: o.idleThreshold, Window: o.idleWindow},
 		Shapes: shapes,
 	}
@@ -203,21 +205,21 @@ func processResolver(o *options, root, logDir string, log zerolog.Logger) (*proc
 }
 
 // nodeConfig is the configuration of every part of the exporter.
-func nodeConfig(o *options, derived collector.DerivedConfig, log zerolog.Logger) collector.NodeConfig {
+func nodeConfig(o *options, derived state.DerivedConfig, log zerolog.Logger) collector.NodeConfig {
 	cfg := collector.NodeConfig{
 		Log: log,
 		Exporter: collector.Config{Interval: o.interval, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
-			Status:           collector.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate},
+			Status:           render.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate},
 			NVMLRestartAfter: o.nvmlRestartAfter},
 		Sampler: nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, InitTimeout: o.nvmlInitTimeout},
-		XID:     o.groups.On(collector.GroupXID) || o.compatDCGM,
+		XID:     o.groups.On(render.GroupXID) || o.compatDCGM,
 	}
 	if o.compatDCGM {
 		host := o.nodeName
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Exporter.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
+		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs}
 	}
 	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {
 		cfg.DCGM = &dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -87,6 +88,16 @@ func ExporterBinary(t testing.TB, ctx context.Context, root, dst string) string 
 		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
 	}
 	return dst
+}
+
+// RepoRoot is the repository's top directory.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("no caller information")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // FreeAddr returns a free local TCP address.
