@@ -246,6 +246,15 @@ func (d *faultyDevice) GetTemperature(s nvml.TemperatureSensors) (uint32, nvml.R
 	return d.Device.GetTemperature(s)
 }
 
+// GetTemperatureV1 fails with the same faults as the older call: both are
+// "temperature".
+func (d *faultyDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	if r := d.c("GetTemperature"); r != nvml.SUCCESS {
+		return nvml.Temperature{}, r
+	}
+	return d.Device.GetTemperatureV1()
+}
+
 func (d *faultyDevice) GetPowerUsage() (uint32, nvml.Return) {
 	if r := d.c("GetPowerUsage"); r != nvml.SUCCESS {
 		return 0, r

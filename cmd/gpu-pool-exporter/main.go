@@ -72,6 +72,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "fleet" {
 		return runFleet(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "recommend" {
+		return runRecommend(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "report" {
+		return runReport(ctx, args[1:], stdout, stderr)
+	}
 	o, code, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)
@@ -142,7 +148,8 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 const stopWait = 5 * time.Second
 
 // waitStopped waits for wg up to stopWait, then abandons what still runs.
-// NVML is not shut down under such a call (Sampler.Close checks).
+// NVML is not shut down under such a call: Sampler.Close checks, and logs
+// the calls it abandons.
 func waitStopped(wg *sync.WaitGroup, log zerolog.Logger) {
 	done := make(chan struct{})
 	go func() {
@@ -152,6 +159,6 @@ func waitStopped(wg *sync.WaitGroup, log zerolog.Logger) {
 	select {
 	case <-done:
 	case <-time.After(stopWait):
-		log.Warn().Dur("waited", stopWait).Msg("exiting with NVML calls still blocked in the driver (a GPU hung in it, or a driver-wide stall); they are abandoned and NVML is not shut down")
+		log.Warn().Dur("waited", stopWait).Msg("background work did not stop in time (a call blocked in the driver: a GPU hung in it, or a driver-wide stall): exiting without it")
 	}
 }

@@ -92,10 +92,13 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 			}
 			break // no NVLink, or past the last link
 		}
+		if !h.NVLinkActive.OK {
+			h.NVLinkActive = sample.Some(0) // the GPU has NVLink: count its links up
+		}
 		if st != nvml.FEATURE_ENABLED {
 			continue
 		}
-		h.NVLinkActive++
+		h.NVLinkActive.V++
 		perLink := false
 		for t, et := range nvlinkReads {
 			if et.Counter < 0 {
@@ -119,12 +122,15 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 
 // clockReasons reads the clock event reasons under the name the driver
 // exports: R535 renamed nvmlDeviceGetCurrentClocksThrottleReasons, which
-// older drivers have alone (same bits).
+// older drivers have alone (same bits), and 13.0 deprecates the old name.
 func clockReasons(d Device, p probes) (uint64, nvml.Return) {
-	if p.clocksEventReasons {
+	switch {
+	case p.clocksEventReasons:
 		return d.GetCurrentClocksEventReasons()
+	case p.clocksThrottleReasons:
+		return d.GetCurrentClocksThrottleReasons()
 	}
-	return d.GetCurrentClocksThrottleReasons()
+	return 0, nvml.ERROR_FUNCTION_NOT_FOUND
 }
 
 // readNVLink5Errors reads one link's error counts from NVLink5's field

@@ -2,6 +2,7 @@ package nvmlsampler
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -18,7 +19,8 @@ type lifecycle struct {
 	mu         sync.Mutex
 	ready      bool
 	gen        uint64 // bumped by every successful nvmlInit
-	inits      int
+	inits      int    // successful nvmlInit calls
+	holding    bool   // a successful nvmlInit not yet paired with nvmlShutdown
 	downReason string
 	downSince  time.Time
 	initCh     chan nvml.Return // non-nil while an nvmlInit runs
@@ -26,6 +28,7 @@ type lifecycle struct {
 	warned     bool // the InitTimeout warning was logged for this nvmlInit
 	nextTry    time.Time
 	backoff    time.Duration
+	listWarned bool // a failure to list the GPUs was logged since the last success
 	// inUse is held (read) by the event set's calls, which run beside the
 	// sampler; the release takes it, so that the library is never shut
 	// down under a call in flight.
@@ -88,6 +91,18 @@ func (l *lifecycle) setDown(reason string) {
 	l.mu.Unlock()
 }
 
+// retryLater schedules the next nvmlInit after the backoff, which doubles
+// from minB to maxB, and says why NVML is down with reason (given the
+// backoff). It returns the backoff.
+func (l *lifecycle) retryLater(minB, maxB time.Duration, reason func(backoff time.Duration) string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.backoff = min(max(l.backoff*2, minB), maxB)
+	l.nextTry = time.Now().Add(l.backoff)
+	l.downReason = reason(l.backoff)
+	return l.backoff
+}
+
 // driverGone reports whether NVML says the driver went away under it: the
 // library must be initialised again before any call can succeed.
 func driverGone(ret nvml.Return) bool {
@@ -96,23 +111,34 @@ func driverGone(ret nvml.Return) bool {
 
 // release shuts NVML down unless a call is in flight in it: a hung worker,
 // or an event-set call that does not finish within a couple of seconds.
-func (l *lifecycle) release(lib NVML, busy bool) {
+// It says why it did not, "" when it did or nothing was held.
+func (l *lifecycle) release(lib NVML, busy bool) (kept string) {
 	l.mu.Lock()
-	initRunning := l.initCh != nil
-	registering := l.registering
+	holding, initRunning, registering := l.holding, l.initCh != nil, l.registering
 	l.mu.Unlock()
-	if busy || initRunning || (registering != nil && registering() > 0) {
-		return
+	switch {
+	case !holding:
+		return ""
+	case busy:
+		return "NVML calls on a GPU have not returned"
+	case initRunning:
+		return "an nvmlInit has not returned"
+	case registering != nil && registering() > 0:
+		return "a GPU's event registration has not returned"
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for !l.inUse.TryLock() {
 		if time.Now().After(deadline) {
-			return
+			return "an event set call has not returned within 2s"
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer l.inUse.Unlock()
 	_ = lib.Shutdown()
+	l.mu.Lock()
+	l.holding = false
+	l.mu.Unlock()
+	return ""
 }
 
 type gatedSource struct {
@@ -135,6 +161,68 @@ func (g *gatedSource) Open() (xid.Waiter, error) {
 		return nil, err
 	}
 	return &gatedWaiter{w: w, gen: gen, life: g.life}, nil
+}
+
+// Create creates a set on the source, no device registered yet (see
+// xid.StagedSource); on a source that cannot, the set is opened whole at
+// Register.
+func (g *gatedSource) Create() (xid.UnregisteredSet, error) {
+	gen, ok := g.life.generation()
+	if !ok {
+		return nil, xid.ErrNotReady
+	}
+	st, ok := g.src.(xid.StagedSource)
+	if !ok {
+		return &gatedSet{gen: gen, life: g.life, open: g.src.Open}, nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	set, err := st.Create()
+	if err != nil {
+		return nil, err
+	}
+	return &gatedSet{set: set, gen: gen, life: g.life}, nil
+}
+
+// gatedSet is a set created but not registered, of one library instance.
+type gatedSet struct {
+	set  xid.UnregisteredSet // nil: open registers too
+	open func() (xid.Waiter, error)
+	gen  uint64
+	life *lifecycle
+}
+
+func (g *gatedSet) current() bool {
+	gen, ok := g.life.generation()
+	return ok && gen == g.gen
+}
+
+func (g *gatedSet) Register() (xid.Waiter, error) {
+	if !g.current() {
+		return nil, fmt.Errorf("%w: %v", xid.ErrNotReady, errDriverReloaded) // the set went with its driver
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	var w xid.Waiter
+	var err error
+	if g.set != nil {
+		w, err = g.set.Register()
+	} else {
+		w, err = g.open()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &gatedWaiter{w: w, gen: g.gen, life: g.life}, nil
+}
+
+func (g *gatedSet) Free() error {
+	if g.set == nil || !g.current() {
+		return nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	return g.set.Free()
 }
 
 type gatedWaiter struct {

@@ -50,7 +50,10 @@ type Device interface {
 	GetMemoryInfo() (nvml.Memory, nvml.Return)
 	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) // R510+: probe first
 	GetUtilizationRates() (nvml.Utilization, nvml.Return)
-	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
+	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) // every branch; deprecated in 13.0: probe first
+	// GetTemperatureV1 is nvmlDeviceGetTemperatureV with a v1 struct, for
+	// the GPU's sensor (R570+: probe first).
+	GetTemperatureV1() (nvml.Temperature, nvml.Return)
 	GetPowerUsage() (uint32, nvml.Return)
 	GetTotalEnergyConsumption() (uint64, nvml.Return)
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
@@ -78,7 +81,7 @@ type HealthDevice interface {
 	GetRemappedRows() (int, int, bool, bool, nvml.Return)
 	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
 	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
-	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; renamed in R535, deprecated in 13.0: probe first
 	GetPcieReplayCounter() (int, nvml.Return)
 	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
 	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
@@ -157,6 +160,12 @@ func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
 		return nil, ret
 	}
 	return realDevice{m}, ret
+}
+
+// GetTemperatureV1 asks for the GPU sensor's temperature (go-nvml's v1
+// struct leaves the sensor type 0, NVML_TEMPERATURE_GPU).
+func (d realDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	return d.Device.GetTemperatureV().V1()
 }
 
 // GetGpuInstanceProfileInfoV2 asks for the v2 profile info, with its name.

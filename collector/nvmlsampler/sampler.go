@@ -163,17 +163,25 @@ func (s *Sampler) Driver() sample.DriverInfo {
 }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
-// library down under a call in flight is asking for a crash at exit.
+// library down under a call in flight is asking for a crash at exit. Calls
+// that hang are abandoned, and the log says so, naming their GPUs.
 func (s *Sampler) Close() {
 	s.mu.Lock()
-	workers := s.workers
-	s.mu.Unlock()
-	for _, w := range workers {
+	var hung []int
+	for _, w := range s.workers {
 		if w.busy.Load() {
-			return
+			hung = append(hung, w.index)
 		}
 	}
-	s.life.release(s.lib, false)
+	s.mu.Unlock()
+	if len(hung) > 0 {
+		s.cfg.Log.Warn().Ints("gpus", hung).
+			Msg("NVML calls on these GPUs are still blocked in the driver (a GPU hung in it): they are abandoned at exit and NVML is not shut down under them")
+		return
+	}
+	if why := s.life.release(s.lib, false); why != "" {
+		s.cfg.Log.Warn().Str("reason", why).Msg("a call still blocked in the driver is abandoned at exit; NVML is not shut down under it")
+	}
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each. While
@@ -568,8 +576,8 @@ func readDevice(d Device, p probes, s *sample.DeviceState, health, prevHealth *s
 		}
 		return true, nil // the rest is per board, read on the parent GPU
 	}
-	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
-		v.Set(sample.FieldTemperature, float64(t))
+	if t, ret := readTemperature(d, p); ok(ret) {
+		v.Set(sample.FieldTemperature, t)
 	}
 	if p, ret := d.GetPowerUsage(); ok(ret) {
 		v.Set(sample.FieldPower, float64(p)/1000)
@@ -647,6 +655,28 @@ func readMemory(d Device, p probes, v *sample.Values) nvml.Return {
 	return ret
 }
 
+// readTemperature reads the GPU's die temperature with the versioned call
+// where the driver has it (R570+): 13.0 deprecates nvmlDeviceGetTemperature,
+// and a driver that drops it would end the process at the call.
+func readTemperature(d Device, p probes) (float64, nvml.Return) {
+	if p.temperatureV {
+		t, ret := d.GetTemperatureV1()
+		switch ret {
+		case nvml.SUCCESS:
+			return float64(t.Temperature), ret
+		case nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+			// fall back to the older call
+		default:
+			return 0, ret
+		}
+	}
+	if !p.temperature {
+		return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
+	t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU)
+	return float64(t), ret
+}
+
 // memoryWithheld: the device answered, it just does not report memory.
 func memoryWithheld(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_NO_PERMISSION
@@ -705,14 +735,15 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 	took := time.Since(started)
 	l.mu.Lock()
 	l.initCh = nil
+	if ret == nvml.SUCCESS {
+		l.inits++ // each one takes a reference on the library until its nvmlShutdown
+		l.holding = true
+	}
 	l.mu.Unlock()
 	if ret != nvml.SUCCESS {
-		l.mu.Lock()
-		l.backoff = min(max(l.backoff*2, s.cfg.MinBackoff), s.cfg.MaxBackoff)
-		l.nextTry = time.Now().Add(l.backoff)
-		l.downReason = fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), l.backoff)
-		b := l.backoff
-		l.mu.Unlock()
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
+			return fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), b)
+		})
 		s.cfg.Log.Warn().Str("error", ret.Error()).Dur("retry_in", b).Msg("nvmlInit failed; trying again with backoff")
 		return false
 	}
@@ -725,27 +756,52 @@ func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
 			s.lost(err)
 			return false
 		}
-		l.setDown(err.Error())
+		// The driver answers but cannot list the GPUs. NVML counts its
+		// initialisations and keeps the library (and with it the driver)
+		// until as many shutdowns: release this one before trying again.
+		l.release(s.lib, s.anyBusy())
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
+			return fmt.Sprintf("NVML cannot list the GPUs (%v); next try in %s", err, b)
+		})
+		l.mu.Lock()
+		first := !l.listWarned
+		l.listWarned = true
+		l.mu.Unlock()
+		if first {
+			s.cfg.Log.Warn().Err(err).Dur("retry_in", b).Msg("nvmlInit succeeded but NVML cannot list the GPUs: releasing NVML (nvmlShutdown) and initialising it again with backoff; logged once until it can")
+		}
 		return false
 	}
 	l.mu.Lock()
 	l.ready = true
 	l.gen++
-	l.inits++
+	l.listWarned = false
 	l.downReason, l.downSince, l.backoff, l.nextTry = "", time.Time{}, 0, time.Time{}
-	inits := l.inits
+	gen, inits := l.gen, l.inits
 	l.mu.Unlock()
 	d := s.Driver()
 	s.mu.Lock()
 	n := len(s.workers)
 	s.mu.Unlock()
 	ev := s.cfg.Log.Info().Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).Int("gpus", n).Dur("took", took.Round(time.Millisecond))
-	if inits > 1 {
+	if gen > 1 {
 		ev.Int("inits", inits).Msg("NVML initialised again after the driver went away")
 	} else {
 		ev.Msg("NVML initialised")
 	}
 	return true
+}
+
+// anyBusy says whether a GPU's NVML calls have not returned.
+func (s *Sampler) anyBusy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		if w.busy.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // lost marks NVML unusable after a call said the driver went away, and
@@ -764,13 +820,34 @@ func (s *Sampler) lost(err error) {
 	l.backoff, l.nextTry = 0, time.Time{}
 	l.mu.Unlock()
 	s.cfg.Log.Error().Err(err).Msg("NVML answers that the driver went away (reloaded, upgraded or unloaded): releasing NVML, then initialising it again with backoff")
+	l.release(s.lib, s.anyBusy())
+}
+
+// MIGDevices names the MIG devices the sampler read last in a GPU instance
+// of a GPU (xid.InstanceResolver): the compute instance in.ComputeInstance,
+// or every one when it is -1. known is false until the GPU's identity was
+// read, or when uuid names another GPU than the one at that index.
+func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance) (devices []xid.MIGDevice, known bool) {
 	s.mu.Lock()
-	busy := false
-	for _, w := range s.workers {
-		busy = busy || w.busy.Load()
-	}
+	workers := s.workers
 	s.mu.Unlock()
-	l.release(s.lib, busy)
+	for _, w := range workers {
+		if w.index != gpu {
+			continue
+		}
+		w.identMu.Lock()
+		defer w.identMu.Unlock()
+		if w.ident.UUID == "" || (uuid != "" && uuid != w.ident.UUID) {
+			return nil, false
+		}
+		for _, m := range w.migIdent {
+			if m.GPUInstance == in.GPUInstance && (in.ComputeInstance < 0 || m.ComputeInstance == in.ComputeInstance) {
+				devices = append(devices, xid.MIGDevice{UUID: m.MIGUUID, ComputeInstance: m.ComputeInstance})
+			}
+		}
+		return devices, true
+	}
+	return nil, false
 }
 
 // Status says whether NVML is usable now, and if not why and since when.

@@ -149,7 +149,9 @@ func collectHealth(g *sample.GPUState, ch chan<- prometheus.Metric) {
 	if h.RecoveryAction.OK {
 		ch <- prometheus.MustNewConstMetric(recoveryDesc, prometheus.GaugeValue, float64(h.RecoveryAction.V), gpu, uuid)
 	}
-	ch <- prometheus.MustNewConstMetric(nvlinkActiveDesc, prometheus.GaugeValue, float64(h.NVLinkActive), gpu, uuid)
+	if h.NVLinkActive.OK {
+		ch <- prometheus.MustNewConstMetric(nvlinkActiveDesc, prometheus.GaugeValue, float64(h.NVLinkActive.V), gpu, uuid)
+	}
 	if h.NUMANode.OK {
 		ch <- prometheus.MustNewConstMetric(numaDesc, prometheus.GaugeValue, float64(h.NUMANode.V), gpu, uuid)
 	}

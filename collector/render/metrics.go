@@ -37,8 +37,8 @@ var (
 		"XID errors reported by the driver, by code, with the category and the immediate action of NVIDIA's Xid catalog. Every occurrence counts.",
 		[]string{"gpu", "uuid", "xid", "category", "action"})
 	migXIDDesc = groupDesc(GroupXID, "gpu_mig_xid_errors_total",
-		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU); join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod. One NVML attributes to a GPU instance but to none of its compute instances is counted on each of them, as it hits every holder of the GPU instance: count a GPU's XIDs with gpu_xid_errors_total, not by summing these.",
-		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "xid", "category", "action"})
+		"XID errors NVML attributed to a MIG device (also counted in gpu_xid_errors_total of its GPU), kept with the device (mig_uuid): a destroyed instance's count leaves with it, and one created with the same IDs counts its own; join gpu_allocation_info on uuid, gpu_instance, compute_instance for the pod. One NVML attributes to a GPU instance but to none of its compute instances is counted on each of them, as it hits every holder of the GPU instance: count a GPU's XIDs with gpu_xid_errors_total, not by summing these.",
+		[]string{"gpu", "uuid", "gpu_instance", "compute_instance", "mig_uuid", "xid", "category", "action"})
 	eccEventsDesc = groupDesc(GroupECCDetail, "gpu_ecc_error_events_total",
 		"ECC error events delivered by NVML's event set since the exporter started: single_bit (corrected) or double_bit (uncorrected).",
 		[]string{"gpu", "uuid", "type"})
@@ -126,15 +126,20 @@ func collectState(st *state.State, ch chan<- prometheus.Metric) {
 			ci = strconv.Itoa(x.Instance.ComputeInstance)
 		}
 		ch <- prometheus.MustNewConstMetric(migXIDDesc, prometheus.CounterValue, float64(x.Total),
-			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Instance.GPUInstance), ci, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)
+			strconv.Itoa(x.GPU), x.UUID, strconv.Itoa(x.Instance.GPUInstance), ci, x.MIGUUID, strconv.Itoa(x.Code), x.Entry.Category, x.Entry.Action)
 	}
 	for i, n := range st.ECCEvents {
 		if i >= len(s.GPUs) {
 			break
 		}
 		g := &s.GPUs[i]
-		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[0]), strconv.Itoa(g.GPU), g.UUID, "single_bit")
-		ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n[1]), strconv.Itoa(g.GPU), g.UUID, "double_bit")
+		// A GPU not registered for a type (ECC off) cannot say: no series.
+		if n.SingleWatched {
+			ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n.Single), strconv.Itoa(g.GPU), g.UUID, "single_bit")
+		}
+		if n.DoubleWatched {
+			ch <- prometheus.MustNewConstMetric(eccEventsDesc, prometheus.CounterValue, float64(n.Double), strconv.Itoa(g.GPU), g.UUID, "double_bit")
+		}
 	}
 	for _, x := range st.ECCUncorrectedGrew {
 		ch <- prometheus.MustNewConstMetric(eccLastIncreaseDesc, prometheus.GaugeValue, float64(x.At.UnixNano())/1e9, strconv.Itoa(x.GPU), x.UUID)

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
@@ -114,7 +116,7 @@ func fragInput(s *sample.NodeSample, a *Allocations) []fragmentation.GPU {
 			SharedFree: shared[sample.GPUKey(g.GPU)]}
 		fg.MemoryTotal = g.UsableMemory()
 		fg.MemoryUsed, _ = g.Values.Get(sample.FieldMemoryUsed)
-		if g.Health.NVLinkActive > 0 {
+		if g.Health.NVLinkActive.V > 0 {
 			// GPUs with NVLinks up sit on one NVSwitch baseboard (HGX/DGX):
 			// one domain. NVLink-bridged PCIe pairs would need topology
 			// queries this does not make; they count as one domain too.
@@ -133,33 +135,30 @@ func fragInput(s *sample.NodeSample, a *Allocations) []fragmentation.GPU {
 				}
 				ms.Profiles = append(ms.Profiles, mp)
 			}
-			// One entry per GPU instance: its compute instances are MIG
-			// devices of their own (units to allocate) that share its
-			// slices and memory.
-			byGI := map[int]int{}
-			for _, m := range g.MIG {
-				pl, ok := l.Instances[m.GPUInstance]
-				if !ok {
-					continue
-				}
-				held := len(a.ByDevice[sample.MIGKey(g.GPU, &m)]) > 0
-				if j, ok := byGI[m.GPUInstance]; ok {
-					mi := &ms.Instances[j]
+			// One entry per GPU instance of the layout NVML reports (its
+			// placement): its compute instances are MIG devices of their
+			// own (units to allocate) that share its slices and memory, and
+			// one created without a compute instance has none, yet holds
+			// its slices.
+			for _, gi := range slices.Sorted(maps.Keys(l.Instances)) {
+				pl := l.Instances[gi]
+				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size, Slices: pl.Slices}
+				for j := range g.MIG {
+					m := &g.MIG[j]
+					if m.GPUInstance != gi {
+						continue
+					}
+					if mi.ComputeInstances == 0 {
+						mi.MemoryTotal = m.UsableMemory()
+						mi.MemoryUsed, _ = m.Values.Get(sample.FieldMemoryUsed)
+					}
 					mi.ComputeInstances++
-					if held {
+					if len(a.ByDevice[sample.MIGKey(g.GPU, m)]) > 0 {
 						mi.AllocatedUnits++
 						mi.Allocated = true
 					}
-					continue
 				}
-				mi := fragmentation.MIGInstance{Profile: pl.Profile, Start: pl.Start, Size: pl.Size, Slices: pl.Slices,
-					ComputeInstances: 1, Allocated: held}
-				if held {
-					mi.AllocatedUnits = 1
-				}
-				mi.MemoryTotal = m.UsableMemory()
-				mi.MemoryUsed, _ = m.Values.Get(sample.FieldMemoryUsed)
-				byGI[m.GPUInstance] = len(ms.Instances)
+				mi.NoComputeInstances = mi.ComputeInstances == 0
 				ms.Instances = append(ms.Instances, mi)
 			}
 			fg.MIG = ms

@@ -13,7 +13,8 @@
 //	usage.go        each unit's processes by container (process accounting)
 //	derived.go      idle observations, prices and the fragmentation model's input
 //	state.go        State: what one render shows
-//	xids.go         the XID reader's counts, spread over MIG compute instances
+//	xids.go         the XID reader's counts, those of MIG devices kept with the
+//	                devices the sample shows
 //	join.go         Joiner: one sample in, one State out, with what spans
 //	                samples (idle windows, last good reads, log once)
 package state

@@ -43,8 +43,9 @@ type State struct {
 	// node's boards do not support NVML events (nothing to watch: the xid
 	// collector is then not applicable rather than down).
 	XIDEventsSupported *bool
-	// ECCEvents are the ECC error events per GPU, by sample GPU position.
-	ECCEvents [][2]uint64
+	// ECCEvents are the ECC error events per GPU, by sample GPU position,
+	// with whether the GPU was registered for each type.
+	ECCEvents []xid.ECCEventCount
 	// ECCUncorrectedGrew lists the GPUs whose uncorrected ECC count grew
 	// while the exporter ran.
 	ECCUncorrectedGrew []ECCIncrease

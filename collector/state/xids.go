@@ -1,9 +1,6 @@
 package state
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 )
@@ -14,10 +11,10 @@ func joinXIDs(st *State, r *xid.Reader) {
 	s := st.Sample
 	st.XIDs = r.Counter().Snapshot()
 	st.XIDLast = r.Counter().LastPerDevice()
-	st.XIDInstances = spreadInstanceXIDs(s, r.InstanceCounts())
-	st.ECCEvents = make([][2]uint64, len(s.GPUs))
+	st.XIDInstances = migXIDs(s, r.InstanceCounts())
+	st.ECCEvents = make([]xid.ECCEventCount, len(s.GPUs))
 	for i, g := range s.GPUs {
-		st.ECCEvents[i][0], st.ECCEvents[i][1] = r.ECCEvents(g.GPU)
+		st.ECCEvents[i] = r.ECCEvents(g.GPU)
 	}
 	supported := !r.Unsupported()
 	st.XIDEventsSupported = &supported
@@ -27,62 +24,23 @@ func joinXIDs(st *State, r *xid.Reader) {
 	st.XIDUncoveredSeconds = r.UncoveredSeconds()
 }
 
-// spreadInstanceXIDs are the per-MIG-device XID counts as served: an XID
-// NVML attributes to a GPU instance but to none of its compute instances is
-// added to each compute instance the sample shows in that GPU instance (a
-// GPU instance not split has one), so that it joins the allocation of every
-// pod on the GPU instance; only a GPU instance the sample no longer shows
-// keeps compute_instance "" (-1). The result is ordered like
-// xid.Reader.InstanceCounts.
-func spreadInstanceXIDs(s *sample.NodeSample, in []xid.InstanceCount) []xid.InstanceCount {
-	type key struct {
-		gpu      int
-		uuid     string
-		instance xid.Instance
-		code     int
-	}
-	var out []xid.InstanceCount
-	at := map[key]int{}
-	add := func(x xid.InstanceCount, ci int) {
-		x.Instance.ComputeInstance = ci
-		k := key{x.GPU, x.UUID, x.Instance, x.Code}
-		i, ok := at[k]
-		if !ok {
-			at[k] = len(out)
-			out = append(out, x)
-			return
-		}
-		out[i].Total += x.Total
-		if x.Last.After(out[i].Last) {
-			out[i].Last = x.Last
+// migXIDs are the per-MIG-device XID counts as served: those of the MIG
+// devices the sample shows, and those no device could be named for (kept
+// with NVML's IDs). A destroyed device's count leaves with it: the GPU and
+// compute instance IDs of a new instance created in its place are not its
+// identity.
+func migXIDs(s *sample.NodeSample, in []xid.InstanceCount) []xid.InstanceCount {
+	present := map[string]bool{}
+	for i := range s.GPUs {
+		for j := range s.GPUs[i].MIG {
+			present[s.GPUs[i].MIG[j].MIGUUID] = true
 		}
 	}
+	out := in[:0:0]
 	for _, x := range in {
-		if x.Instance.ComputeInstance >= 0 {
-			add(x, x.Instance.ComputeInstance)
-			continue
-		}
-		spread := false
-		for i := range s.GPUs {
-			g := &s.GPUs[i]
-			if (x.UUID != "" && g.UUID != x.UUID) || (x.UUID == "" && g.GPU != x.GPU) {
-				continue
-			}
-			for j := range g.MIG {
-				if g.MIG[j].GPUInstance == x.Instance.GPUInstance {
-					add(x, g.MIG[j].ComputeInstance)
-					spread = true
-				}
-			}
-		}
-		if !spread {
-			add(x, -1)
+		if x.MIGUUID == "" || present[x.MIGUUID] {
+			out = append(out, x)
 		}
 	}
-	slices.SortFunc(out, func(a, b xid.InstanceCount) int {
-		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.UUID, b.UUID),
-			cmp.Compare(a.Instance.GPUInstance, b.Instance.GPUInstance),
-			cmp.Compare(a.Instance.ComputeInstance, b.Instance.ComputeInstance), cmp.Compare(a.Code, b.Code))
-	})
 	return out
 }
