@@ -397,7 +397,9 @@ pods:
 			if _, err := tn.e.Registry().Gather(); err != nil {
 				t.Fatalf("registry refused the page: %v", err)
 			}
-			got := series(tn.e.Page(), "DCGM_FI_DEV_FB_USED", `GPU_I_PROFILE="3g.40gb"`)
+			// A field that is not per-process (FB_USED and GPU_UTIL are, and
+			// without process accounting keep only the device's series).
+			got := series(tn.e.Page(), "DCGM_FI_DEV_GPU_TEMP", `GPU_I_PROFILE="3g.40gb"`)
 			if len(got) != tc.want {
 				t.Errorf("3g.40gb: %d series, want %d: %v", len(got), tc.want, got)
 			}

@@ -27,10 +27,12 @@ type CompatConfig struct {
 	// dcgm-exporter, the default when empty) or hostname (its main branch
 	// since May 2026).
 	HostnameLabel string
-	// VirtualGPUs: a device held by several containers (time-slicing, MPS)
-	// gets one series per holder, as dcgm-exporter's
-	// --kubernetes-virtual-gpus. Otherwise, as dcgm-exporter by default,
-	// one series per device, labelled with one of its holders.
+	// VirtualGPUs: as dcgm-exporter's --kubernetes-virtual-gpus, a held
+	// device gets one series per holder and replica (vgpu), and
+	// DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL an unlabelled device
+	// series plus one per holder with its pod's own figures from NVML's
+	// per-process accounting (pod_uid). Otherwise, as dcgm-exporter by
+	// default, one series per device, labelled with one of its holders.
 	VirtualGPUs bool
 	// Counters are the fields served, as dcgm-exporter's counters file
 	// (-f) lists them; nil serves DefaultCompatCounters.
@@ -77,6 +79,10 @@ type compatField struct {
 	// value reads the field; ok false leaves the series out, as
 	// dcgm-exporter does with blank values.
 	value func(c *compatDevice) (float64, bool)
+	// perPod, for the fields dcgm-exporter serves per pod under
+	// --kubernetes-virtual-gpus, reads a pod's own figure from its
+	// processes on the device.
+	perPod func(u *podUse) (float64, bool)
 }
 
 // compatDevice is what one compatibility series is rendered from.
@@ -179,7 +185,7 @@ var compatFields = map[int]*compatField{
 	159: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldShutdownTemperature, 1, scopeBoard)},                                    // DCGM_FI_DEV_SHUTDOWN_TEMP, C
 	160: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPowerLimit, 1, scopeBoard)},                                             // DCGM_FI_DEV_POWER_MGMT_LIMIT, W
 	202: {scope: scopeBoard, count: true, needs: needsNVML, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.PCIeReplay })}, // DCGM_FI_DEV_PCIE_REPLAY_COUNTER
-	203: {needs: needsNVML, value: field(sample.FieldUtilization, 100, scopeDevice)},                                                            // DCGM_FI_DEV_GPU_UTIL, %
+	203: {needs: needsNVML, value: field(sample.FieldUtilization, 100, scopeDevice), perPod: podSMPercent},                                      // DCGM_FI_DEV_GPU_UTIL, %
 	204: {needs: needsNVML, value: field(sample.FieldMemoryUtilization, 100, scopeDevice)},                                                      // DCGM_FI_DEV_MEM_COPY_UTIL, %
 	206: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldEncoderUtilization, 100, scopeBoard)},                                   // DCGM_FI_DEV_ENC_UTIL, %
 	207: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldDecoderUtilization, 100, scopeBoard)},                                   // DCGM_FI_DEV_DEC_UTIL, %
@@ -195,12 +201,12 @@ var compatFields = map[int]*compatField{
 		}
 		return math.Floor(max(0, total-used-reserved) / mib), true
 	}},
-	252: {needs: needsNVML, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice)},     // DCGM_FI_DEV_FB_USED, MiB
-	253: {needs: needsNVML, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)}, // DCGM_FI_DEV_FB_RESERVED, MiB
-	310: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 0)},                // DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
-	311: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 0)},                // DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
-	312: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 1)},                // DCGM_FI_DEV_ECC_SBE_AGG_TOTAL
-	313: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 1)},                // DCGM_FI_DEV_ECC_DBE_AGG_TOTAL
+	252: {needs: needsNVML, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice), perPod: podMemoryMiB}, // DCGM_FI_DEV_FB_USED, MiB
+	253: {needs: needsNVML, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)},                   // DCGM_FI_DEV_FB_RESERVED, MiB
+	310: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 0)},                                  // DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
+	311: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 0)},                                  // DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
+	312: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 1)},                                  // DCGM_FI_DEV_ECC_SBE_AGG_TOTAL
+	313: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 1)},                                  // DCGM_FI_DEV_ECC_DBE_AGG_TOTAL
 	390: {scope: scopeBoard, count: true, needs: needsECC, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_RETIRED_SBE
 		o := c.g.Health.RetiredPages[0]
 		return float64(o.V), o.OK
@@ -489,12 +495,31 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 		upGPUs++
 		for _, ds := range r.deviceSeries(st, g) {
 			c := &compatDevice{d: ds.d, g: g, last: lastXID[g.GPU]}
-			for _, l := range ds.labels {
-				for fi, f := range r.plan.families {
-					if f.field == nil {
+			for fi, f := range r.plan.families {
+				switch {
+				case f.field == nil:
+					for _, l := range ds.labels {
 						xidSeries(fi, c.last, l)
-					} else if v, ok := f.field.value(c); ok {
-						emit(fi, v, l)
+					}
+				case f.field.perPod != nil && ds.perPod != nil:
+					// dcgm-exporter's --kubernetes-virtual-gpus: the
+					// device's own value without holder labels, and each
+					// holder's pod's own figure.
+					v, ok := f.field.value(c)
+					if !ok {
+						continue
+					}
+					emit(fi, v, ds.base)
+					for _, ps := range ds.perPod {
+						if pv, ok := f.field.perPod(ps.use); ok {
+							emit(fi, pv, ps.labels)
+						}
+					}
+				default:
+					if v, ok := f.field.value(c); ok {
+						for _, l := range ds.labels {
+							emit(fi, v, l)
+						}
 					}
 				}
 			}
@@ -525,10 +550,66 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 }
 
 // compatSeries is a device with series and the labels of each of its
-// series (one per holder it is labelled with).
+// series (one per holder, or with VirtualGPUs per holder and replica, it is
+// labelled with).
 type compatSeries struct {
 	d      *sample.DeviceState
 	labels []compatLabels
+	// base are the device's own labels, without a holder's.
+	base compatLabels
+	// perPod are, with VirtualGPUs on a held device whose processes NVML
+	// listed, the series of the per-process fields: one per holder and
+	// replica, with its pod's use of the device.
+	perPod []podSeries
+}
+
+// podSeries is one holder's series of a per-process field.
+type podSeries struct {
+	labels compatLabels
+	use    *podUse
+}
+
+// podUse is what one pod's processes use of a device (a GPU instance: all
+// its compute instances).
+type podUse struct {
+	memoryMiB, sm        float64
+	memoryKnown, smKnown bool
+	// uid is the pod UID the processes' cgroup paths name.
+	uid string
+}
+
+// podMemoryMiB is a pod's DCGM_FI_DEV_FB_USED: its processes' whole MiB.
+func podMemoryMiB(u *podUse) (float64, bool) { return u.memoryMiB, u.memoryKnown }
+
+// podSMPercent is a pod's DCGM_FI_DEV_GPU_UTIL: its processes' SM
+// utilisation, in whole percent as NVML samples it.
+func podSMPercent(u *podUse) (float64, bool) { return math.Round(u.sm * 100), u.smKnown }
+
+// podUses are the use of each pod with processes on, or holding, the
+// units; nil when their processes are not known (no per-process
+// accounting, or NVML did not list them), so no per-pod figure is made up.
+func podUses(st *state.State, units []sample.UnitKey) map[state.PodRef]*podUse {
+	out := map[state.PodRef]*podUse{}
+	for _, k := range units {
+		du := st.Usage.Device(k)
+		if du == nil || !du.Known {
+			return nil
+		}
+		for _, cu := range du.Containers {
+			ref := state.PodRef{Namespace: cu.Namespace, Pod: cu.Pod}
+			u, ok := out[ref]
+			if !ok {
+				u = &podUse{memoryKnown: true, smKnown: true}
+				out[ref] = u
+			}
+			u.memoryMiB += cu.Use.MemoryMiB
+			u.sm += cu.Use.SM
+			u.memoryKnown = u.memoryKnown && cu.Use.MemoryKnown
+			u.smKnown = u.smKnown && cu.Use.SMKnown
+			u.uid = cmp.Or(u.uid, cu.Use.PodUID)
+		}
+	}
+	return out
 }
 
 // deviceSeries lists the devices of an answering GPU that have series: the
@@ -552,8 +633,10 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 	out := make([]compatSeries, 0, len(devs))
 	for _, d := range devs {
 		base := r.labels(g, d, &st.Sample.Driver)
-		hs := r.holders[sample.UnitKey{GPU: g.GPU, GPUInstance: d.GPUInstance, ComputeInstance: d.ComputeInstance}]
+		units := []sample.UnitKey{sample.GPUKey(g.GPU)}
+		hs := r.holders[units[0]]
 		if d.IsMIG() {
+			units = giUnits(g, d.GPUInstance)
 			hs = giHolders(r.holders, g, d.GPUInstance)
 			if !r.cfg.VirtualGPUs && len(hs) > 1 {
 				// One series per GPU instance, as for a shared GPU: the
@@ -561,14 +644,77 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 				hs = hs[:1]
 			}
 		}
+		cs := compatSeries{d: d, base: base}
 		if len(hs) == 0 {
-			hs = []state.Holder{{}}
+			cs.labels = []compatLabels{base}
+			out = append(out, cs)
+			continue
 		}
-		cs := compatSeries{d: d}
+		var uses map[state.PodRef]*podUse
+		if r.cfg.VirtualGPUs {
+			uses = podUses(st, units)
+			cs.perPod = []podSeries{} // held: the per-process fields are served per pod
+		}
 		for _, h := range hs {
-			cs.labels = append(cs.labels, r.holderLabels(st, base, h))
+			l := r.holderLabels(st, base, h)
+			if !r.cfg.VirtualGPUs {
+				cs.labels = append(cs.labels, l)
+				continue
+			}
+			// dcgm-exporter: one series per device ID the container
+			// holds, its replica as vgpu; the per-process fields always
+			// with the pod's UID.
+			ref := state.PodRef{Namespace: h.Namespace, Pod: h.Pod}
+			use := uses[ref]
+			pl := l
+			if !slices.Contains(pl.names, podUIDLabel) {
+				uid := st.PodMeta[ref].UID
+				if uid == "" && use != nil {
+					uid = use.uid
+				}
+				pl = pl.add(podUIDLabel, uid)
+			}
+			for _, rep := range holderReplicas(st.Allocations, h, units) {
+				vl, vpl := l, pl
+				if rep >= 0 {
+					vl, vpl = l.add(vgpuLabel, strconv.Itoa(rep)), pl.add(vgpuLabel, strconv.Itoa(rep))
+				}
+				cs.labels = append(cs.labels, vl)
+				if use != nil {
+					cs.perPod = append(cs.perPod, podSeries{labels: vpl, use: use})
+				}
+			}
 		}
+		// Without per-process figures (no accounting, or NVML did not list
+		// the processes) the per-process fields keep only the device's
+		// series: not the device's value repeated on every holder, not
+		// made-up pod values.
 		out = append(out, cs)
+	}
+	return out
+}
+
+// holderReplicas are the replicas (time-slicing, MPS) of the units that a
+// holder holds, sorted; -1 alone when it holds them whole.
+func holderReplicas(a *state.Allocations, h state.Holder, units []sample.UnitKey) []int {
+	var out []int
+	for _, k := range units {
+		out = append(out, a.Replicas[state.HolderOn{Holder: h, Key: k}]...)
+	}
+	if len(out) == 0 {
+		return []int{-1}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// giUnits are the compute instances of GPU instance gi.
+func giUnits(g *sample.GPUState, gi int) []sample.UnitKey {
+	var out []sample.UnitKey
+	for j := range g.MIG {
+		if g.MIG[j].GPUInstance == gi {
+			out = append(out, sample.MIGKey(g.GPU, &g.MIG[j]))
+		}
 	}
 	return out
 }
