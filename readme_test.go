@@ -352,6 +352,8 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "needs a Prometheus with the rules' recordings; alerts/rightsizing runs recommend and report on a backfilled week, alerts/e2e on the simulated node"
 		case b.file == "docs/rightsizing.md" && b.lang == "text":
 			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked example with what recommend prints on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"
+		case b.file == "docs/migration-dcgm-exporter.md" && b.lang == "yaml" && strings.Contains(b.text, "nvidia-dcgm-exporter"):
+			by = "alerts/e2e reads this block into the scrape config of its honor_labels: true job and runs dcgm-exporter's dashboard pinned to job=\"nvidia-dcgm-exporter\""
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"

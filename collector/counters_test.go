@@ -66,3 +66,34 @@ DCGM_FI_PROF_NVLINK_L0_TX_BYTES, gauge, A per-link field this exporter does not 
 		t.Errorf("DCGM_FI_PROF_PIPE_FP16_ACTIVE = %v, want gpu_fp16_active_ratio's %v", got, fp16)
 	}
 }
+
+// DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is in DCGM's own unit: the KiB both
+// directions moved per second, divided by 1000 (dcgm-exporter's PR 658
+// reads DCGM's cache manager so); DCGM_FI_DEV_VGPU_LICENSE_STATUS is 0 on
+// bare metal, as DCGM answers there.
+func TestCompatNVLinkBandwidthAndLicenseStatus(t *testing.T) {
+	cs, err := render.ParseCompatCounters("nvlink.csv", []byte(`DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, gauge, NVLink total throughput for all lanes in MiB/s (TX+RX combined).
+DCGM_FI_PROF_NVLINK_TX_BYTES, gauge, NVLink transmitted bytes per second.
+DCGM_FI_PROF_NVLINK_RX_BYTES, gauge, NVLink received bytes per second.
+DCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, vGPU License status
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := newTestExporter(t, withRealTime(), withDCGM(nil), withGroups(fullGroups()),
+		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n", Counters: cs} }))
+	p := tn.until(t, "NVLink throughput on the page", func(p *collector.Page) bool {
+		return len(series(p, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", `gpu="0"`)) == 1 && len(series(p, "DCGM_FI_PROF_NVLINK_RX_BYTES", `gpu="0"`)) == 1
+	})
+	for _, gpu := range []string{"0", "3"} {
+		g := `gpu="` + gpu + `"`
+		tx, rx := parseNum(t, value(t, p, "DCGM_FI_PROF_NVLINK_TX_BYTES", g)), parseNum(t, value(t, p, "DCGM_FI_PROF_NVLINK_RX_BYTES", g))
+		got := parseNum(t, value(t, p, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", g))
+		if want := (tx + rx) / 1024 / 1000; tx+rx == 0 || !near(got, want) {
+			t.Errorf("GPU %s: DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL %v, want (%v + %v B/s) / 1024 / 1000 = %v", gpu, got, tx, rx, want)
+		}
+		if v := value(t, p, "DCGM_FI_DEV_VGPU_LICENSE_STATUS", g); v != "0" {
+			t.Errorf("GPU %s: DCGM_FI_DEV_VGPU_LICENSE_STATUS %s, want 0 on bare metal", gpu, v)
+		}
+	}
+}

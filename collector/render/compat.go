@@ -225,11 +225,13 @@ var compatFields = map[int]*compatField{
 	429: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("replay")},                                                          // DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
 	439: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("recovery")},                                                        // DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
 	449: {scope: scopeBoard, needs: needsDCGM, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
-		// DCGM reports a rate here despite the counter type (in MB/s by
-		// users' measurements): NVLink bytes sent and received per second.
+		// DCGM reports a rate here despite the counter type: NVML's
+		// NVLink throughput counters (KiB, both directions) per second,
+		// divided by 1000 (DcgmCacheManager's ReadAndCacheNvLinkBandwidth,
+		// as dcgm-exporter's PR 658 reads it: "MiB/s").
 		tx, ok1 := c.g.Rates.Get(sample.FieldNVLinkTxBytes)
 		rx, ok2 := c.g.Rates.Get(sample.FieldNVLinkRxBytes)
-		return (tx + rx) / 1e6, ok1 && ok2
+		return (tx + rx) / 1024 / 1000, ok1 && ok2
 	}},
 	526:  {scope: scopeBoard, value: func(*compatDevice) (float64, bool) { return 0, true }}, // DCGM_FI_DEV_VGPU_LICENSE_STATUS: 0 on bare metal, as DCGM answers there
 	1001: {needs: needsDCGM, value: field(sample.FieldGraphicsActive, 1, scopeDevice)},       // DCGM_FI_PROF_GR_ENGINE_ACTIVE
