@@ -112,6 +112,28 @@ type Client struct {
 // NewClient checks cfg, fills in defaults and returns a client. It does not
 // connect; Run (or Refresh) does.
 func NewClient(cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:    cfg,
+		socket: cfg.Socket,
+		match:  newResourceMatcher(cfg.ExtraResourceNames, cfg.ExtraDRADrivers),
+	}
+	c.snap.Store(&Snapshot{})
+	return c, nil
+}
+
+// Validate checks cfg as NewClient does, without building a client.
+func (cfg Config) Validate() error {
+	_, err := cfg.withDefaults()
+	return err
+}
+
+// withDefaults is cfg checked, with the defaults filled in and the socket as
+// an absolute plain path.
+func (cfg Config) withDefaults() (Config, error) {
 	var errs []error
 	socket := strings.TrimPrefix(cfg.Socket, "unix://")
 	if socket == "" {
@@ -171,15 +193,9 @@ func NewClient(cfg Config) (*Client, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("podmap: invalid config: %w", err)
+		return cfg, fmt.Errorf("podmap: invalid config: %w", err)
 	}
-	c := &Client{
-		cfg:    cfg,
-		socket: socket,
-		match:  newResourceMatcher(cfg.ExtraResourceNames, cfg.ExtraDRADrivers),
-	}
-	c.snap.Store(&Snapshot{})
-	return c, nil
+	return cfg, nil
 }
 
 // Config returns the client's configuration with defaults filled in.
