@@ -310,11 +310,8 @@ func (c *Client) fetch(ctx context.Context) ([]Holding, map[string]int, map[stri
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	list, err := c.lister.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
 	cancel()
-	if status.Code(err) == codes.ResourceExhausted {
-		return nil, nil, nil, fmt.Errorf("kubelet List: the answer is larger than the limit of %d bytes (%w); raise --kubelet.max-response-bytes, and the memory limit by about 10 bytes per byte of answer", c.cfg.MaxRecvMsgSize, err)
-	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("kubelet List: %w", err)
+		return nil, nil, nil, c.callError("List", err)
 	}
 	holdings := holdingsFromList(list, c.match)
 
@@ -331,10 +328,19 @@ func (c *Client) fetch(ctx context.Context) ([]Holding, map[string]int, map[stri
 		return holdings, nil, nil, nil
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("kubelet GetAllocatableResources: %w", err)
+		return nil, nil, nil, c.callError("GetAllocatableResources", err)
 	}
 	counts, ids := allocatableFrom(alloc, c.match, holdings)
 	return holdings, counts, ids, nil
+}
+
+// callError says which kubelet call failed; an answer over the size limit
+// names the flag that raises it.
+func (c *Client) callError(call string, err error) error {
+	if status.Code(err) == codes.ResourceExhausted {
+		return fmt.Errorf("kubelet %s: the answer is larger than the limit of %d bytes (%w); raise --kubelet.max-response-bytes, and the memory limit by about 10 bytes per byte of answer", call, c.cfg.MaxRecvMsgSize, err)
+	}
+	return fmt.Errorf("kubelet %s: %w", call, err)
 }
 
 // dialLocked creates the connection if there is none. grpc.NewClient does

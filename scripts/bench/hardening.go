@@ -27,8 +27,9 @@ type exporterProc struct {
 }
 
 // startExporter starts the binary on a free port with args and waits until
-// readyURL (given the address) answers 200.
-func startExporter(cfg config, args []string, ready func(addr string) (*http.Request, error)) (*exporterProc, error) {
+// the request ready makes (given the address) is answered 200, over
+// transport (nil: the default one).
+func startExporter(cfg config, args []string, ready func(addr string) (*http.Request, error), transport *http.Transport) (*exporterProc, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, err
@@ -42,6 +43,9 @@ func startExporter(cfg config, args []string, ready func(addr string) (*http.Req
 	}
 	go func() { p.exited <- p.cmd.Wait() }()
 	c := &http.Client{Timeout: 2 * time.Second}
+	if transport != nil {
+		c.Transport = transport
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		req, err := ready(addr)
@@ -110,7 +114,7 @@ type slowResult struct {
 func measureSlowConns(cfg config) (slowResult, error) {
 	var r slowResult
 	raiseFileLimit()
-	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) })
+	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) }, nil)
 	if err != nil {
 		return r, err
 	}
@@ -227,7 +231,7 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 		}
 		return req, err
 	}
-	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed)
+	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed, nil)
 	if err != nil {
 		return r, err
 	}
@@ -346,16 +350,62 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		if err != nil {
 			fatalf("wrong passwords from many addresses: %v", err)
 		}
-		row(fmt.Sprintf("%d clients sending wrong passwords from %d addresses for %s (bcrypt cost 10)", a.clients, a.addrs, cfg.attackFor),
+		row(fmt.Sprintf("%d clients sending wrong passwords from %d addresses for %s (bcrypt cost 10), each request from the next address", a.clients, a.addrs, cfg.attackFor),
 			fmt.Sprintf("%d requests: %d checked (401), %d refused before bcrypt (429), %d refused with bcrypt busy (503), %d unanswered; exporter CPU %.2f cores; "+
 				"a scraper logged in before, every 100 ms: %s; a scraper logging in for the first time, every 1 s: %s",
 				a.requests, a.unauthorized, a.throttled, a.busy, a.errs, a.cpuCores, a.scraper, a.fresh))
-		if n := a.scraper.failed(); n > 0 {
-			fails = append(fails, fmt.Sprintf("%d of %d logged-in scrapes lost beside wrong passwords from %d addresses", n, n+len(a.scraper.lat), a.addrs))
+		fails = append(fails, atLeast(a.scraper, "logged-in scrapes", fmt.Sprintf("wrong passwords from %d addresses", a.addrs))...)
+		fails = append(fails, atLeast(a.fresh, "first logins", fmt.Sprintf("wrong passwords from %d addresses", a.addrs))...)
+		if slowest := pct(a.fresh.lat, 100); slowest >= firstLoginLimit {
+			fails = append(fails, fmt.Sprintf("a first login beside wrong passwords from %d addresses took %s ms, want under %s", a.addrs, ms(slowest), firstLoginLimit))
 		}
-		if n := a.fresh.failed(); n > 0 {
-			fails = append(fails, fmt.Sprintf("%d of %d first logins lost beside wrong passwords from %d addresses", n, n+len(a.fresh.lat), a.addrs))
+	}
+	for _, run := range []struct {
+		name string
+		auth bool
+	}{{"h2-auth", true}, {"h2-tls", false}} {
+		if !cfg.runs[run.name] {
+			continue
 		}
+		fmt.Fprintf(os.Stderr, "bench: %s: %d HTTP/2 connections x %d streams at window 0 ...\n", run.name, cfg.h2Conns, cfg.h2Streams)
+		h, err := measureH2Stall(cfg, run.auth)
+		if err != nil {
+			fatalf("%s: %v", run.name, err)
+		}
+		against, scraper := "TLS", "a scraper over HTTP/2"
+		if run.auth {
+			against, scraper = "TLS and basic auth, without credentials", "a scraper with the password, over HTTP/2"
+		}
+		row(fmt.Sprintf("%s: %d TLS HTTP/2 connections x %d streams for /metrics held at window 0, against %s, for %s", run.name, cfg.h2Conns, cfg.h2Streams, against, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d streams opened, %d answered, %d reset; exporter RSS %.1f MiB idle, %.1f MiB max (limit %d MiB); %s every 100 ms: %s",
+				h.attack.conns.Load(), h.attack.streams.Load(), h.attack.ended.Load(), h.attack.resets.Load(),
+				float64(h.rssIdle)/(1<<20), float64(h.rssMax)/(1<<20), cfg.memLimit, scraper, h.scraper))
+		fails = append(fails, underLimit(cfg, h.rssMax, run.name)...)
+		fails = append(fails, atLeast(h.scraper, "scrapes", run.name)...)
+	}
+	if cfg.runs["probe-pipeline"] {
+		fmt.Fprintf(os.Stderr, "bench: %d connections pipelining to the probe port ...\n", cfg.probePipeConns)
+		p, err := measureProbePipeline(cfg)
+		if err != nil {
+			fatalf("probe pipeline: %v", err)
+		}
+		row(fmt.Sprintf("%d connections pipelining %d `GET /healthz` each to the probe port, never reading, for %s", cfg.probePipeConns, cfg.probePipeRequests, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d requests sent; exporter RSS max %.1f MiB; a prober every 100 ms (new connection, 1 s timeout): /healthz %s; /readyz %s",
+				p.attack.conns.Load(), p.attack.requests.Load(), float64(p.rssMax)/(1<<20), p.healthz, p.readyz))
+		fails = append(fails, atLeast(p.healthz, "/healthz probes", "probe-pipeline")...)
+		fails = append(fails, atLeast(p.readyz, "/readyz probes", "probe-pipeline")...)
+	}
+	if cfg.runs["slow-readers"] {
+		fmt.Fprintf(os.Stderr, "bench: %d slow readers pipelining /metrics ...\n", cfg.slowReaders)
+		s, err := measureSlowReaders(cfg)
+		if err != nil {
+			fatalf("slow readers: %v", err)
+		}
+		row(fmt.Sprintf("%d connections pipelining %d `GET /metrics` each, reading 1 KiB every 100 ms, for %s", cfg.slowReaders, cfg.slowReaderRequests, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d requests sent; exporter RSS max %.1f MiB; a scraper every 100 ms: %s",
+				s.attack.conns.Load(), s.attack.requests.Load(), float64(s.rssMax)/(1<<20), s.scraper))
+		fails = append(fails, underLimit(cfg, s.rssMax, "slow-readers")...)
+		fails = append(fails, atLeast(s.scraper, "scrapes", "slow-readers")...)
 	}
 	if len(rows) == 0 {
 		return fails
@@ -367,6 +417,30 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		fmt.Fprintf(w, "| %s | %s |\n", r[0], r[1])
 	}
 	return fails
+}
+
+// Beside an attack that holds answers, a well-behaved client must get
+// minAnswered of its requests answered; a first login must take under
+// firstLoginLimit.
+const (
+	minAnswered     = 0.95
+	firstLoginLimit = 2 * time.Second
+)
+
+// atLeast fails a run whose client got less than minAnswered answered.
+func atLeast(s *clientStats, what, run string) []string {
+	if n := len(s.lat) + s.failed(); n == 0 || answered(s) < minAnswered {
+		return []string{fmt.Sprintf("%s: %d of %d %s answered, want at least %.0f%%", run, len(s.lat), n, what, 100*minAnswered)}
+	}
+	return nil
+}
+
+// underLimit fails a run whose exporter's RSS passed the memory limit.
+func underLimit(cfg config, rss int64, run string) []string {
+	if rss > cfg.memLimit<<20 {
+		return []string{fmt.Sprintf("%s: RSS %.1f MiB, above the %d MiB limit", run, float64(rss)/(1<<20), cfg.memLimit)}
+	}
+	return nil
 }
 
 // wrongPasswords counts what clients logging in with wrong passwords got.

@@ -2,10 +2,12 @@ package server
 
 import (
 	"crypto/sha256"
-	"fmt"
+	"math"
+	"math/bits"
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,8 +22,9 @@ import (
 // flood of wrong passwords queues the real scraper behind it for seconds
 // and can evict its cached login. Here credentials accepted before skip
 // bcrypt, a client address that keeps failing is refused before bcrypt
-// runs, and bcrypt work waits in a bounded, fair queue. The toolkit still
-// serves TLS, HTTP/2 and the configured headers (webconfig.go).
+// runs, and bcrypt work waits in a bounded queue that serves first the
+// attempts whose networks and user name have asked least. The toolkit
+// still serves TLS, HTTP/2 and the configured headers (webconfig.go).
 
 // Failed logins per client address: a burst of failBurst, then one more
 // every failRefill. Checked before bcrypt runs.
@@ -41,32 +44,47 @@ const (
 	bcryptRetryAfter = 2 // seconds
 
 	// An address that comes back within busyCooldown of an attempt turned
-	// away with bcrypt busy waits among the failing addresses: a scraper
-	// asks once per scrape interval (Prometheus' shortest is a second), a
-	// flood at once again, so a flood from many addresses that were only
-	// turned away (never checked, so never failed) cannot keep a scraper
-	// that has not logged in yet out of the queue.
+	// away with bcrypt busy counts as failing: a scraper asks once per
+	// scrape interval (Prometheus' shortest is a second), a flood at once
+	// again.
 	busyCooldown = time.Second
+
+	// Every attempt that needs bcrypt adds 1 to the load of its client's
+	// networks (IPv4 /16 and /24, IPv6 /48 and /64) and of its user name
+	// (all unknown names share one); an accepted login takes its 1 back,
+	// and loads halve every loadHalfLife. A flood from any number of
+	// addresses piles load on a few networks, or on the user names it
+	// tries; a scraper logging in for the first time from elsewhere, or as
+	// another user, has next to none.
+	loadHalfLife = 10 * time.Second
+	maxLoads     = 4096 // networks and users remembered; the lightest go first
+
+	// addressPenalty is added to the queue rank of an attempt from an
+	// address that failed recently or came back at once after being turned
+	// away: as much as 256 times another attempt's load.
+	addressPenalty = 8
 )
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
-// never wait for a bcrypt slot, and a slot that frees goes to an attempt
-// from a clean address (no recent failure, and not back at once after
-// being turned away) before one from another address; a full queue makes
-// room for the former by refusing the newest of the latter.
+// never wait for a bcrypt slot. A slot that frees goes to the waiting
+// attempt of the lowest rank (the loads of its networks and user name, and
+// a penalty for an address that keeps failing), the oldest of equals; a
+// full queue makes room for an attempt of lower rank than its highest by
+// refusing that one (the newest of equals).
 type authenticator struct {
 	now     func() time.Time
 	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests
 	wait    time.Duration                 // longest wait for a bcrypt slot
 	queue   int                           // most attempts waiting for a slot
 
-	mu    sync.Mutex
-	good  map[[sha256.Size]byte]struct{} // credentials (with the hash they matched) accepted before
-	fails map[string]*failBucket         // client address -> failed attempts
-	free  int                            // bcrypt slots free
-	clean []*bcryptWaiter                // waiting, from addresses with no recent failure (FIFO)
-	dirty []*bcryptWaiter                // waiting, from addresses that failed recently (FIFO)
+	mu     sync.Mutex
+	good   map[[sha256.Size]byte]struct{} // credentials (with the hash they matched) accepted before
+	fails  map[string]*failBucket         // client address -> failed attempts
+	loads  map[string]*load               // network or user -> attempts, decaying
+	free   int                            // bcrypt slots free
+	queued []*bcryptWaiter
+	seq    uint64
 
 	refused atomic.Int64 // attempts refused before bcrypt, for tests and logs
 	busy    atomic.Int64 // attempts refused because bcrypt was busy
@@ -77,12 +95,20 @@ type authenticator struct {
 type bcryptWaiter struct {
 	done    chan struct{}
 	granted bool
+	seq     uint64
+	client  string
+	keys    [3]string // its networks and user name (loadKeys)
 }
 
 type failBucket struct {
 	tokens float64
 	at     time.Time
 	busyAt time.Time // an attempt was last turned away with bcrypt busy
+}
+
+type load struct {
+	v  float64
+	at time.Time
 }
 
 // cleanLocked: b has no recent failure and was not turned away within
@@ -94,33 +120,107 @@ func (a *authenticator) cleanLocked(b *failBucket) bool {
 func newAuthenticator() *authenticator {
 	return &authenticator{now: time.Now, compare: bcrypt.CompareHashAndPassword,
 		wait: bcryptWait, queue: bcryptQueue, free: max(1, min(2, runtime.GOMAXPROCS(0))),
-		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}}
+		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}, loads: map[string]*load{}}
 }
 
-// acquire waits for a bcrypt slot; false if none came within a.wait, the
-// queue was full, or the request ended. Under a.mu on entry; returns with
-// a.mu unlocked.
-func (a *authenticator) acquireLocked(r *http.Request, clean bool) bool {
-	if a.free > 0 && len(a.clean)+len(a.dirty) == 0 {
+// loadKeys are the networks of client (IPv4 /16 and /24, IPv6 /48 and
+// /64) and the user name (one key for every unknown name).
+func loadKeys(client, user string, known bool) [3]string {
+	u := "user?"
+	if known {
+		u = "user:" + user
+	}
+	ip := net.ParseIP(client)
+	if ip == nil {
+		return [3]string{"net:" + client, "net:" + client, u}
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return [3]string{"net:" + v4.Mask(net.CIDRMask(16, 32)).String() + "/16", "net:" + v4.Mask(net.CIDRMask(24, 32)).String() + "/24", u}
+	}
+	return [3]string{"net:" + ip.Mask(net.CIDRMask(48, 128)).String() + "/48", "net:" + ip.Mask(net.CIDRMask(64, 128)).String() + "/64", u}
+}
+
+// loadLocked is key's load, decayed to now.
+func (a *authenticator) loadLocked(key string) *load {
+	now := a.now()
+	l := a.loads[key]
+	if l == nil {
+		if len(a.loads) >= maxLoads {
+			a.forgetLoadsLocked()
+		}
+		l = &load{at: now}
+		a.loads[key] = l
+	}
+	l.v *= math.Exp2(-float64(now.Sub(l.at)) / float64(loadHalfLife))
+	l.at = now
+	return l
+}
+
+// forgetLoadsLocked makes room: the loads that have decayed go first, then
+// any, down to three quarters of maxLoads.
+func (a *authenticator) forgetLoadsLocked() {
+	for k := range a.loads {
+		if l := a.loadLocked(k); l.v < 2 {
+			delete(a.loads, k)
+		}
+	}
+	for k := range a.loads {
+		if len(a.loads) < maxLoads*3/4 {
+			break
+		}
+		delete(a.loads, k)
+	}
+}
+
+func (a *authenticator) addLoadLocked(keys [3]string, n float64) {
+	for _, k := range keys {
+		l := a.loadLocked(k)
+		l.v = max(0, l.v+n)
+	}
+}
+
+// rankLocked orders waiting attempts: lower goes first. Each load counts by
+// its order of magnitude (bits.Len), so that a scraper's few attempts tie
+// with none, and a flood's thousands weigh as such.
+func (a *authenticator) rankLocked(w *bcryptWaiter) int {
+	r := 0
+	for _, k := range w.keys {
+		r += bits.Len(uint(a.loadLocked(k).v))
+	}
+	if b := a.fails[w.client]; b != nil {
+		if a.refillLocked(b); !a.cleanLocked(b) {
+			r += addressPenalty
+		}
+	}
+	return r
+}
+
+// acquireLocked waits for a bcrypt slot; false if none came within a.wait,
+// the queue was full of attempts of lower or equal rank, or the request
+// ended. Under a.mu on entry; returns with a.mu unlocked.
+func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]string) bool {
+	if a.free > 0 && len(a.queued) == 0 {
 		a.free--
 		a.mu.Unlock()
 		return true
 	}
-	if len(a.clean)+len(a.dirty) >= a.queue {
-		if !clean || len(a.dirty) == 0 {
+	a.seq++
+	w := &bcryptWaiter{done: make(chan struct{}), seq: a.seq, client: client, keys: keys}
+	if len(a.queued) >= a.queue {
+		worst, wr := -1, 0
+		for i, x := range a.queued {
+			if xr := a.rankLocked(x); worst < 0 || xr > wr || (xr == wr && x.seq > a.queued[worst].seq) {
+				worst, wr = i, xr
+			}
+		}
+		if a.rankLocked(w) >= wr {
 			a.mu.Unlock()
 			return false
 		}
-		last := a.dirty[len(a.dirty)-1] // make room: the newest attempt from a failing address goes
-		a.dirty = a.dirty[:len(a.dirty)-1]
-		close(last.done)
+		close(a.queued[worst].done) // pushed out
+		a.queued = append(a.queued[:worst], a.queued[worst+1:]...)
 	}
-	w := &bcryptWaiter{done: make(chan struct{})}
-	if clean {
-		a.clean = append(a.clean, w)
-	} else {
-		a.dirty = append(a.dirty, w)
-	}
+	a.queued = append(a.queued, w)
 	a.mu.Unlock()
 
 	t := time.NewTimer(a.wait)
@@ -135,44 +235,41 @@ func (a *authenticator) acquireLocked(r *http.Request, clean bool) bool {
 	if w.granted {
 		return true
 	}
-	a.clean = removeWaiter(a.clean, w)
-	a.dirty = removeWaiter(a.dirty, w)
+	for i, x := range a.queued {
+		if x == w {
+			a.queued = append(a.queued[:i], a.queued[i+1:]...)
+			break
+		}
+	}
 	return false
 }
 
-// release hands the slot to the first clean waiter, else the first dirty
-// one, else frees it.
+// release hands the slot to the waiting attempt of the lowest rank (the
+// oldest of equals), else frees it.
 func (a *authenticator) release() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var w *bcryptWaiter
-	switch {
-	case len(a.clean) > 0:
-		w, a.clean = a.clean[0], a.clean[1:]
-	case len(a.dirty) > 0:
-		w, a.dirty = a.dirty[0], a.dirty[1:]
-	default:
+	if len(a.queued) == 0 {
 		a.free++
 		return
 	}
-	w.granted = true
-	close(w.done)
-}
-
-func removeWaiter(q []*bcryptWaiter, w *bcryptWaiter) []*bcryptWaiter {
-	for i, x := range q {
-		if x == w {
-			return append(q[:i], q[i+1:]...)
+	best, br := 0, 0
+	for i, x := range a.queued {
+		if xr := a.rankLocked(x); i == 0 || xr < br || (xr == br && x.seq < a.queued[best].seq) {
+			best, br = i, xr
 		}
 	}
-	return q
+	w := a.queued[best]
+	a.queued = append(a.queued[:best], a.queued[best+1:]...)
+	w.granted = true
+	close(w.done)
 }
 
 // waiting is how many attempts wait for a bcrypt slot (for tests).
 func (a *authenticator) waiting() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.clean) + len(a.dirty)
+	return len(a.queued)
 }
 
 // This is a bcrypt hash of "fakepassword" (exporter-toolkit's): an unknown
@@ -212,9 +309,10 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		a.refused.Add(1)
 		return http.StatusTooManyRequests
 	}
-	clean := a.cleanLocked(b)
 	b.tokens--
-	if !a.acquireLocked(r, clean) {
+	keys := loadKeys(client, user, known)
+	a.addLoadLocked(keys, 1)
+	if !a.acquireLocked(r, client, keys) {
 		// Refused unseen: the attempt is given back, so a scraper turned
 		// away while bcrypt is busy does not count as failing.
 		a.mu.Lock()
@@ -239,6 +337,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		if b := a.fails[client]; b != nil {
 			b.tokens = min(failBurst, b.tokens+1)
 		}
+		a.addLoadLocked(keys, -1)
 		return 0
 	}
 	return http.StatusUnauthorized
@@ -285,7 +384,8 @@ func clientAddress(r *http.Request) string {
 
 // authHandler applies the web config's rate limit and basic auth to every
 // request (exporter-toolkit's handler around it sets the configured
-// headers).
+// headers). Its refusals carry no body (refuse): the status and
+// Retry-After say it all, and nothing waits on the client to read.
 type authHandler struct {
 	src     *webConfigSource
 	auth    *authenticator
@@ -296,25 +396,25 @@ type authHandler struct {
 func (h *authHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := h.src.get()
 	if h.limiter != nil && !h.limiter.Allow() {
-		http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+		refuse(w, http.StatusTooManyRequests)
 		return
 	}
 	if len(c.users) > 0 {
 		code := h.auth.check(c.users, r)
-		markLoginRefused(r, code != 0)
+		markLogin(r, code == 0)
 		switch code {
 		case 0:
-		case http.StatusTooManyRequests:
-			w.Header().Set("Retry-After", fmt.Sprint(int(failRefill.Seconds())))
-			http.Error(w, "too many failed logins from this address; try again later", code)
+		case http.StatusTooManyRequests: // too many failed logins from this address
+			w.Header().Set("Retry-After", strconv.Itoa(int(failRefill.Seconds())))
+			refuse(w, code)
 			return
-		case http.StatusServiceUnavailable:
-			w.Header().Set("Retry-After", fmt.Sprint(bcryptRetryAfter))
-			http.Error(w, "too many logins being checked; try again later", code)
+		case http.StatusServiceUnavailable: // too many logins being checked
+			w.Header().Set("Retry-After", strconv.Itoa(bcryptRetryAfter))
+			refuse(w, code)
 			return
 		default:
 			w.Header().Set("WWW-Authenticate", "Basic")
-			http.Error(w, http.StatusText(code), code)
+			refuse(w, code)
 			return
 		}
 	}

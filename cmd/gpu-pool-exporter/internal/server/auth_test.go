@@ -2,16 +2,12 @@ package server
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/exporter-toolkit/web"
-	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
 )
 
@@ -69,87 +65,6 @@ func TestAuthenticatorLimitsFailuresPerAddress(t *testing.T) {
 	}
 	if len(a.fails) > maxFailClients {
 		t.Errorf("%d addresses remembered, want at most %d", len(a.fails), maxFailClients)
-	}
-}
-
-// The connection cap: slow clients that never finish a request hold at
-// most the cap of connections, and a scrape still gets through while they
-// keep trying: at the cap the oldest connection without a request in
-// flight gives way.
-func TestConnectionCap(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }), zerolog.Nop())
-	const limit = 8
-	ll := newLimitListener(l, limit).(*limitListener)
-	go func() { _ = srv.Serve(ll) }()
-	defer srv.Close()
-
-	var slow []net.Conn
-	defer func() {
-		for _, c := range slow {
-			c.Close()
-		}
-	}()
-	for i := 0; i < 5*limit; i++ {
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
-		slow = append(slow, c)
-	}
-	pollUntil(10*time.Second, func() bool { _, _, ev := ll.stats(); return ev >= 4*limit })
-	open, peak, evicts := ll.stats()
-	if peak > limit || open > limit {
-		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
-	}
-	if evicts < 4*limit {
-		t.Errorf("%d evictions, want %d: the slow clients past the cap give way", evicts, 4*limit)
-	}
-	// One address with many connections gives way before one with few:
-	// a scraper from another address keeps its connection while the slow
-	// clients keep coming.
-	scraperDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
-	sc, err := scraperDialer.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sc.Close()
-	// Accepted (at the cap, so one slow client gave way), not yet asked anything.
-	waitUntil(t, "the scraper's connection to be accepted", func() bool { _, _, ev := ll.stats(); return ev > evicts })
-	for i := 0; i < 2*limit; i++ {
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n"))
-		slow = append(slow, c)
-	}
-	waitUntil(t, "the slow clients to be accepted", func() bool { _, _, ev := ll.stats(); return ev >= evicts+1+2*limit })
-	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
-	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
-		t.Errorf("the scraper from its own address lost its connection to %d slow ones from another: %q", 2*limit, b)
-	}
-
-	// The slow clients are still connected (from their side) and more keep
-	// coming; a scrape gets through.
-	for i := 0; i < 3; i++ {
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err == nil {
-			_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n"))
-			slow = append(slow, c)
-		}
-		code, body := get(t, &http.Client{Timeout: 20 * time.Second}, "http://"+l.Addr().String()+"/", "", "")
-		if code != 200 || body != "ok" {
-			t.Errorf("scrape %d beside %d slow clients: %d %q", i, len(slow), code, body)
-		}
-	}
-	if _, peak, _ := ll.stats(); peak > limit {
-		t.Errorf("peak %d connections, cap %d", peak, limit)
 	}
 }
 
@@ -370,54 +285,63 @@ func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
 	}
 }
 
-// At the connection cap, a connection whose login was refused gives way
-// first, even with a request in flight, before the scraper's idle
-// keep-alive: a flood of wrong passwords from more clients than the cap
-// closes its own connections.
-func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ll := newLimitListener(l, 2).(*limitListener)
-	defer ll.Close()
-	accepted := make(chan *limitedConn, 4)
-	go func() {
-		for {
-			c, err := ll.Accept()
-			if err != nil {
-				return
+// A flood of wrong passwords from many addresses (12,000 here, three times
+// the addresses the failure budgets remember; the bench runs 60,000), each
+// trying once (so none has failed, and none has been turned away before),
+// fills the bcrypt slots and the queue. A scraper logging in for the first time still gets
+// the next slot: from the flood's own /24 as another user, or from another
+// network as the user the flood tries.
+func TestFirstLoginBeforeAFloodFromManyAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name, addr, user string
+	}{
+		{"same network, another user", "10.1.0.250", "new-scraper"},
+		{"another network, the flooded user", "172.16.0.1", "prometheus"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}, 2, bcryptQueue)
+			a := b.a
+			// Address i of the flood: 250 /16 networks of 10.0.0.0/8, 240
+			// addresses in the first /24 of each.
+			flood := func(i int) string { return fmt.Sprintf("10.%d.%d.%d", 1+i%250, i/250/240, 1+i/250%240) }
+			var held []chan int
+			for i := 0; i < 2; i++ { // the bcrypt slots
+				held = append(held, b.async(flood(i), "prometheus", "wrong"))
+				<-b.started
 			}
-			accepted <- c.(*limitedConn)
-		}
-	}()
-	dial := func(ip string) *limitedConn {
-		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-		c, err := d.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		select {
-		case lc := <-accepted:
-			return lc
-		case <-time.After(30 * time.Second): // liveness bound only
-			t.Fatal("connection not accepted")
-			return nil
-		}
-	}
-	scraper := dial("127.0.0.2")
-	trackConnState(scraper, http.StateIdle) // a keep-alive between scrapes
-	flood := dial("127.0.0.1")
-	trackConnState(flood, http.StateActive) // waiting for its wrong password to be checked
-	req := httptest.NewRequest("GET", "/metrics", nil)
-	markLoginRefused(req.WithContext(withConn(req.Context(), flood)), true)
-	dial("127.0.0.1") // at the cap
-	ll.mu.Lock()
-	_, scraperOpen := ll.conns[scraper]
-	_, floodOpen := ll.conns[flood]
-	ll.mu.Unlock()
-	if !scraperOpen || floodOpen {
-		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", scraperOpen, floodOpen)
+			for i := 2; i < 2+bcryptQueue; i++ { // the queue
+				held = append(held, b.async(flood(i), "prometheus", "wrong"))
+				for a.waiting() != i-1 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			busy := 0
+			const addresses = 3 * maxFailClients
+			for i := 2 + bcryptQueue; i < addresses; i++ { // turned away at once
+				if code := b.try(flood(i), "prometheus", "wrong"); code == http.StatusServiceUnavailable {
+					busy++
+				}
+			}
+			if busy < addresses-100 {
+				t.Fatalf("only %d of the flood's attempts were turned away with bcrypt busy", busy)
+			}
+			pass := map[string]string{"prometheus": "right", "new-scraper": "new-right"}[tc.user]
+			login := b.async(tc.addr, tc.user, pass)
+			select {
+			case code := <-login:
+				t.Fatalf("first login from %s as %s: answered %d at once; want it queued ahead of the flood", tc.addr, tc.user, code)
+			case <-time.After(50 * time.Millisecond): // queued (no latency is asserted: it waits for a slot)
+			}
+			b.release <- struct{}{}
+			if first := <-b.started; first != pass {
+				t.Errorf("the freed bcrypt slot went to %q, want the first login", first)
+			}
+			for i := 0; i < len(held)+1; i++ {
+				b.release <- struct{}{}
+			}
+			if code := b.result("first login", login); code != 0 {
+				t.Errorf("first login from %s as %s beside the flood: %d, want 0", tc.addr, tc.user, code)
+			}
+		})
 	}
 }

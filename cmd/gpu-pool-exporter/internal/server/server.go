@@ -1,11 +1,13 @@
 // Package server serves the exporter's HTTP endpoints with
 // exporter-toolkit's web package (TLS, HTTP/2 settings, the configured
 // headers, every listener given, systemd's sockets) inside the defences a
-// node agent needs against clients that misbehave: a connection cap with
-// eviction (conns.go), refusal of request bodies and scrape slots given
-// back at the first write (handlers.go), basic auth with a fair bcrypt
-// queue (auth.go), write deadlines, a rate-limited error log
-// (errorlog.go), and the web config re-read when it changes or at SIGHUP
+// node agent needs against clients that misbehave: a memory budget for the
+// whole server and a connection cap per listener, both shedding the
+// connection that makes no progress first (conns.go); write deadlines on
+// every answer, refusal of request bodies and scrape slots given back at
+// the first write (handlers.go); basic auth with a bcrypt queue fair to
+// every network and user (auth.go); a rate-limited error log
+// (errorlog.go); and the web config re-read when it changes or at SIGHUP
 // (webconfig.go).
 package server
 
@@ -45,6 +47,9 @@ type Config struct {
 	// MaxConnections caps the open connections of each web listener; 0: no
 	// cap.
 	MaxConnections int
+	// MemoryBudget is what the server may hold for its clients, all
+	// listeners together; 0: DefaultMemoryBudget.
+	MemoryBudget int64
 	// BodyPrefix is the one path prefix whose requests may carry a body or
 	// use other methods than GET and HEAD (pprof's); "": none.
 	BodyPrefix string
@@ -81,8 +86,14 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 		h = a
 		webFile = src.toolkitPath()
 	}
-	h = refuseUnservable(h, c.BodyPrefix) // before a login is checked
+	t := newTracker(c.MemoryBudget)
+	if src != nil {
+		src.onLoad = func(wc *WebConfig) { t.auth.Store(len(wc.users) > 0) }
+		src.onLoad(c.WebConfig)
+	}
+	h = guard(t, refuseUnservable(h, c.BodyPrefix)) // before a login is checked
 	go watchReload(ctx, src, c.Reload, log)
+	tls := c.WebConfig != nil && c.WebConfig.TLS()
 
 	type served struct {
 		srv *http.Server
@@ -91,12 +102,17 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 	}
 	var all []served
 	for _, l := range ls.Web {
-		all = append(all, served{newHTTPServer(h, log), newLimitListener(l, c.MaxConnections), &web.FlagConfig{WebConfigFile: &webFile}})
+		all = append(all, served{newHTTPServer(h, log), t.listen(l, c.MaxConnections, tls), &web.FlagConfig{WebConfigFile: &webFile}})
 	}
 	if ls.Probe != nil {
 		noFile := ""
-		all = append(all, served{newHTTPServer(refuseUnservable(c.ProbeHandler, ""), log),
-			newLimitListener(ls.Probe, ProbeMaxConnections), &web.FlagConfig{WebConfigFile: &noFile}})
+		probe := newHTTPServer(guard(t, refuseUnservable(c.ProbeHandler, "")), log)
+		// One request per connection: a client pipelining requests it never
+		// reads gets one answer and loses the connection.
+		probe.SetKeepAlivesEnabled(false)
+		pl := t.listen(ls.Probe, ProbeMaxConnections, false)
+		pl.noAuth = true
+		all = append(all, served{probe, pl, &web.FlagConfig{WebConfigFile: &noFile}})
 	}
 	errs := make(chan error, len(all))
 	for _, s := range all {
@@ -149,8 +165,10 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		ConnState:         trackConnState,
 		ConnContext:       withConn,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},
+		// OPTIONS * reaches the handler, which answers 405 as for every
+		// method but GET and HEAD (net/http's own answer is 200).
+		DisableGeneralOptionsHandler: true,
 	}
 }

@@ -161,6 +161,8 @@ type webConfigSource struct {
 	cur  atomic.Pointer[WebConfig]
 	live *os.File   // the view exporter-toolkit reads, at a path that never changes
 	mu   sync.Mutex // serialises reloads
+	// onLoad, when set, is told of every config served after the first.
+	onLoad func(*WebConfig)
 }
 
 func newWebConfigSource(c *WebConfig, log zerolog.Logger) *webConfigSource {
@@ -215,5 +217,8 @@ func (s *webConfigSource) reload(reason string) {
 	c.Close()
 	c.view = s.live
 	s.cur.Store(c)
+	if s.onLoad != nil {
+		s.onLoad(c)
+	}
 	s.log.Info().Str("file", old.path).Str("reason", reason).Msg("web config reloaded")
 }
