@@ -246,3 +246,30 @@ func TestWebConfigHeadersAndHTTP2Switch(t *testing.T) {
 		}
 	}
 }
+
+// Without TLS, the web config's headers are served all the same (by the
+// exporter: exporter-toolkit is not given the file then).
+func TestWebConfigHeadersWithoutTLS(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), bcrypt.MinCost)
+	webConfig := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(webConfig, []byte("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n"+
+		"basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startWithConfig(t, webConfig)
+	c := &http.Client{Timeout: 20 * time.Second}
+	for _, user := range []string{"prometheus", ""} {
+		req, _ := http.NewRequest("GET", "http://"+r.addr+"/metrics", nil)
+		if user != "" {
+			req.SetBasicAuth(user, "s3cret-scrape")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get("X-Frame-Options") != "sameorigin" {
+			t.Errorf("user %q: %d, headers %v, want the web config's X-Frame-Options", user, resp.StatusCode, resp.Header)
+		}
+	}
+}

@@ -390,7 +390,7 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 				return d.DialContext(ctx, network, addr)
 			}
 			c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
-			wrong.send(ctx, c, p.addr, w)
+			wrong.send(ctx, c, "http://"+p.addr, w)
 		}()
 	}
 	sleepCtx(ctx, 500*time.Millisecond)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -204,11 +205,12 @@ type floodResult struct {
 	before, during           []time.Duration
 	floodRequests, refused   int64
 	unauthorized, floodError int64
+	cpuPerRequest            time.Duration // the exporter's CPU per flood request
 }
 
-// measureAuthFlood runs the exporter with basic auth (bcrypt cost 10) and
-// measures a scraper's latency alone, then beside cfg.floodClients clients
-// sending unique wrong passwords.
+// measureAuthFlood runs the exporter with basic auth (bcrypt cost 10; with
+// -flood-tls, over TLS) and measures a scraper's latency alone, then beside
+// cfg.floodClients clients sending unique wrong passwords.
 func measureAuthFlood(cfg config) (floodResult, error) {
 	r := floodResult{clients: cfg.floodClients}
 	dir, err := os.MkdirTemp("", "bench-auth")
@@ -220,23 +222,33 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	if err != nil {
 		return r, err
 	}
+	web, scheme, transport := "basic_auth_users:\n  prometheus: "+string(hash)+"\n", "http", func() *http.Transport { return &http.Transport{} }
+	if cfg.floodTLS {
+		certFile, keyFile, pool, err := tlsFiles(dir)
+		if err != nil {
+			return r, err
+		}
+		web += "tls_server_config:\n  cert_file: " + certFile + "\n  key_file: " + keyFile + "\n"
+		scheme = "https"
+		transport = func() *http.Transport { return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}} }
+	}
 	webCfg := filepath.Join(dir, "web.yml")
-	if err := os.WriteFile(webCfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(webCfg, []byte(web), 0o600); err != nil {
 		return r, err
 	}
 	authed := func(addr string) (*http.Request, error) {
-		req, err := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+		req, err := http.NewRequest("GET", scheme+"://"+addr+"/metrics", nil)
 		if err == nil {
 			req.SetBasicAuth("prometheus", "bench-secret")
 		}
 		return req, err
 	}
-	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed, nil)
+	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed, transport())
 	if err != nil {
 		return r, err
 	}
 	defer p.stop()
-	scraper := &http.Client{Timeout: 30 * time.Second}
+	scraper := &http.Client{Timeout: 30 * time.Second, Transport: transport()}
 	scrape := func() (time.Duration, error) {
 		req, _ := authed(p.addr)
 		start := time.Now()
@@ -262,11 +274,12 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	defer cancel()
 	var wg sync.WaitGroup
 	var wrong wrongPasswords
+	cpu0, _ := procCPU(p.cmd.Process.Pid)
 	for w := 0; w < cfg.floodClients; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			wrong.send(ctx, &http.Client{Timeout: 30 * time.Second}, p.addr, w)
+			wrong.send(ctx, &http.Client{Timeout: 30 * time.Second, Transport: transport()}, scheme+"://"+p.addr, w)
 		}()
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -281,7 +294,11 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	wg.Wait()
+	cpu1, _ := procCPU(p.cmd.Process.Pid)
 	r.floodRequests, r.refused, r.unauthorized, r.floodError = wrong.requests.Load(), wrong.throttled.Load(), wrong.unauthorized.Load(), wrong.errs.Load()
+	if r.floodRequests > 0 {
+		r.cpuPerRequest = (cpu1 - cpu0) / time.Duration(r.floodRequests)
+	}
 	return r, nil
 }
 
@@ -310,9 +327,13 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		if err != nil {
 			fatalf("auth flood: %v", err)
 		}
-		row(fmt.Sprintf("%d clients sending wrong passwords for %s (bcrypt cost 10)", f.clients, cfg.floodFor),
-			fmt.Sprintf("scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401)",
-				ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)), f.floodRequests, f.refused, f.unauthorized))
+		over := ""
+		if cfg.floodTLS {
+			over = ", over TLS"
+		}
+		row(fmt.Sprintf("%d clients sending wrong passwords for %s (bcrypt cost 10%s)", f.clients, cfg.floodFor, over),
+			fmt.Sprintf("scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401); exporter CPU %s µs per flood request",
+				ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)), f.floodRequests, f.refused, f.unauthorized, us(f.cpuPerRequest)))
 	}
 	if cfg.runs["slow-body"] {
 		fmt.Fprintf(os.Stderr, "bench: %d slow request bodies ...\n", cfg.bodyConns)
@@ -448,12 +469,12 @@ type wrongPasswords struct {
 	requests, unauthorized, throttled, busy, errs atomic.Int64
 }
 
-// send logs in as prometheus from c with a new wrong password each time
+// send logs in as prometheus at base (scheme://host:port) from c with a new wrong password each time
 // (worker w's), until ctx ends; a failed request waits 100ms before the
 // next, so that a refusing exporter is not met with a spin.
-func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, addr string, w int) {
+func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, base string, w int) {
 	for i := 0; ctx.Err() == nil; i++ {
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/metrics", nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
 		req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
 		resp, err := c.Do(req)
 		if err != nil {

@@ -87,6 +87,7 @@ type config struct {
 	memLimit      int64
 	floodClients  int
 	floodFor      time.Duration
+	floodTLS      bool
 	skipHardening bool
 
 	attackFor          time.Duration
@@ -136,6 +137,7 @@ func main() {
 	flag.Int64Var(&cfg.memLimit, "mem-limit-mib", 100, "the chart's memory limit: the slow-connection run fails above it")
 	flag.IntVar(&cfg.floodClients, "flood-clients", 128, "clients sending wrong passwords in the auth-flood run")
 	flag.DurationVar(&cfg.floodFor, "flood-for", 10*time.Second, "how long the wrong-password flood lasts")
+	flag.BoolVar(&cfg.floodTLS, "flood-tls", false, "run the wrong-password flood (auth-flood) over TLS")
 	flag.BoolVar(&cfg.skipHardening, "skip-hardening", false, "skip the hostile-client runs (all but load)")
 	flag.DurationVar(&cfg.attackFor, "attack-for", 10*time.Second, "how long each of the slow-body, probe-port, auth-addrs, h2-auth, h2-tls, probe-pipeline and slow-readers runs lasts")
 	flag.IntVar(&cfg.bodyConns, "body-conns", 40, "clients sending GET /metrics with a body at a byte a second in the slow-body run")

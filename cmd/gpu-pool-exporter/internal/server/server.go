@@ -84,7 +84,9 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 			a.limiter = rate.NewLimiter(rate.Every(rl.Interval), rl.Burst)
 		}
 		h = a
-		webFile = src.toolkitPath()
+		if c.WebConfig.TLS() {
+			webFile = src.toolkitPath()
+		}
 	}
 	t := newTracker(c.MemoryBudget)
 	if src != nil {
@@ -92,6 +94,13 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 		src.onLoad(c.WebConfig)
 	}
 	h = guard(t, refuseUnservable(h, c.BodyPrefix)) // before a login is checked
+	if src != nil && webFile == "" {
+		// Without TLS, exporter-toolkit is not given the web config (it
+		// would serve plain HTTP all the same, but read and parse the file
+		// again for every request, twice the CPU of a refused login): the
+		// configured headers are set here.
+		h = withHeaders(src, h)
+	}
 	go watchReload(ctx, src, c.Reload, log)
 	tls := c.WebConfig != nil && c.WebConfig.TLS()
 
@@ -133,6 +142,17 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 		_ = s.srv.Shutdown(sctx)
 	}
 	return failed
+}
+
+// withHeaders sets the web config's response headers (http_server_config's
+// headers, which exporter-toolkit checked) on every answer.
+func withHeaders(src *webConfigSource, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k, v := range src.get().HTTPConfig.Header {
+			w.Header().Set(k, v)
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // watchReload reads the web config again at SIGHUP and when the file
