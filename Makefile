@@ -30,7 +30,7 @@ test: tools vet lint
 	go build -o "$$bin/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
 	GPE_TEST_BINARY="$$bin/gpu-pool-exporter" go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
-## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 16,000 pages); make test runs an all-pairs sample
+## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 23,000 pages); make test runs an all-pairs sample
 test-matrix:
 	GPE_MATRIX=full go test -count=1 -timeout 4h -run 'TestConfigurationMatrix' ./cmd/gpu-pool-exporter/
 

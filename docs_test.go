@@ -17,7 +17,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 )
 
 // linkedDocs are the markdown files whose relative links TestDocsLinks
@@ -261,10 +261,10 @@ func TestDocsMetricFamilies(t *testing.T) {
 		served[m[1]] = true
 	}
 	registered := map[string]bool{}
-	for name := range collector.FamilyGroups() {
+	for name := range render.FamilyGroups() {
 		registered[name] = true
 	}
-	for _, name := range collector.CompatFamilyNames() {
+	for _, name := range render.CompatFamilyNames() {
 		registered[name] = true
 	}
 

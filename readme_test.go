@@ -348,6 +348,10 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "this test: every key is one of kube-prometheus-stack's values, and the selectors name the rules-layer labels of the PrometheusRules deploy/ renders"
 		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpu-pool-exporter fleet"):
 			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpu-pool-exporter fleet` (table and -o json) against the end-to-end test's Prometheus"
+		case b.file == "docs/rightsizing.md" && b.lang == "sh" && allPrefixed(commands(b.text), "gpu-pool-exporter re"):
+			by = "needs a Prometheus with the rules' recordings; alerts/rightsizing runs recommend and report on a backfilled week, alerts/e2e on the simulated node"
+		case b.file == "docs/rightsizing.md" && b.lang == "text":
+			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked example with what recommend prints on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"

@@ -116,6 +116,28 @@ func (f *RuleFile) RecordNames() []string {
 	return out
 }
 
+// Recordings returns the named recording rules in the order named; a name
+// the file does not record is an error.
+func (f *RuleFile) Recordings(names ...string) ([]Rule, error) {
+	byName := map[string]Rule{}
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				byName[r.Record] = r
+			}
+		}
+	}
+	out := make([]Rule, 0, len(names))
+	for _, n := range names {
+		r, ok := byName[n]
+		if !ok {
+			return nil, fmt.Errorf("the rules file records no %s", n)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 // GroupNames lists the group names in file order.
 func (f *RuleFile) GroupNames() []string {
 	out := make([]string, 0, len(f.Groups))

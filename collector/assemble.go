@@ -123,6 +123,7 @@ func Assemble(cfg NodeConfig, src Sources) (n *Node, err error) {
 		}
 		if ok {
 			n.XID = xid.NewReader(events, nil)
+			n.XID.Instances = n.Sampler
 			if cfg.XIDWaitTimeout > 0 {
 				n.XID.WaitTimeout = cfg.XIDWaitTimeout
 			}

@@ -14,19 +14,20 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
 // compatNode is the default simulated node with DCGM, its pods and the
 // dcgm-exporter compatibility families on.
-func compatNode(t *testing.T, groups collector.GroupSet) *collector.Exporter {
+func compatNode(t *testing.T, groups render.GroupSet) *collector.Exporter {
 	t.Helper()
-	return compatNodeWith(t, groups, collector.CompatConfig{Hostname: "gpu-node-7"})
+	return compatNodeWith(t, groups, render.CompatConfig{Hostname: "gpu-node-7"})
 }
 
 // compatNodeWith is compatNode with its own compatibility configuration.
-func compatNodeWith(t *testing.T, groups collector.GroupSet, cc collector.CompatConfig) *collector.Exporter {
+func compatNodeWith(t *testing.T, groups render.GroupSet, cc render.CompatConfig) *collector.Exporter {
 	t.Helper()
 	tn := newTestExporter(t, withRealTime(), withKubelet(), withDCGM(nil), withGroups(groups),
 		withConfig(func(c *collector.Config) { c.Compat = &cc }))
@@ -52,7 +53,7 @@ func parseNum(t *testing.T, s string) float64 {
 func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 	e := compatNode(t, nil)
 	p := e.Page()
-	for _, name := range collector.CompatFamilyNames() {
+	for _, name := range render.CompatFamilyNames() {
 		n := len(series(p, name))
 		if name == "DCGM_FI_DEV_FB_RESERVED" {
 			// From NVML's memory info v2 (R510+): served wherever used
@@ -148,7 +149,7 @@ func TestCompatDoesNotReadAgain(t *testing.T) {
 	calls := func(compat bool) int64 {
 		opts := []exporterOption{withRealTime(), withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.RediscoverEvery = 1000 })}
 		if compat {
-			opts = append(opts, withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{} }))
+			opts = append(opts, withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{} }))
 		}
 		tn := newTestExporter(t, opts...)
 		e, node := tn.e, tn.node
@@ -218,8 +219,8 @@ func TestCompatHostnameLabel(t *testing.T) {
 		{"hostname", "hostname", "Hostname"},
 	} {
 		t.Run("label="+tc.label, func(t *testing.T) {
-			e := compatNodeWith(t, nil, collector.CompatConfig{Hostname: "gpu-node-7", HostnameLabel: tc.label})
-			for _, name := range collector.CompatFamilyNames() {
+			e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", HostnameLabel: tc.label})
+			for _, name := range render.CompatFamilyNames() {
 				for _, l := range series(e.Page(), name) {
 					lab := parseLabels(l)
 					if lab[tc.want] != "gpu-node-7" || lab[tc.absent] != "" {
@@ -230,7 +231,7 @@ func TestCompatHostnameLabel(t *testing.T) {
 		})
 	}
 	_, err := collector.New(collector.Config{Interval: time.Second, Log: zerolog.Nop(),
-		Compat: &collector.CompatConfig{HostnameLabel: "HOSTNAME"}}, nil)
+		Compat: &render.CompatConfig{HostnameLabel: "HOSTNAME"}}, nil)
 	if err == nil || !strings.Contains(err.Error(), "Hostname") {
 		t.Errorf("an unknown host name label: error %v, want one naming the choices", err)
 	}
@@ -244,7 +245,7 @@ func TestCompatTimeSlicedGPU(t *testing.T) {
 	holders := []string{"chat-api-0", "chat-api-1", "chat-api-2"}
 	t.Run("default", func(t *testing.T) {
 		e := compatNode(t, nil)
-		for _, name := range collector.CompatFamilyNames() {
+		for _, name := range render.CompatFamilyNames() {
 			got := series(e.Page(), name, `gpu="6"`)
 			if name == "DCGM_FI_DEV_FB_RESERVED" && len(got) == 0 {
 				continue
@@ -262,7 +263,7 @@ func TestCompatTimeSlicedGPU(t *testing.T) {
 		}
 	})
 	t.Run("VirtualGPUs", func(t *testing.T) {
-		e := compatNodeWith(t, nil, collector.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: true})
+		e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: true})
 		got := series(e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="6"`)
 		var pods []string
 		for _, l := range got {
@@ -286,7 +287,7 @@ func TestCompatXID79KeepsTheLostGPUsSeries(t *testing.T) {
 	clk := newClock()
 	tn := newTestExporter(t, withScenario(sc), withClock(clk), withKubelet(),
 		withNodeXIDSource(func(n *simnode.Node) xid.EventSource { return n.XIDSource() }),
-		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "gpu-node-7"} }))
+		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "gpu-node-7"} }))
 	ctx := context.Background()
 	if err := tn.client.Refresh(ctx); err != nil {
 		t.Fatal(err)
@@ -350,7 +351,7 @@ gpus:
 		t.Fatal(err)
 	}
 	e := newTestExporter(t, withScenario(sc), withRealTime(), withGroups(fullGroups()),
-		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "n"} })).e
+		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n"} })).e
 	e.SampleOnce(context.Background())
 	if _, err := e.Registry().Gather(); err != nil {
 		t.Fatalf("registry refused the page: %v", err)
@@ -387,7 +388,7 @@ pods:
 		t.Run(tc.name, func(t *testing.T) {
 			tn := newTestExporter(t, withScenario(sc), withRealTime(), withKubelet(), withGroups(fullGroups()),
 				withConfig(func(c *collector.Config) {
-					c.Compat = &collector.CompatConfig{Hostname: "n", VirtualGPUs: tc.virtual}
+					c.Compat = &render.CompatConfig{Hostname: "n", VirtualGPUs: tc.virtual}
 				}))
 			if err := tn.client.Refresh(context.Background()); err != nil {
 				t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
@@ -81,7 +82,7 @@ type flapNode struct {
 	kubeDown bool
 }
 
-func newFlapNode(t *testing.T, sc *simnode.Scenario, cc collector.CompatConfig) *flapNode {
+func newFlapNode(t *testing.T, sc *simnode.Scenario, cc render.CompatConfig) *flapNode {
 	t.Helper()
 	clk := newClock()
 	// DCGM samples every 20ms of wall time; its values carry the simulated
@@ -186,7 +187,7 @@ func compatFlaps(t *testing.T, fn *flapNode, steps int, every time.Duration) map
 		}
 		now := map[string]string{}
 		devOf := map[string]flapDevice{}
-		for _, name := range collector.CompatFamilyNames() {
+		for _, name := range render.CompatFamilyNames() {
 			for _, m := range fltFind(mfs, name, nil) {
 				l := fltLabels(m)
 				d := flapDevice{l["UUID"], l["GPU_I_ID"]}
@@ -235,10 +236,10 @@ func TestCompatSeriesDoNotFlapDuringFaults(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		cc   collector.CompatConfig
+		cc   render.CompatConfig
 	}{
-		{"one series per device", collector.CompatConfig{Hostname: "n"}},
-		{"kubernetes-virtual-gpus", collector.CompatConfig{Hostname: "n", VirtualGPUs: true}},
+		{"one series per device", render.CompatConfig{Hostname: "n"}},
+		{"kubernetes-virtual-gpus", render.CompatConfig{Hostname: "n", VirtualGPUs: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fn := newFlapNode(t, sc, tc.cc)
@@ -257,7 +258,7 @@ func TestCompatSeriesDoNotFlapDuringFaults(t *testing.T) {
 			}
 			// The test watches every family: a family never served would
 			// never flap.
-			for _, name := range collector.CompatFamilyNames() {
+			for _, name := range render.CompatFamilyNames() {
 				if name != "DCGM_FI_DEV_FB_RESERVED" && !families[name] {
 					t.Errorf("%s never served", name)
 				}

@@ -4,11 +4,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 )
 
 // counterAudit lists every family the exporter types counter, whether the
-// counter-reset protection (monotonic.go) applies to it, and why. A counter
+// counter-reset protection (collector/render/monotonic.go) applies to it, and why. A counter
 // family served but not listed here fails the test: each new one is
 // audited.
 var counterAudit = []struct {
@@ -45,7 +45,7 @@ func TestCounterFamiliesAudited(t *testing.T) {
 	listed := map[string]bool{}
 	for _, c := range counterAudit {
 		t.Run(c.name, func(t *testing.T) {
-			if got := collector.CounterProtected(c.name); got != c.protected {
+			if got := render.CounterProtected(c.name); got != c.protected {
 				t.Errorf("protected = %v, want %v: %s", got, c.protected, c.why)
 			}
 		})

@@ -12,6 +12,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -137,7 +139,7 @@ pods:
   - {namespace: a, name: idle, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
 `)
 	tn := newTestExporter(t, withScenario(sc), withKubelet(), withGroups(fullGroups()),
-		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}),
+		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}),
 		withDCGM(nil, splitGPUInstanceActivity))
 	gi0 := `gpu_instance="0"`
 	waitFor(t, "DCGM values on both compute instances", func() bool {
@@ -219,7 +221,7 @@ gpus:
     mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 1g.10gb}]
 `)
 	tn := newTestExporter(t, withScenario(sc), withRealTime(), withGroups(fullGroups()), withDCGM(nil, splitGPUInstanceActivity),
-		withConfig(func(c *collector.Config) { c.Compat = &collector.CompatConfig{Hostname: "n"} }))
+		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n"} }))
 	p := tn.until(t, "DCGM values", func(p *collector.Page) bool {
 		return len(series(p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`)) == 1
 	})

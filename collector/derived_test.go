@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 )
 
 func num(t *testing.T, p *collector.Page, name string, match ...string) float64 {
@@ -26,7 +27,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-6*math.Max(1, math.Abs(
 // pods, 7 in MIG mode with 3g.40gb (slices 0-2), 2g.20gb (4-5) and 1g.10gb
 // (3) held and 1g.10gb (6) free. Every slice of GPU 7 is covered.
 func TestFragmentationOnSimulatedNode(t *testing.T) {
-	pn := newDerivedNode(t, nil, collector.DerivedConfig{})
+	pn := newDerivedNode(t, nil, state.DerivedConfig{})
 	p := pn.step(t, time.Second)
 
 	// Stranded: free VRAM of every allocated device, summed by hand; memory
@@ -95,7 +96,7 @@ gpus:
 pods:
   - {namespace: a, name: p, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
 `)
-	pn := newDerivedNode(t, sc, collector.DerivedConfig{})
+	pn := newDerivedNode(t, sc, state.DerivedConfig{})
 	p := pn.step(t, time.Second)
 	// Instances at slices 0 and 1; slices 2-6 free. On H100: 1g fits at 2..6
 	// (5 more), 2g at 2 and 4 (2 more), 3g at 4 (1 more), 4g and 7g only at 0
@@ -120,7 +121,7 @@ pods:
 
 func TestIdleAllocationFlipsAfterWindow(t *testing.T) {
 	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{"NVIDIA H100 80GB HBM3": 7}}
-	pn := newDerivedNode(t, nil, collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}, Prices: prices})
+	pn := newDerivedNode(t, nil, state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}, Prices: prices})
 	idle := func(p *collector.Page, pod string) string {
 		return value(t, p, "gpu_allocation_idle", `pod="`+pod+`"`)
 	}
@@ -166,7 +167,7 @@ pods:
   - {namespace: a, name: first, stop: 60s, containers: [{name: c, devices: [{gpu: 0}]}]}
   - {namespace: a, name: second, start: 60s, containers: [{name: c, devices: [{gpu: 0}]}]}
 `)
-	pn := newDerivedNode(t, sc, collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}})
+	pn := newDerivedNode(t, sc, state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: 30 * time.Second}})
 	var p *collector.Page
 	for i := 0; i < 5; i++ {
 		p = pn.step(t, 10*time.Second)
@@ -195,7 +196,7 @@ gpus:
 `)
 	model := "Mock NVIDIA A100-SXM4-40GB"
 	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{model: 7}}
-	pn := newDerivedNode(t, sc, collector.DerivedConfig{Prices: prices})
+	pn := newDerivedNode(t, sc, state.DerivedConfig{Prices: prices})
 	p := pn.step(t, time.Second)
 	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="0"`, `gpu_instance="0"`); !near(v, 7) {
 		t.Errorf("7g.40gb price %v, want 7 (the whole GPU)", v)
@@ -225,7 +226,7 @@ gpus:
   - {index: 0, mig: [{profile: 1g.10gb}]}
   - {index: 1, mig: [{profile: 1g.10gb+me}]}
 `)
-	pn := newDerivedNode(t, sc, collector.DerivedConfig{})
+	pn := newDerivedNode(t, sc, state.DerivedConfig{})
 	p := pn.step(t, time.Second)
 	if v := num(t, p, "gpu_mig_placeable_instances", `gpu="0"`, `mig_profile="1g.10gb+me"`); v != 1 {
 		t.Errorf("1g.10gb+me placeable on GPU 0: %v, want 1 (InstanceCount)", v)
@@ -251,7 +252,7 @@ pods:
   - {namespace: a, name: p2, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
 `)
 	prices := &fragmentation.PriceList{PerGPUHour: map[string]float64{"NVIDIA A100-SXM4-80GB": 7}}
-	pn := newDerivedNode(t, sc, collector.DerivedConfig{Prices: prices})
+	pn := newDerivedNode(t, sc, state.DerivedConfig{Prices: prices})
 	p := pn.step(t, time.Second)
 	for _, ci := range []string{"0", "1"} {
 		if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="0"`, `compute_instance="`+ci+`"`); !near(v, 1.5) {

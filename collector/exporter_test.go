@@ -193,6 +193,9 @@ type unsupportedDevice struct{ nvmlsampler.Device }
 func (unsupportedDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	return 0, nvml.ERROR_NOT_SUPPORTED
 }
+func (unsupportedDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	return nvml.Temperature{}, nvml.ERROR_NOT_SUPPORTED
+}
 func (unsupportedDevice) GetPowerUsage() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
 func TestNotSupportedFieldsAreSkipped(t *testing.T) {

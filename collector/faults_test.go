@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -244,6 +244,15 @@ func (d *faultyDevice) GetTemperature(s nvml.TemperatureSensors) (uint32, nvml.R
 		return 0, r
 	}
 	return d.Device.GetTemperature(s)
+}
+
+// GetTemperatureV1 fails with the same faults as the older call: both are
+// "temperature".
+func (d *faultyDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	if r := d.c("GetTemperature"); r != nvml.SUCCESS {
+		return nvml.Temperature{}, r
+	}
+	return d.Device.GetTemperatureV1()
 }
 
 func (d *faultyDevice) GetPowerUsage() (uint32, nvml.Return) {
@@ -487,7 +496,7 @@ func newFaultNode(t *testing.T, sc *simnode.Scenario) *faultNode {
 			r.MaxBackoff = 10 * time.Millisecond
 		}),
 		withSamplerConfig(func(c *nvmlsampler.SamplerConfig) { c.DeviceTimeout = 2 * time.Second }),
-		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}))
+		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: fragmentation.MinIdleWindow}}))
 	return fn
 }
 

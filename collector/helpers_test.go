@@ -17,6 +17,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
@@ -53,8 +55,8 @@ func newClock() *fixedClock {
 
 // fullGroups serves every metric group: these tests check values, the
 // budget test (budget_test.go) checks what each profile serves.
-func fullGroups() collector.GroupSet {
-	g, err := collector.ProfileGroups(collector.ProfileFull)
+func fullGroups() render.GroupSet {
+	g, err := render.ProfileGroups(render.ProfileFull)
 	if err != nil {
 		panic(err)
 	}
@@ -170,7 +172,7 @@ func withDCGMConfig(f func(*dcgm.Config)) exporterOption {
 }
 
 // withDCGMSource feeds the exporter from src instead of a DCGM sampler.
-func withDCGMSource(src collector.DCGMSource) exporterOption {
+func withDCGMSource(src state.DCGMSource) exporterOption {
 	return withConfig(func(c *collector.Config) { c.DCGM = src })
 }
 
@@ -191,12 +193,12 @@ func withXIDCounter(r *xid.Reader) exporterOption {
 }
 
 // withGroups serves the groups g (default: the zero set).
-func withGroups(g collector.GroupSet) exporterOption {
+func withGroups(g render.GroupSet) exporterOption {
 	return withConfig(func(c *collector.Config) { c.Groups = g })
 }
 
 // withDerived sets the derived gauges' configuration.
-func withDerived(dc collector.DerivedConfig) exporterOption {
+func withDerived(dc state.DerivedConfig) exporterOption {
 	return withConfig(func(c *collector.Config) { c.Derived = dc })
 }
 
@@ -363,7 +365,7 @@ func newPodNode(t testing.TB, sc *simnode.Scenario) *podNode {
 
 // newDerivedNode is a pod node with its sysfs tree, every group served and
 // the derived config dc.
-func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConfig) *podNode {
+func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc state.DerivedConfig) *podNode {
 	t.Helper()
 	return newTestExporter(t, withScenario(sc), withKubelet(), withSysfs(), withGroups(fullGroups()), withDerived(dc))
 }
@@ -373,7 +375,7 @@ func newDerivedNode(t *testing.T, sc *simnode.Scenario, dc collector.DerivedConf
 func newProcNode(t testing.TB, sc *simnode.Scenario) (*podNode, *procs.Resolver) {
 	t.Helper()
 	pn := newTestExporter(t, withScenario(sc), withHostDir(), withKubelet(), withProcessResolver(nil),
-		withDerived(collector.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}))
+		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}))
 	return pn, pn.procs
 }
 

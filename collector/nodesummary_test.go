@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
@@ -63,13 +64,13 @@ func dcgmSnapshot(t *testing.T) *dcgm.Snapshot {
 	return snap
 }
 
-func profileGroups(t *testing.T, profile string, nodeSummary bool) collector.GroupSet {
+func profileGroups(t *testing.T, profile string, nodeSummary bool) render.GroupSet {
 	t.Helper()
-	g, err := collector.ProfileGroups(profile)
+	g, err := render.ProfileGroups(profile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g[collector.GroupNodeSummary] = nodeSummary
+	g[render.GroupNodeSummary] = nodeSummary
 	return g
 }
 
@@ -78,10 +79,10 @@ func profileGroups(t *testing.T, profile string, nodeSummary bool) collector.Gro
 // the aggregate of the per-GPU page, and every other gpu_ family against
 // the per-GPU page line by line.
 func TestNodeSummaryFoldsTheSameSample(t *testing.T) {
-	if got := collector.NodeSummaryFolds(); fmt.Sprint(got) != fmt.Sprint(wantFolds) {
+	if got := render.NodeSummaryFolds(); fmt.Sprint(got) != fmt.Sprint(wantFolds) {
 		t.Errorf("node_summary folds %v, want %v", got, wantFolds)
 	}
-	for _, profile := range []string{collector.ProfileLean, collector.ProfileDefault} {
+	for _, profile := range []string{render.ProfileLean, render.ProfileDefault} {
 		t.Run(profile, func(t *testing.T) {
 			clk := newClock()
 			node, err := simnode.New(nil, simnode.WithClock(clk.Now))
@@ -259,7 +260,7 @@ func (d *replayDevice) GetPcieReplayCounter() (int, nvml.Return) {
 func TestNodeSummaryCounterKeepsALostGPU(t *testing.T) {
 	clk := newClock()
 	var lib *replayNVML
-	e := newTestExporter(t, withClock(clk), withGroups(profileGroups(t, collector.ProfileLean, true)),
+	e := newTestExporter(t, withClock(clk), withGroups(profileGroups(t, render.ProfileLean, true)),
 		withNVML(func(node nvmlsampler.NVML) nvmlsampler.NVML {
 			lib = &replayNVML{faultyNVML: newFaultyNVML(node), counts: map[int]int{}}
 			for g := 0; g < 8; g++ {

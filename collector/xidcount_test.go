@@ -126,8 +126,14 @@ faults:
 	}
 }
 
-// eccSource delivers a fixed list of events once.
-type eccSource struct{ events []xid.Event }
+// eccSource delivers a fixed list of events once; covered, when set, says
+// which GPUs are registered for which event types.
+type eccSource struct {
+	events  []xid.Event
+	covered []xid.Coverage
+}
+
+func (s *eccSource) Covered() []xid.Coverage { return s.covered }
 
 func (s *eccSource) Open() (xid.Waiter, error) { return s, nil }
 func (s *eccSource) Close() error              { return nil }
@@ -141,19 +147,26 @@ func (s *eccSource) Wait(timeout time.Duration) (xid.Event, error) {
 	return e, nil
 }
 
-// ECC events counted by the event reader are exported.
+// ECC events counted by the event reader are exported, for the types each
+// GPU is registered for: a GPU with ECC off registers for XIDs only, and
+// has no ECC event series rather than a 0 that means nothing.
 func TestECCEventsExported(t *testing.T) {
 	clk := newClock()
-	node, err := simnode.New(scenario(t, "node: {model: H100-SXM5-80GB, count: 2}"), simnode.WithClock(clk.Now))
+	node, err := simnode.New(scenario(t, "node: {model: H100-SXM5-80GB, count: 3}"), simnode.WithClock(clk.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer node.Close()
 	uuid := node.Devices()[1].UUID()
+	const ecc = nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError
 	src := &eccSource{events: []xid.Event{
 		{GPU: 1, UUID: uuid, Type: nvml.EventTypeSingleBitEccError},
 		{GPU: 1, UUID: uuid, Type: nvml.EventTypeSingleBitEccError},
 		{GPU: 1, UUID: uuid, Type: nvml.EventTypeDoubleBitEccError},
+	}, covered: []xid.Coverage{
+		{GPU: 0, Registered: true, Types: nvml.EventTypeXidCriticalError | ecc},
+		{GPU: 1, Registered: true, Types: nvml.EventTypeXidCriticalError | ecc},
+		{GPU: 2, Registered: true, Types: nvml.EventTypeXidCriticalError},
 	}}
 	p := xidExporter(t, node, src, clk, 3)
 	for _, c := range []struct{ gpu, typ, want string }{{"1", "single_bit", "2"}, {"1", "double_bit", "1"}, {"0", "single_bit", "0"}} {
@@ -162,6 +175,9 @@ func TestECCEventsExported(t *testing.T) {
 				t.Errorf("GPU %s %s ECC events = %s, want %s", c.gpu, c.typ, v, c.want)
 			}
 		})
+	}
+	if got := series(p, "gpu_ecc_error_events_total", `gpu="2"`); len(got) != 0 {
+		t.Errorf("ECC events served for a GPU registered for XIDs only: %v", got)
 	}
 }
 

@@ -9,7 +9,8 @@
 //	fakedcgm     a fake DCGM host engine (collector/dcgm's Client)
 //	fakekubelet  the kubelet's real PodResources gRPC service on a unix socket
 //	fakehost     a host /proc and /var/log/containers tree
-//	miggeometry  NVIDIA's MIG geometry per model, from NVIDIA's documents
+//	miggeometry  NVIDIA's MIG geometry per board, from NVIDIA's documents and
+//	             captures (profile memory per driver, NVML framebuffer)
 //
 // This package joins them: Sources turns a simulated node into the
 // collector.Sources the exporter is assembled from.

@@ -115,6 +115,7 @@ const (
 )
 
 func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
+	t.Parallel() // beside TestRightsizingEndToEnd, which waits minutes for its window
 	promBin := prometheusBinary(t)
 	root := repoRoot(t)
 	tmp := t.TempDir()

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/dashboards"
 )
 
@@ -310,10 +310,10 @@ func TestProfilesServeEveryUsedMetric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	families := collector.FamilyGroups()
+	families := render.FamilyGroups()
 	n := 0
-	for _, profile := range []string{collector.ProfileLean, collector.ProfileDefault} {
-		groups, err := collector.ProfileGroups(profile)
+	for _, profile := range []string{render.ProfileLean, render.ProfileDefault} {
+		groups, err := render.ProfileGroups(profile)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,7 +324,7 @@ func TestProfilesServeEveryUsedMetric(t *testing.T) {
 			n++
 			gs, ok := families[name]
 			if !ok {
-				t.Errorf("%s (used by %s) belongs to no metric group: add it to collector/groups.go", name, used[name][0])
+				t.Errorf("%s (used by %s) belongs to no metric group: declare it with its group in collector/render", name, used[name][0])
 				continue
 			}
 			served := false
@@ -342,7 +342,7 @@ func TestProfilesServeEveryUsedMetric(t *testing.T) {
 	// And the other way: every family the exporter can serve is listed.
 	for name := range families {
 		if c.known[name] != exporterMetric {
-			t.Errorf("%s is served (collector.FamilyGroups) but not listed in known_metrics.txt", name)
+			t.Errorf("%s is served (render.FamilyGroups) but not listed in known_metrics.txt", name)
 		}
 	}
 }
@@ -367,7 +367,7 @@ func TestNoRuleReadsANodeSummaryFamily(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	folds := collector.NodeSummaryFolds()
+	folds := render.NodeSummaryFolds()
 	p := parser.NewParser(parser.Options{})
 	n := 0
 	for _, g := range rf.Groups {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/promqlcheck"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 )
 
 // simulatedPage runs the exporter on the simulated node with args and
@@ -96,8 +96,8 @@ func TestSeriesBudget(t *testing.T) {
 		profile string
 		budget  int
 	}{
-		{collector.ProfileDefault, collector.DefaultBudgetPerGPU},
-		{collector.ProfileLean, collector.LeanBudgetPerGPU},
+		{render.ProfileDefault, render.DefaultBudgetPerGPU},
+		{render.ProfileLean, render.LeanBudgetPerGPU},
 	} {
 		t.Run(tc.profile, func(t *testing.T) {
 			body := simulatedPage(t, "--collector.profile="+tc.profile)
@@ -125,12 +125,12 @@ func TestSeriesBudget(t *testing.T) {
 					t.Errorf("%s profile: %s is not on the page, but %s uses it", tc.profile, name, where[0])
 				}
 			}
-			if tc.profile == collector.ProfileLean && !strings.Contains(body, `gpu_clock_event_active{gpu="0",reason="all"`) {
+			if tc.profile == render.ProfileLean && !strings.Contains(body, `gpu_clock_event_active{gpu="0",reason="all"`) {
 				t.Errorf("lean profile: no gpu_clock_event_active{reason=\"all\"}, which GPUThrottled matches")
 			}
 			// node_summary: lean serves the folded families once per node,
 			// default once per GPU.
-			for name, how := range collector.NodeSummaryFolds() {
+			for name, how := range render.NodeSummaryFolds() {
 				// `sum of error="corrected"`: only those series fold.
 				_, only, _ := strings.Cut(how, " of ")
 				node := regexp.MustCompile(`(?m)^` + name + `\{[^}]*gpu="all"`).MatchString(body)
@@ -138,7 +138,7 @@ func TestSeriesBudget(t *testing.T) {
 				for _, l := range regexp.MustCompile(`(?m)^`+name+`\{[^}]*gpu="0"[^}]*\}`).FindAllString(body, -1) {
 					perGPU = perGPU || strings.Contains(l, only)
 				}
-				if lean := tc.profile == collector.ProfileLean; node != lean || perGPU == lean {
+				if lean := tc.profile == render.ProfileLean; node != lean || perGPU == lean {
 					t.Errorf("%s profile: %s has a node series: %v, a series of GPU 0: %v", tc.profile, name, node, perGPU)
 				}
 			}

@@ -17,6 +17,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -59,7 +61,7 @@ type config struct {
 
 	// Derived gauges: idle threshold and window, task shapes, and prices
 	// (the file's merged with --idle.price's).
-	derived   collector.DerivedConfig
+	derived   state.DerivedConfig
 	priceFile string
 	prices    map[string]float64 // --idle.price
 
@@ -82,8 +84,8 @@ type config struct {
 	// Metric groups: the profile with the --[no-]collector.<group> flags
 	// on top (groups), and whole sources switched off.
 	profile      string
-	groupFlags   map[collector.Group]*groupFlag
-	groups       collector.GroupSet
+	groupFlags   map[render.Group]*groupFlag
+	groups       render.GroupSet
 	dcgmOn       bool
 	dcgmOnSet    bool
 	kubeletOn    bool
@@ -235,27 +237,38 @@ func (c *config) checkIdle() error {
 	if idle.Window > fragmentation.MaxIdleWindow {
 		return inputError{fmt.Errorf("--idle.window=%s must be at most %s (7 days)", idle.Window, fragmentation.MaxIdleWindow)}
 	}
-	if c.priceFile != "" {
-		p, err := fragmentation.LoadPriceList(c.priceFile)
-		if err != nil {
-			return inputError{fmt.Errorf("--idle.price-file: %w", err)}
-		}
-		c.derived.Prices = p
+	p, err := loadPrices(c.priceFile, c.prices)
+	if err != nil {
+		return inputError{err}
 	}
-	if len(c.prices) > 0 {
-		if c.derived.Prices == nil {
-			c.derived.Prices = &fragmentation.PriceList{PerGPUHour: map[string]float64{}}
-		}
-		maps.Copy(c.derived.Prices.PerGPUHour, c.prices)
-	}
+	c.derived.Prices = p
 	return nil
+}
+
+// loadPrices reads --idle.price-file (where given) and adds --idle.price's
+// prices to it: nil where neither gives a price.
+func loadPrices(file string, extra map[string]float64) (*fragmentation.PriceList, error) {
+	var list *fragmentation.PriceList
+	if file != "" {
+		var err error
+		if list, err = fragmentation.LoadPriceList(file); err != nil {
+			return nil, fmt.Errorf("--idle.price-file: %w", err)
+		}
+	}
+	if len(extra) > 0 {
+		if list == nil {
+			list = &fragmentation.PriceList{PerGPUHour: map[string]float64{}}
+		}
+		maps.Copy(list.PerGPUHour, extra)
+	}
+	return list, nil
 }
 
 // resolveGroups turns --collector.profile and the --[no-]collector.<group>
 // flags into the served groups; --no-collector.dcgm and
 // --no-collector.kubelet switch their sources off.
 func (c *config) resolveGroups() error {
-	groups, err := collector.ProfileGroups(c.profile)
+	groups, err := render.ProfileGroups(c.profile)
 	if err != nil {
 		return inputError{fmt.Errorf("--collector.profile=%s: %v", c.profile, err)}
 	}

@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 	"github.com/rs/zerolog"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
@@ -138,10 +138,10 @@ func addKubeletFlags(app *kingpin.Application, c *config) {
 // compatible families.
 func addCollectorFlags(app *kingpin.Application, c *config) {
 	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; docs/profiles.md lists the groups.").
-		Default(collector.ProfileDefault)).EnumVar(&c.profile, collector.ProfileNames...)
-	c.groupFlags = map[collector.Group]*groupFlag{}
-	for _, g := range collector.Groups {
-		if g.Name == collector.GroupCore {
+		Default(render.ProfileDefault)).EnumVar(&c.profile, render.ProfileNames...)
+	c.groupFlags = map[render.Group]*groupFlag{}
+	for _, g := range render.Groups {
+		if g.Name == render.GroupCore {
 			continue
 		}
 		gf := &groupFlag{}
@@ -154,7 +154,7 @@ func addCollectorFlags(app *kingpin.Application, c *config) {
 	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (docs/migration-dcgm-exporter.md).").
 		BoolVar(&c.compatDCGM)
 	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (every released dcgm-exporter) or hostname (its main branch since May 2026).").
-		Default(collector.HostnameLabelReleased).EnumVar(&c.compatHostnameLabel, collector.HostnameLabels...)
+		Default(render.HostnameLabelReleased).EnumVar(&c.compatHostnameLabel, render.HostnameLabels...)
 	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter's --kubernetes-virtual-gpus (KUBERNETES_VIRTUAL_GPUS): a GPU shared by several containers (time-slicing, MPS) gets one series per container, each with the same device values. Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
 		BoolVar(&c.compatVirtualGPUs)
 }

@@ -86,7 +86,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	app.ErrorWriter(stderr)
 	var done bool
 	app.Terminate(func(int) { done = true })
-	prom := promapi.AddFlags(app)
+	prom := promapi.AddFlags(app, "30s")
 	output := app.Flag("output", "Output format: table or json.").Short('o').Default("table").String()
 	top := app.Flag("top", "How many idle holders to list, the most costly first.").Default("10").Int()
 	if _, err := app.Parse(args); err != nil {

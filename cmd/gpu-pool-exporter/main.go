@@ -67,8 +67,10 @@ func main() {
 
 // subcommands are the commands other than serving, by their first word.
 var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) int{
-	"status": runStatus,
-	"fleet":  runFleet,
+	"status":    runStatus,
+	"fleet":     runFleet,
+	"recommend": runRecommend,
+	"report":    runReport,
 }
 
 // run is main without os.Exit, for tests. It returns the exit code.
@@ -144,7 +146,8 @@ func start(ctx context.Context, c *config, hup <-chan os.Signal, log zerolog.Log
 const stopWait = 5 * time.Second
 
 // waitStopped waits for wg up to stopWait, then abandons what still runs.
-// NVML is not shut down under such a call (Sampler.Close checks).
+// NVML is not shut down under such a call: Sampler.Close checks, and logs
+// the calls it abandons.
 func waitStopped(wg *sync.WaitGroup, log zerolog.Logger) {
 	done := make(chan struct{})
 	go func() {
@@ -154,6 +157,6 @@ func waitStopped(wg *sync.WaitGroup, log zerolog.Logger) {
 	select {
 	case <-done:
 	case <-time.After(stopWait):
-		log.Warn().Dur("waited", stopWait).Msg("exiting with NVML calls still blocked in the driver (a GPU hung in it, or a driver-wide stall); they are abandoned and NVML is not shut down")
+		log.Warn().Dur("waited", stopWait).Msg("background work did not stop in time (a call blocked in the driver: a GPU hung in it, or a driver-wide stall): exiting without it")
 	}
 }

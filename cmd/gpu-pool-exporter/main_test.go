@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 )
 
 // syncBuffer is a bytes.Buffer safe for the exporter's logger and the test.
@@ -570,7 +570,7 @@ func TestNodeSummaryFlags(t *testing.T) {
 			if err != nil || code != exitOK {
 				t.Fatalf("%v: exit %d, %v", tc.args, code, err)
 			}
-			if got := o.groups.On(collector.GroupNodeSummary); got != tc.want {
+			if got := o.groups.On(render.GroupNodeSummary); got != tc.want {
 				t.Errorf("%v: node_summary on: %v, want %v", tc.args, got, tc.want)
 			}
 		})

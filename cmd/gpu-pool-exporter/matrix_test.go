@@ -27,7 +27,8 @@ import (
 // page must be served, parse, hold no duplicate series, pass `promtool check
 // metrics` and have figures that agree with each other. `go test` runs an
 // all-pairs sample (every value of each dimension meets every value of every
-// other dimension at least once); GPE_MATRIX=full runs the whole product
+// other dimension at least once, one board per MIG geometry table);
+// GPE_MATRIX=full runs the whole product over every board
 // (make test-matrix). Where promtool is on PATH, the shipped rules are also
 // evaluated on the page's series and must not fail.
 
@@ -37,8 +38,16 @@ type matrixDim struct {
 }
 
 func matrixDims() []matrixDim {
+	// The all-pairs sample takes one board per MIG geometry table: boards
+	// that share one differ only in name, memory and PCI device ID.
+	full := os.Getenv("GPE_MATRIX") == "full"
 	var models []string
+	tables := map[*miggeometry.Table]bool{}
 	for _, m := range miggeometry.All() {
+		if !full && tables[m.Table] {
+			continue
+		}
+		tables[m.Table] = true
 		models = append(models, m.Model)
 	}
 	return []matrixDim{
@@ -209,8 +218,19 @@ func migLayout(t *testing.T, m *miggeometry.Model, layout string) (yaml string, 
 			half = p
 		}
 	}
+	// A two-slice board has no plain profile of two slices short of the
+	// whole GPU: that one stands in, alone.
+	for i := range m.Profiles {
+		if p := &m.Profiles[i]; half == nil && plain(*p) && p.Compute >= 2 {
+			half = p
+		}
+	}
 	if smallest == nil || half == nil {
 		t.Fatalf("%s: no plain smallest or half-size profile in the geometry table", m.Model)
+	}
+	beside := ""
+	if half.Compute+smallest.Compute <= m.ComputeSlices {
+		beside = ", {profile: " + smallest.Name + "}"
 	}
 	switch layout {
 	case "none":
@@ -218,7 +238,7 @@ func migLayout(t *testing.T, m *miggeometry.Model, layout string) (yaml string, 
 	case "empty":
 		return "mig: []", 0
 	case "mixed":
-		return fmt.Sprintf("mig: [{profile: %s}, {profile: %s}]", half.Name, smallest.Name), 1
+		return fmt.Sprintf("mig: [{profile: %s}%s]", half.Name, beside), 1
 	case "smallest":
 		var l []string
 		for i := 0; i < smallest.Count; i++ {
@@ -226,7 +246,7 @@ func migLayout(t *testing.T, m *miggeometry.Model, layout string) (yaml string, 
 		}
 		return "mig: [" + strings.Join(l, ", ") + "]", 1
 	case "compute-instances":
-		return fmt.Sprintf("mig: [{profile: %s, computeInstances: 2}, {profile: %s}]", half.Name, smallest.Name), 2
+		return fmt.Sprintf("mig: [{profile: %s, computeInstances: 2}%s]", half.Name, beside), 2
 	}
 	t.Fatalf("unknown MIG layout %q", layout)
 	return "", 0

@@ -14,6 +14,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -171,17 +172,17 @@ func nodeConfig(c *config, log zerolog.Logger) collector.NodeConfig {
 	cfg := collector.NodeConfig{
 		Log: log,
 		Exporter: collector.Config{Interval: c.interval, RuntimeMetrics: true, Derived: c.derived, Groups: c.groups,
-			Status:           collector.StatusInfo{Version: version.Version, Node: c.nodeName, Simulated: c.simulate},
+			Status:           render.StatusInfo{Version: version.Version, Node: c.nodeName, Simulated: c.simulate},
 			NVMLRestartAfter: c.nvmlRestartAfter},
 		Sampler: nvmlsampler.SamplerConfig{DeviceTimeout: c.deviceTimeout, InitTimeout: c.nvmlInitTimeout},
-		XID:     c.groups.On(collector.GroupXID) || c.compatDCGM,
+		XID:     c.groups.On(render.GroupXID) || c.compatDCGM,
 	}
 	if c.compatDCGM {
 		host := c.nodeName
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Exporter.Compat = &collector.CompatConfig{Hostname: host, HostnameLabel: c.compatHostnameLabel, VirtualGPUs: c.compatVirtualGPUs}
+		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: c.compatHostnameLabel, VirtualGPUs: c.compatVirtualGPUs}
 	}
 	if c.dcgmMode != dcgm.ModeOff {
 		cfg.DCGM = &dcgm.Config{Mode: c.dcgmMode, HostEngine: c.dcgmHostEngine, Interval: c.interval}

@@ -13,7 +13,8 @@
 // A schedulable unit is what the device plugin hands to a pod: a whole GPU
 // when MIG is off, a MIG instance when MIG is on. [Result.Free],
 // [Result.Allocated] and [Result.Unhealthy] count units; every unit of an
-// unhealthy GPU is unhealthy. A MIG GPU with no instances has no units.
+// unhealthy GPU is unhealthy. A MIG GPU with no instances has no units, nor
+// has a GPU instance without compute instances.
 //
 // # Unallocated capacity R_g
 //
@@ -23,7 +24,8 @@
 //   - whole GPU (MIG off): 1 when free, 0 when allocated;
 //   - MIG GPU: (slices not covered by an allocated instance) / TotalSlices,
 //     that is free slices plus the slices of existing but unallocated
-//     instances.
+//     instances (an instance without compute instances included: no task
+//     can use it, so its slices count as fragmentation for every shape).
 //
 // The node's unallocated capacity is sum_g R_g ([Result.UnallocatedGPUs]).
 //
@@ -45,7 +47,9 @@
 // A MIG task of profile P demands D_m = P's slices / TotalSlices on one GPU.
 // Because MIG capacity is not fungible (a free 3g instance cannot run a 1g
 // task), GPU g can serve it iff g is a healthy MIG GPU that has an
-// unallocated existing instance of profile P or a free placement for P
+// unallocated existing instance of profile P with a compute instance (a
+// GPU instance created without one has no MIG device to hand out) or a
+// free placement for P
 // (all slices of one of the placements NVML lists for P are uncovered by
 // existing instances). m fits iff some GPU can serve it.
 //
@@ -81,13 +85,15 @@
 // # MIG slots
 //
 // MIG placements come from NVML (nvmlDeviceGetGpuInstancePossiblePlacements):
-// a start and a size in slots. On A100/H100, TotalSlices is 7 but NVML's
-// slot space is 8 wide (3g placements have size 4 and 7g size 8). This
+// a start and a size in slots. The slot space can be wider than the compute
+// slices: on A100/H100, TotalSlices is 7 but NVML's slot space is 8 wide
+// (3g placements have size 4 and 7g size 8); an RTX PRO 6000 has 4 compute
+// slices on 12 slots (1g at {0,3,6,9}:3, 2g at {0,6}:6, 4g at {0}:12). This
 // package treats slots as a bitmap: an existing instance covers
-// [Start, Start+Size), a placement is free iff none of its slots is covered,
-// and the free-slice count is the number of slots in [0, TotalSlices) not
-// covered by an instance, which is the compute-slice count for NVML's
-// geometry. Slots at 64 and above are not modelled.
+// [Start, Start+Size) and a placement is free iff none of its slots is
+// covered. The free-slice count is compute slices: TotalSlices less the
+// slices of the existing instances (MIGInstance.Slices, else their
+// profile's). Slots at 64 and above are not modelled.
 //
 // # Idle allocations
 //

@@ -62,9 +62,10 @@ type MIGInstance struct {
 	Start, Size int
 	// Slices is the instance's compute slices (its profile's SliceCount).
 	// Placements are in memory slots, which can be wider than the compute
-	// slices (1g.20gb on an A100-80GB covers 2 slots, 1 slice); free slices
-	// and capacity count compute slices. 0: the slots it covers in
-	// [0, TotalSlices) stand in.
+	// slices (1g.20gb on an A100-80GB covers 2 slots, 1 slice; a 1g on an
+	// RTX PRO 6000 covers 3 of 12); free slices and capacity count compute
+	// slices. 0: its profile's Slices stand in, else the slots it covers in
+	// [0, TotalSlices).
 	Slices int
 	// ComputeInstances is how many schedulable units (MIG devices) the GPU
 	// instance holds, 1 when 0; AllocatedUnits how many of them are held.
@@ -72,6 +73,12 @@ type MIGInstance struct {
 	// once. Allocated is set when any of them is held.
 	ComputeInstances, AllocatedUnits int
 	Allocated                        bool
+	// NoComputeInstances: the GPU instance was created without a compute
+	// instance. It covers its slots and counts against its profile's
+	// per-GPU limit, but is no unit (no MIG device stands for it) and no
+	// task fits in it until a compute instance is created; its slices stay
+	// unallocated capacity, which no task shape can use.
+	NoComputeInstances bool
 	// MemoryTotal and MemoryUsed are in bytes.
 	MemoryTotal, MemoryUsed float64
 }
@@ -141,8 +148,8 @@ type Result struct {
 type MIGResult struct {
 	GPU  int
 	UUID string
-	// FreeSlices is the number of slots in [0, TotalSlices) that no existing
-	// instance covers; 0 on an unhealthy GPU.
+	// FreeSlices is the compute slices no existing instance uses:
+	// TotalSlices less the instances' slices; 0 on an unhealthy GPU.
 	FreeSlices int
 	// Placeable maps every profile of the GPU to how many more instances of
 	// that profile alone fit in the free slots, placing greedily in NVML's
@@ -220,7 +227,7 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 				in := &m.Instances[j]
 				mask := slotMask(in.Start, in.Size)
 				s.occupied |= mask
-				slices := instanceSlices(in, mask&totalMask)
+				slices := instanceSlices(in, m, mask, totalMask)
 				usedSlices += slices
 				units := max(1, in.ComputeInstances)
 				held := in.AllocatedUnits
@@ -229,6 +236,8 @@ func Compute(gpus []GPU, shapes []Shape) Result {
 				}
 				held = min(held, units)
 				switch {
+				case in.NoComputeInstances:
+					// No unit to count, free or not.
 				case !g.Healthy:
 					res.Unhealthy += units
 				case held > 0:
@@ -330,8 +339,7 @@ func migFitting(g *GPU, occupied uint64, freeSlices int, profile string) int {
 	}
 	n := 0
 	for j := range g.MIG.Instances {
-		in := &g.MIG.Instances[j]
-		if !in.Allocated && strings.EqualFold(in.Profile, profile) {
+		if takesTask(&g.MIG.Instances[j], profile) {
 			n++
 		}
 	}
@@ -353,8 +361,7 @@ func canServeMIG(g *GPU, occupied uint64, freeSlices int, profile string) bool {
 		return false
 	}
 	for j := range g.MIG.Instances {
-		in := &g.MIG.Instances[j]
-		if !in.Allocated && strings.EqualFold(in.Profile, profile) {
+		if takesTask(&g.MIG.Instances[j], profile) {
 			return true
 		}
 	}
@@ -365,6 +372,13 @@ func canServeMIG(g *GPU, occupied uint64, freeSlices int, profile string) bool {
 		}
 	}
 	return false
+}
+
+// takesTask reports whether an existing instance can take a task of
+// profile: it is of that profile, unallocated, and has a compute instance
+// to run it.
+func takesTask(in *MIGInstance, profile string) bool {
+	return !in.Allocated && !in.NoComputeInstances && strings.EqualFold(in.Profile, profile)
 }
 
 // migResult computes the MIG picture of GPU g whose existing instances cover
@@ -436,13 +450,24 @@ func placeable(p *MIGProfile, occupied uint64, n, freeSlices int) int {
 	return count
 }
 
-// instanceSlices is an instance's compute slices: its own count, or the
-// slots it covers inside the compute range when it does not say.
-func instanceSlices(in *MIGInstance, covered uint64) int {
+// instanceSlices is an instance's compute slices: its own count, else its
+// profile's, else the slots it covers inside the compute range (a guess
+// that only holds where slots and compute slices line up, as on A100/H100;
+// an RTX PRO 6000 places on 12 units for 4 compute slices). An instance
+// whose placement covers no slot counts none.
+func instanceSlices(in *MIGInstance, m *MIGState, mask, totalMask uint64) int {
 	if in.Slices > 0 {
 		return in.Slices
 	}
-	return bits.OnesCount64(covered)
+	if mask == 0 {
+		return 0
+	}
+	for j := range m.Profiles {
+		if p := &m.Profiles[j]; p.Slices > 0 && strings.EqualFold(p.Name, in.Profile) {
+			return p.Slices
+		}
+	}
+	return bits.OnesCount64(mask & totalMask)
 }
 
 // existing counts the GPU's instances of a profile.

@@ -549,3 +549,110 @@ func TestComputeFitting(t *testing.T) {
 		})
 	}
 }
+
+// rtxPro6000Profiles are the plain profiles of an RTX PRO 6000 Blackwell
+// Server Edition as its driver lists them (nvidia-smi mig -lgipp on
+// 610.43.02): four compute slices on a 12-unit placement grid, 1g at
+// {0,3,6,9}:3, 2g at {0,6}:6, 4g at {0}:12.
+func rtxPro6000Profiles() []MIGProfile {
+	return []MIGProfile{
+		{Name: "1g.24gb", Slices: 1, MaxInstances: 4, MemoryBytes: 24192 << 20, Placements: []Placement{{0, 3}, {3, 3}, {6, 3}, {9, 3}}},
+		{Name: "2g.48gb", Slices: 2, MaxInstances: 2, MemoryBytes: 48512 << 20, Placements: []Placement{{0, 6}, {6, 6}}},
+		{Name: "4g.96gb", Slices: 4, MaxInstances: 1, MemoryBytes: 97408 << 20, Placements: []Placement{{0, 12}}},
+	}
+}
+
+// TestComputeMIGTwelveUnitGrid: free slices, placeable instances, the
+// largest placeable profile and fitting jobs on a board whose placement
+// units outnumber its compute slices three to one. Free slices count
+// compute slices, never placement units, and a profile fits only where
+// all the units of one of its placements are free.
+func TestComputeMIGTwelveUnitGrid(t *testing.T) {
+	shapes := []Shape{{Name: "mig-1g.24gb", MIGProfile: "1g.24gb", Weight: 1}, {Name: "mig-2g.48gb", MIGProfile: "2g.48gb", Weight: 1}}
+	gpu := func(in ...MIGInstance) GPU {
+		return GPU{Index: 0, UUID: "GPU-a", Healthy: true, NVLinkDomain: -1, NUMANode: -1,
+			MIG: &MIGState{TotalSlices: 4, Instances: in, Profiles: rtxPro6000Profiles()}}
+	}
+	one := func(start int, slices int, allocated bool) MIGInstance {
+		return MIGInstance{Profile: "1g.24gb", Start: start, Size: 3, Slices: slices, Allocated: allocated}
+	}
+	tests := []struct {
+		name        string
+		gpu         GPU
+		mig         MIGResult
+		unallocated float64
+		fitting     map[string]int
+		perShape    map[string]float64
+	}{
+		{
+			name: "empty",
+			gpu:  gpu(),
+			mig: MIGResult{GPU: 0, UUID: "GPU-a", FreeSlices: 4, Placeable: map[string]int{"1g.24gb": 4, "2g.48gb": 2, "4g.96gb": 1},
+				LargestPlaceableSlices: 4, LargestPlaceableProfile: "4g.96gb"},
+			unallocated: 1,
+			fitting:     map[string]int{"mig-1g.24gb": 4, "mig-2g.48gb": 2},
+			perShape:    map[string]float64{"mig-1g.24gb": 0, "mig-2g.48gb": 0},
+		},
+		{
+			// The driver's own layout (-lgi): 2g.48gb at 0:6, 1g.24gb at 6:3,
+			// both held. Units 9-11 and one compute slice are left: one 1g.
+			name: "2g at 0:6 and 1g at 6:3",
+			gpu: gpu(MIGInstance{Profile: "2g.48gb", Start: 0, Size: 6, Slices: 2, Allocated: true},
+				one(6, 1, true)),
+			mig: MIGResult{GPU: 0, UUID: "GPU-a", FreeSlices: 1, Placeable: map[string]int{"1g.24gb": 1, "2g.48gb": 0, "4g.96gb": 0},
+				LargestPlaceableSlices: 1, LargestPlaceableProfile: "1g.24gb"},
+			unallocated: 0.25,
+			fitting:     map[string]int{"mig-1g.24gb": 1, "mig-2g.48gb": 0},
+			perShape:    map[string]float64{"mig-1g.24gb": 0, "mig-2g.48gb": 0.25},
+		},
+		{
+			// 1g instances at 3:3 and 6:3 leave half the units (0-2, 9-11)
+			// and two compute slices free, yet no six free units in a row:
+			// no 2g fits, two 1g do.
+			name: "1g at 3:3 and 6:3 strand a 2g",
+			gpu:  gpu(one(3, 1, true), one(6, 1, true)),
+			mig: MIGResult{GPU: 0, UUID: "GPU-a", FreeSlices: 2, Placeable: map[string]int{"1g.24gb": 2, "2g.48gb": 0, "4g.96gb": 0},
+				LargestPlaceableSlices: 1, LargestPlaceableProfile: "1g.24gb"},
+			unallocated: 0.5,
+			fitting:     map[string]int{"mig-1g.24gb": 2, "mig-2g.48gb": 0},
+			perShape:    map[string]float64{"mig-1g.24gb": 0, "mig-2g.48gb": 0.5},
+		},
+		{
+			// One 1g at the last placement, 9:3: none of its units lies below
+			// the compute-slice count (4), yet it takes a compute slice.
+			// 2g fits at 0:6 only, 1g at 0, 3 and 6.
+			name: "1g at 9:3",
+			gpu:  gpu(one(9, 1, false)),
+			mig: MIGResult{GPU: 0, UUID: "GPU-a", FreeSlices: 3, Placeable: map[string]int{"1g.24gb": 3, "2g.48gb": 1, "4g.96gb": 0},
+				LargestPlaceableSlices: 2, LargestPlaceableProfile: "2g.48gb"},
+			unallocated: 1,
+			fitting:     map[string]int{"mig-1g.24gb": 4, "mig-2g.48gb": 1},
+			perShape:    map[string]float64{"mig-1g.24gb": 0, "mig-2g.48gb": 0},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Compute([]GPU{tc.gpu}, shapes)
+			if len(r.MIG) != 1 || !reflect.DeepEqual(r.MIG[0], tc.mig) {
+				t.Errorf("MIG = %+v, want %+v", r.MIG, tc.mig)
+			}
+			if !approx(r.UnallocatedGPUs, tc.unallocated) {
+				t.Errorf("UnallocatedGPUs = %v, want %v", r.UnallocatedGPUs, tc.unallocated)
+			}
+			if !reflect.DeepEqual(r.Fitting, tc.fitting) {
+				t.Errorf("Fitting = %v, want %v", r.Fitting, tc.fitting)
+			}
+			for k, w := range tc.perShape {
+				if !approx(r.PerShape[k], w) {
+					t.Errorf("PerShape[%q] = %v, want %v", k, r.PerShape[k], w)
+				}
+			}
+		})
+	}
+	// Without the instance's slice count its profile's compute slices stand
+	// in, not the units it covers below the compute-slice count (none here).
+	r := Compute([]GPU{gpu(one(9, 0, false))}, shapes)
+	if len(r.MIG) != 1 || r.MIG[0].FreeSlices != 3 || r.MIG[0].LargestPlaceableProfile != "2g.48gb" {
+		t.Errorf("1g at 9:3 without its slices: MIG = %+v, want 3 free slices, largest 2g.48gb", r.MIG)
+	}
+}

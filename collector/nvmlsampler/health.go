@@ -8,25 +8,6 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 )
 
-// HealthDevice is what the health reader needs beyond Device. It is part
-// of Device; split out to keep the list readable.
-type HealthDevice interface {
-	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
-	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
-	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
-	GetRemappedRows() (int, int, bool, bool, nvml.Return)
-	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
-	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
-	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; deprecated in R535
-	GetPcieReplayCounter() (int, nvml.Return)
-	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
-	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
-	GetPowerManagementLimit() (uint32, nvml.Return)
-	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
-	GetFieldValues([]nvml.FieldValue) nvml.Return
-	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
-}
-
 // nvlinkKey is one error counter of one link.
 type nvlinkKey struct{ link, typ int }
 
@@ -111,10 +92,13 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 			}
 			break // no NVLink, or past the last link
 		}
+		if !h.NVLinkActive.OK {
+			h.NVLinkActive = sample.Some(0) // the GPU has NVLink: count its links up
+		}
 		if st != nvml.FEATURE_ENABLED {
 			continue
 		}
-		h.NVLinkActive++
+		h.NVLinkActive.V++
 		perLink := false
 		for t, et := range nvlinkReads {
 			if et.Counter < 0 {
@@ -138,12 +122,15 @@ func readHealth(d Device, p probes, h *sample.Health, prev *sample.Health, full 
 
 // clockReasons reads the clock event reasons under the name the driver
 // exports: R535 renamed nvmlDeviceGetCurrentClocksThrottleReasons, which
-// older drivers have alone (same bits).
+// older drivers have alone (same bits), and 13.0 deprecates the old name.
 func clockReasons(d Device, p probes) (uint64, nvml.Return) {
-	if p.clocksEventReasons {
+	switch {
+	case p.clocksEventReasons:
 		return d.GetCurrentClocksEventReasons()
+	case p.clocksThrottleReasons:
+		return d.GetCurrentClocksThrottleReasons()
 	}
-	return d.GetCurrentClocksThrottleReasons()
+	return 0, nvml.ERROR_FUNCTION_NOT_FOUND
 }
 
 // readNVLink5Errors reads one link's error counts from NVLink5's field

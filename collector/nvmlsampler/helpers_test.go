@@ -1,6 +1,8 @@
 package nvmlsampler_test
 
 import (
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -19,4 +21,22 @@ func waitUntil(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// syncBuffer is a log sink safe for the sampler's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -19,7 +19,8 @@ type lifecycle struct {
 	mu         sync.Mutex
 	ready      bool
 	gen        uint64 // bumped by every successful nvmlInit
-	inits      int
+	inits      int    // successful nvmlInit calls
+	holding    bool   // a successful nvmlInit not yet paired with nvmlShutdown
 	downReason string
 	downSince  time.Time
 	initCh     chan nvml.Return // non-nil while an nvmlInit runs
@@ -27,6 +28,7 @@ type lifecycle struct {
 	warned     bool // the InitTimeout warning was logged for this nvmlInit
 	nextTry    time.Time
 	backoff    time.Duration
+	listWarned bool // a failure to list the GPUs was logged since the last success
 	// inUse is held (read) by the event set's calls, which run beside the
 	// sampler; the release takes it, so that the library is never shut
 	// down under a call in flight.
@@ -89,181 +91,54 @@ func (l *lifecycle) setDown(reason string) {
 	l.mu.Unlock()
 }
 
+// retryLater schedules the next nvmlInit after the backoff, which doubles
+// from minB to maxB, and says why NVML is down with reason (given the
+// backoff). It returns the backoff.
+func (l *lifecycle) retryLater(minB, maxB time.Duration, reason func(backoff time.Duration) string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.backoff = min(max(l.backoff*2, minB), maxB)
+	l.nextTry = time.Now().Add(l.backoff)
+	l.downReason = reason(l.backoff)
+	return l.backoff
+}
+
 // driverGone reports whether NVML says the driver went away under it: the
 // library must be initialised again before any call can succeed.
 func driverGone(ret nvml.Return) bool {
 	return ret == nvml.ERROR_UNINITIALIZED || ret == nvml.ERROR_DRIVER_NOT_LOADED
 }
 
-// ensureInit waits up to DeviceTimeout for the nvmlInit in flight (starting
-// one when none runs and the backoff has passed) and, when it succeeds,
-// discovers the GPUs. It reports whether NVML is usable.
-func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
-	l := &s.life
-	now := time.Now()
-	l.mu.Lock()
-	waiting := l.initCh == nil && now.Before(l.nextTry)
-	l.mu.Unlock()
-	if waiting {
-		return false
-	}
-	l.startInit(s.lib, now)
-	l.mu.Lock()
-	ch, started := l.initCh, l.initStart
-	l.mu.Unlock()
-
-	t := time.NewTimer(s.cfg.DeviceTimeout)
-	defer t.Stop()
-	var ret nvml.Return
-	select {
-	case ret = <-ch:
-	case <-t.C:
-		running := time.Since(started)
-		if running < s.cfg.InitTimeout {
-			l.setDown(fmt.Sprintf("waiting for nvmlInit (running for %s)", running.Round(time.Second)))
-			return false
-		}
-		l.setDown(fmt.Sprintf("nvmlInit has not returned for %s (deadline %s): the driver does not answer (still loading, or a GPU hung in it)",
-			running.Round(time.Second), s.cfg.InitTimeout))
-		l.mu.Lock()
-		warn := !l.warned
-		l.warned = true
-		l.mu.Unlock()
-		if warn {
-			s.cfg.Log.Warn().Dur("running", running.Round(time.Millisecond)).Dur("deadline", s.cfg.InitTimeout).
-				Msg("nvmlInit has not returned: waiting for the NVIDIA driver; /healthz and the page are served meanwhile, /readyz stays not ready")
-		}
-		return false
-	case <-ctx.Done():
-		return false
-	}
-	took := time.Since(started)
-	l.mu.Lock()
-	l.initCh = nil
-	l.mu.Unlock()
-	if ret != nvml.SUCCESS {
-		l.mu.Lock()
-		l.backoff = min(max(l.backoff*2, s.cfg.MinBackoff), s.cfg.MaxBackoff)
-		l.nextTry = time.Now().Add(l.backoff)
-		l.downReason = fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), l.backoff)
-		b := l.backoff
-		l.mu.Unlock()
-		s.cfg.Log.Warn().Str("error", ret.Error()).Dur("retry_in", b).Msg("nvmlInit failed; trying again with backoff")
-		return false
-	}
-	if err := s.discover(); err != nil {
-		var r nvml.Return
-		if errors.As(err, &r) && driverGone(r) {
-			l.mu.Lock()
-			l.ready = true // so that lost() releases what this nvmlInit took
-			l.mu.Unlock()
-			s.lost(err)
-			return false
-		}
-		l.setDown(err.Error())
-		return false
-	}
-	l.mu.Lock()
-	l.ready = true
-	l.gen++
-	l.inits++
-	l.downReason, l.downSince, l.backoff, l.nextTry = "", time.Time{}, 0, time.Time{}
-	inits := l.inits
-	l.mu.Unlock()
-	d := s.Driver()
-	s.mu.Lock()
-	n := len(s.workers)
-	s.mu.Unlock()
-	ev := s.cfg.Log.Info().Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).Int("gpus", n).Dur("took", took.Round(time.Millisecond))
-	if inits > 1 {
-		ev.Int("inits", inits).Msg("NVML initialised again after the driver went away")
-	} else {
-		ev.Msg("NVML initialised")
-	}
-	return true
-}
-
-// lost marks NVML unusable after a call said the driver went away, and
-// releases the library (nvmlShutdown) so that this process holds nothing
-// of the old driver: the next nvmlInit, with backoff, opens the new one.
-func (s *Sampler) lost(err error) {
-	l := &s.life
-	l.mu.Lock()
-	if !l.ready {
-		l.mu.Unlock()
-		return
-	}
-	l.ready = false
-	l.downSince = s.cfg.Now()
-	l.downReason = fmt.Sprintf("the driver went away (%v): initialising NVML again", err)
-	l.backoff, l.nextTry = 0, time.Time{}
-	l.mu.Unlock()
-	s.cfg.Log.Error().Err(err).Msg("NVML answers that the driver went away (reloaded, upgraded or unloaded): releasing NVML, then initialising it again with backoff")
-	s.mu.Lock()
-	busy := false
-	for _, w := range s.workers {
-		busy = busy || w.busy.Load()
-	}
-	s.mu.Unlock()
-	l.release(s.lib, busy)
-}
-
 // release shuts NVML down unless a call is in flight in it: a hung worker,
 // or an event-set call that does not finish within a couple of seconds.
-func (l *lifecycle) release(lib NVML, busy bool) {
+// It says why it did not, "" when it did or nothing was held.
+func (l *lifecycle) release(lib NVML, busy bool) (kept string) {
 	l.mu.Lock()
-	initRunning := l.initCh != nil
-	registering := l.registering
+	holding, initRunning, registering := l.holding, l.initCh != nil, l.registering
 	l.mu.Unlock()
-	if busy || initRunning || (registering != nil && registering() > 0) {
-		return
+	switch {
+	case !holding:
+		return ""
+	case busy:
+		return "NVML calls on a GPU have not returned"
+	case initRunning:
+		return "an nvmlInit has not returned"
+	case registering != nil && registering() > 0:
+		return "a GPU's event registration has not returned"
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for !l.inUse.TryLock() {
 		if time.Now().After(deadline) {
-			return
+			return "an event set call has not returned within 2s"
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer l.inUse.Unlock()
 	_ = lib.Shutdown()
-}
-
-// Status says whether NVML is usable now, and if not why and since when.
-func (s *Sampler) Status() sample.NVMLStatus { return s.life.status() }
-
-// downSample is the sample while NVML is unusable: every GPU known from
-// before is down (so its series stay, at gpu_up 0), and the sample says why.
-func (s *Sampler) downSample() *sample.NodeSample {
-	s.mu.Lock()
-	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver}
-	for _, w := range s.workers {
-		out.GPUs = append(out.GPUs, w.staleState())
-	}
-	s.mu.Unlock()
-	out.NVML = s.life.status()
-	return out
-}
-
-// XIDSource returns the NVML event source of the sampler's library, gated
-// by its life cycle: no set is opened before nvmlInit returned, a set is
-// dropped when the driver goes away, and the library is never released
-// under a wait in flight. The second result is false when the library
-// provides no events.
-func (s *Sampler) XIDSource() (xid.EventSource, bool) {
-	src, ok := XIDSource(s.lib)
-	if !ok {
-		return nil, false
-	}
-	if _, isReal := s.lib.(*realNVML); !isReal {
-		return src, true // a simulated library has no life cycle
-	}
-	if n, ok := src.(*xid.NVMLEventSource); ok {
-		s.life.mu.Lock()
-		s.life.registering = n.Registering
-		s.life.mu.Unlock()
-	}
-	return &gatedSource{src: src, life: &s.life}, true
+	l.mu.Lock()
+	l.holding = false
+	l.mu.Unlock()
+	return ""
 }
 
 type gatedSource struct {
@@ -286,6 +161,68 @@ func (g *gatedSource) Open() (xid.Waiter, error) {
 		return nil, err
 	}
 	return &gatedWaiter{w: w, gen: gen, life: g.life}, nil
+}
+
+// Create creates a set on the source, no device registered yet (see
+// xid.StagedSource); on a source that cannot, the set is opened whole at
+// Register.
+func (g *gatedSource) Create() (xid.UnregisteredSet, error) {
+	gen, ok := g.life.generation()
+	if !ok {
+		return nil, xid.ErrNotReady
+	}
+	st, ok := g.src.(xid.StagedSource)
+	if !ok {
+		return &gatedSet{gen: gen, life: g.life, open: g.src.Open}, nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	set, err := st.Create()
+	if err != nil {
+		return nil, err
+	}
+	return &gatedSet{set: set, gen: gen, life: g.life}, nil
+}
+
+// gatedSet is a set created but not registered, of one library instance.
+type gatedSet struct {
+	set  xid.UnregisteredSet // nil: open registers too
+	open func() (xid.Waiter, error)
+	gen  uint64
+	life *lifecycle
+}
+
+func (g *gatedSet) current() bool {
+	gen, ok := g.life.generation()
+	return ok && gen == g.gen
+}
+
+func (g *gatedSet) Register() (xid.Waiter, error) {
+	if !g.current() {
+		return nil, fmt.Errorf("%w: %v", xid.ErrNotReady, errDriverReloaded) // the set went with its driver
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	var w xid.Waiter
+	var err error
+	if g.set != nil {
+		w, err = g.set.Register()
+	} else {
+		w, err = g.open()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &gatedWaiter{w: w, gen: g.gen, life: g.life}, nil
+}
+
+func (g *gatedSet) Free() error {
+	if g.set == nil || !g.current() {
+		return nil
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	return g.set.Free()
 }
 
 type gatedWaiter struct {

@@ -22,8 +22,10 @@ type driverNVML struct {
 	nvmlsampler.NVML
 	gone, unloaded  atomic.Bool
 	inits, shutdown atomic.Int32
-	mu              sync.Mutex
-	initGate        chan struct{}
+	// countFails, when not SUCCESS, is what nvmlDeviceGetCount answers.
+	countFails atomic.Int32
+	mu         sync.Mutex
+	initGate   chan struct{}
 }
 
 func (d *driverNVML) Init() nvml.Return {
@@ -52,6 +54,9 @@ func (d *driverNVML) Shutdown() nvml.Return {
 func (d *driverNVML) DeviceGetCount() (int, nvml.Return) {
 	if d.gone.Load() {
 		return 0, nvml.ERROR_UNINITIALIZED
+	}
+	if ret := nvml.Return(d.countFails.Load()); ret != nvml.SUCCESS {
+		return 0, ret
 	}
 	return d.NVML.DeviceGetCount()
 }
@@ -166,5 +171,58 @@ func TestSamplerRecoversFromDriverReload(t *testing.T) {
 	sampleUntil(t, s, "GPUs up again", func(up bool, down string) bool { return up && down == "" })
 	if st := s.Status(); st.Inits != 2 || lib.inits.Load() != 2 {
 		t.Errorf("Inits = %d (library saw %d), want 2", st.Inits, lib.inits.Load())
+	}
+}
+
+// nvmlInit succeeds but nvmlDeviceGetCount fails with an error that does
+// not say the driver went away: every successful nvmlInit is paired with
+// nvmlShutdown (NVML counts its initialisations, and the library stays
+// loaded, holding the old driver, until as many shutdowns), the next try
+// waits for the backoff, the failure is logged once, and every nvmlInit
+// is counted. When the GPUs can be listed again they come up.
+func TestSamplerReleasesNVMLWhenTheGPUsCannotBeListed(t *testing.T) {
+	lib := newDriverNVML(t)
+	lib.countFails.Store(int32(nvml.ERROR_UNKNOWN))
+	var logs syncBuffer
+	const minBackoff, maxBackoff = 40 * time.Millisecond, time.Second
+	start := time.Now()
+	s, err := nvmlsampler.NewSampler(lib, nvmlsampler.SamplerConfig{DeviceTimeout: time.Second,
+		MinBackoff: minBackoff, MaxBackoff: maxBackoff, Log: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sampleUntil(t, s, "a sample saying the GPUs cannot be listed", func(up bool, down string) bool {
+		return !up && strings.Contains(down, nvml.ERROR_UNKNOWN.Error())
+	})
+	// Samples as fast as they come for 300 ms: nvmlInit may run at 0 and
+	// then after each backoff (40 ms doubling to 1 s): at 40, 120, 280 ms...
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		s.Sample(context.Background())
+		time.Sleep(time.Millisecond)
+	}
+	inits, shutdowns := lib.inits.Load(), lib.shutdown.Load()
+	elapsed, allowed := time.Since(start), int32(1)
+	for at, b := minBackoff, minBackoff; at <= elapsed; at += b {
+		allowed++
+		b = min(2*b, maxBackoff)
+	}
+	if inits > allowed {
+		t.Errorf("nvmlInit called %d times in %s of samples, want at most %d (retried with backoff)", inits, elapsed, allowed)
+	}
+	if shutdowns != inits {
+		t.Errorf("nvmlShutdown called %d times for %d successful nvmlInit calls, want as many", shutdowns, inits)
+	}
+	if st := s.Status(); st.Inits != int(inits) {
+		t.Errorf("Status().Inits = %d, want %d (every successful nvmlInit)", st.Inits, inits)
+	}
+	if n := strings.Count(logs.String(), "cannot list the GPUs"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once:\n%s", n, logs.String())
+	}
+
+	lib.countFails.Store(int32(nvml.SUCCESS))
+	sampleUntil(t, s, "GPUs up", func(up bool, down string) bool { return up && down == "" })
+	if inits, shutdowns := lib.inits.Load(), lib.shutdown.Load(); shutdowns != inits-1 || s.Status().Inits != int(inits) {
+		t.Errorf("after recovery: %d nvmlInit, %d nvmlShutdown, Status().Inits %d; want one nvmlInit held, each counted", inits, shutdowns, s.Status().Inits)
 	}
 }

@@ -3,6 +3,7 @@ package nvmlsampler
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -25,6 +26,13 @@ type NVML interface {
 	SymbolLookup
 }
 
+// SymbolLookup answers whether the loaded library exports a function:
+// go-nvml's Extensions().LookupSymbol on the real library, the scenario's
+// driver branch on the simulated node.
+type SymbolLookup interface {
+	LookupSymbol(name string) error
+}
+
 // Device is the part of an NVML device handle the exporter uses. A MIG device
 // handle is a Device too.
 type Device interface {
@@ -42,7 +50,10 @@ type Device interface {
 	GetMemoryInfo() (nvml.Memory, nvml.Return)
 	GetMemoryInfo_v2() (nvml.Memory_v2, nvml.Return) // R510+: probe first
 	GetUtilizationRates() (nvml.Utilization, nvml.Return)
-	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return)
+	GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) // every branch; deprecated in 13.0: probe first
+	// GetTemperatureV1 is nvmlDeviceGetTemperatureV with a v1 struct, for
+	// the GPU's sensor (R570+: probe first).
+	GetTemperatureV1() (nvml.Temperature, nvml.Return)
 	GetPowerUsage() (uint32, nvml.Return)
 	GetTotalEnergyConsumption() (uint64, nvml.Return)
 	GetClockInfo(nvml.ClockType) (uint32, nvml.Return)
@@ -59,6 +70,25 @@ type Device interface {
 	GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return)
 	GetGpuInstancePossiblePlacements(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return)
 	GetGpuInstances(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return)
+}
+
+// HealthDevice is what the health reader needs beyond Device. It is part
+// of Device; split out to keep the list readable.
+type HealthDevice interface {
+	GetTotalEccErrors(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return)
+	GetRetiredPages(nvml.PageRetirementCause) ([]uint64, nvml.Return)
+	GetRetiredPagesPendingStatus() (nvml.EnableState, nvml.Return)
+	GetRemappedRows() (int, int, bool, bool, nvml.Return)
+	GetRowRemapperHistogram() (nvml.RowRemapperHistogramValues, nvml.Return)
+	GetCurrentClocksEventReasons() (uint64, nvml.Return)    // R535+: probe first
+	GetCurrentClocksThrottleReasons() (uint64, nvml.Return) // every branch; renamed in R535, deprecated in 13.0: probe first
+	GetPcieReplayCounter() (int, nvml.Return)
+	GetNvLinkState(link int) (nvml.EnableState, nvml.Return)
+	GetNvLinkErrorCounter(link int, counter nvml.NvLinkErrorCounter) (uint64, nvml.Return)
+	GetPowerManagementLimit() (uint32, nvml.Return)
+	GetTemperatureThreshold(nvml.TemperatureThresholds) (uint32, nvml.Return)
+	GetFieldValues([]nvml.FieldValue) nvml.Return
+	GetNumaNodeId() (int, nvml.Return) // R550+: probe first
 }
 
 // ErrNoNVML is returned when libnvidia-ml.so.1 cannot be loaded.
@@ -132,6 +162,12 @@ func (d realDevice) GetMigDeviceHandleByIndex(i int) (Device, nvml.Return) {
 	return realDevice{m}, ret
 }
 
+// GetTemperatureV1 asks for the GPU sensor's temperature (go-nvml's v1
+// struct leaves the sensor type 0, NVML_TEMPERATURE_GPU).
+func (d realDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	return d.Device.GetTemperatureV().V1()
+}
+
 // GetGpuInstanceProfileInfoV2 asks for the v2 profile info, with its name.
 func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstanceProfileInfo_v2, nvml.Return) {
 	return d.Device.GetGpuInstanceProfileInfoV(profile).V2()
@@ -142,6 +178,10 @@ func (d realDevice) GetGpuInstanceProfileInfoV2(profile int) (nvml.GpuInstancePr
 func unsupported(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND
 }
+
+// validUTF8 keeps a label value that a driver bug or a corrupt answer made
+// invalid from panicking the metrics registry.
+func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // XIDSource returns the NVML event source behind lib: the real library's
 // event set, or whatever a simulated library provides.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/rs/zerolog"
@@ -162,17 +163,25 @@ func (s *Sampler) Driver() sample.DriverInfo {
 }
 
 // Close shuts NVML down, unless a call still hangs in it: shutting the
-// library down under a call in flight is asking for a crash at exit.
+// library down under a call in flight is asking for a crash at exit. Calls
+// that hang are abandoned, and the log says so, naming their GPUs.
 func (s *Sampler) Close() {
 	s.mu.Lock()
-	workers := s.workers
-	s.mu.Unlock()
-	for _, w := range workers {
+	var hung []int
+	for _, w := range s.workers {
 		if w.busy.Load() {
-			return
+			hung = append(hung, w.index)
 		}
 	}
-	s.life.release(s.lib, false)
+	s.mu.Unlock()
+	if len(hung) > 0 {
+		s.cfg.Log.Warn().Ints("gpus", hung).
+			Msg("NVML calls on these GPUs are still blocked in the driver (a GPU hung in it): they are abandoned at exit and NVML is not shut down under them")
+		return
+	}
+	if why := s.life.release(s.lib, false); why != "" {
+		s.cfg.Log.Warn().Str("reason", why).Msg("a call still blocked in the driver is abandoned at exit; NVML is not shut down under it")
+	}
 }
 
 // Sample reads every GPU, waiting at most DeviceTimeout for each. While
@@ -392,10 +401,6 @@ func discoverMIG(h Device, parent sample.DeviceState) ([]Device, []sample.Device
 	return handles, idents
 }
 
-// validUTF8 keeps a label value that a driver bug or a corrupt answer made
-// invalid from panicking the metrics registry.
-func validUTF8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
-
 // migProfileName prefers the profile NVML puts in a MIG device's name
 // ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and falls back to the attributes.
 func migProfileName(name string, a nvml.DeviceAttributes) string {
@@ -571,8 +576,8 @@ func readDevice(d Device, p probes, s *sample.DeviceState, health, prevHealth *s
 		}
 		return true, nil // the rest is per board, read on the parent GPU
 	}
-	if t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); ok(ret) {
-		v.Set(sample.FieldTemperature, float64(t))
+	if t, ret := readTemperature(d, p); ok(ret) {
+		v.Set(sample.FieldTemperature, t)
 	}
 	if p, ret := d.GetPowerUsage(); ok(ret) {
 		v.Set(sample.FieldPower, float64(p)/1000)
@@ -650,6 +655,28 @@ func readMemory(d Device, p probes, v *sample.Values) nvml.Return {
 	return ret
 }
 
+// readTemperature reads the GPU's die temperature with the versioned call
+// where the driver has it (R570+): 13.0 deprecates nvmlDeviceGetTemperature,
+// and a driver that drops it would end the process at the call.
+func readTemperature(d Device, p probes) (float64, nvml.Return) {
+	if p.temperatureV {
+		t, ret := d.GetTemperatureV1()
+		switch ret {
+		case nvml.SUCCESS:
+			return float64(t.Temperature), ret
+		case nvml.ERROR_ARGUMENT_VERSION_MISMATCH, nvml.ERROR_FUNCTION_NOT_FOUND:
+			// fall back to the older call
+		default:
+			return 0, ret
+		}
+	}
+	if !p.temperature {
+		return 0, nvml.ERROR_FUNCTION_NOT_FOUND
+	}
+	t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU)
+	return float64(t), ret
+}
+
 // memoryWithheld: the device answered, it just does not report memory.
 func memoryWithheld(ret nvml.Return) bool {
 	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_NO_PERMISSION
@@ -661,4 +688,201 @@ func cudaVersionString(v int) string {
 		return ""
 	}
 	return strconv.Itoa(v/1000) + "." + strconv.Itoa((v%1000)/10)
+}
+
+// ensureInit waits up to DeviceTimeout for the nvmlInit in flight (starting
+// one when none runs and the backoff has passed) and, when it succeeds,
+// discovers the GPUs. It reports whether NVML is usable.
+func (s *Sampler) ensureInit(ctx interface{ Done() <-chan struct{} }) bool {
+	l := &s.life
+	now := time.Now()
+	l.mu.Lock()
+	waiting := l.initCh == nil && now.Before(l.nextTry)
+	l.mu.Unlock()
+	if waiting {
+		return false
+	}
+	l.startInit(s.lib, now)
+	l.mu.Lock()
+	ch, started := l.initCh, l.initStart
+	l.mu.Unlock()
+
+	t := time.NewTimer(s.cfg.DeviceTimeout)
+	defer t.Stop()
+	var ret nvml.Return
+	select {
+	case ret = <-ch:
+	case <-t.C:
+		running := time.Since(started)
+		if running < s.cfg.InitTimeout {
+			l.setDown(fmt.Sprintf("waiting for nvmlInit (running for %s)", running.Round(time.Second)))
+			return false
+		}
+		l.setDown(fmt.Sprintf("nvmlInit has not returned for %s (deadline %s): the driver does not answer (still loading, or a GPU hung in it)",
+			running.Round(time.Second), s.cfg.InitTimeout))
+		l.mu.Lock()
+		warn := !l.warned
+		l.warned = true
+		l.mu.Unlock()
+		if warn {
+			s.cfg.Log.Warn().Dur("running", running.Round(time.Millisecond)).Dur("deadline", s.cfg.InitTimeout).
+				Msg("nvmlInit has not returned: waiting for the NVIDIA driver; /healthz and the page are served meanwhile, /readyz stays not ready")
+		}
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	took := time.Since(started)
+	l.mu.Lock()
+	l.initCh = nil
+	if ret == nvml.SUCCESS {
+		l.inits++ // each one takes a reference on the library until its nvmlShutdown
+		l.holding = true
+	}
+	l.mu.Unlock()
+	if ret != nvml.SUCCESS {
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
+			return fmt.Sprintf("nvmlInit failed: %v; next try in %s", ret.Error(), b)
+		})
+		s.cfg.Log.Warn().Str("error", ret.Error()).Dur("retry_in", b).Msg("nvmlInit failed; trying again with backoff")
+		return false
+	}
+	if err := s.discover(); err != nil {
+		var r nvml.Return
+		if errors.As(err, &r) && driverGone(r) {
+			l.mu.Lock()
+			l.ready = true // so that lost() releases what this nvmlInit took
+			l.mu.Unlock()
+			s.lost(err)
+			return false
+		}
+		// The driver answers but cannot list the GPUs. NVML counts its
+		// initialisations and keeps the library (and with it the driver)
+		// until as many shutdowns: release this one before trying again.
+		l.release(s.lib, s.anyBusy())
+		b := l.retryLater(s.cfg.MinBackoff, s.cfg.MaxBackoff, func(b time.Duration) string {
+			return fmt.Sprintf("NVML cannot list the GPUs (%v); next try in %s", err, b)
+		})
+		l.mu.Lock()
+		first := !l.listWarned
+		l.listWarned = true
+		l.mu.Unlock()
+		if first {
+			s.cfg.Log.Warn().Err(err).Dur("retry_in", b).Msg("nvmlInit succeeded but NVML cannot list the GPUs: releasing NVML (nvmlShutdown) and initialising it again with backoff; logged once until it can")
+		}
+		return false
+	}
+	l.mu.Lock()
+	l.ready = true
+	l.gen++
+	l.listWarned = false
+	l.downReason, l.downSince, l.backoff, l.nextTry = "", time.Time{}, 0, time.Time{}
+	gen, inits := l.gen, l.inits
+	l.mu.Unlock()
+	d := s.Driver()
+	s.mu.Lock()
+	n := len(s.workers)
+	s.mu.Unlock()
+	ev := s.cfg.Log.Info().Str("driver", d.DriverVersion).Str("cuda", d.CUDADriverVersion).Int("gpus", n).Dur("took", took.Round(time.Millisecond))
+	if gen > 1 {
+		ev.Int("inits", inits).Msg("NVML initialised again after the driver went away")
+	} else {
+		ev.Msg("NVML initialised")
+	}
+	return true
+}
+
+// anyBusy says whether a GPU's NVML calls have not returned.
+func (s *Sampler) anyBusy() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		if w.busy.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// lost marks NVML unusable after a call said the driver went away, and
+// releases the library (nvmlShutdown) so that this process holds nothing
+// of the old driver: the next nvmlInit, with backoff, opens the new one.
+func (s *Sampler) lost(err error) {
+	l := &s.life
+	l.mu.Lock()
+	if !l.ready {
+		l.mu.Unlock()
+		return
+	}
+	l.ready = false
+	l.downSince = s.cfg.Now()
+	l.downReason = fmt.Sprintf("the driver went away (%v): initialising NVML again", err)
+	l.backoff, l.nextTry = 0, time.Time{}
+	l.mu.Unlock()
+	s.cfg.Log.Error().Err(err).Msg("NVML answers that the driver went away (reloaded, upgraded or unloaded): releasing NVML, then initialising it again with backoff")
+	l.release(s.lib, s.anyBusy())
+}
+
+// MIGDevices names the MIG devices the sampler read last in a GPU instance
+// of a GPU (xid.InstanceResolver): the compute instance in.ComputeInstance,
+// or every one when it is -1. known is false until the GPU's identity was
+// read, or when uuid names another GPU than the one at that index.
+func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance) (devices []xid.MIGDevice, known bool) {
+	s.mu.Lock()
+	workers := s.workers
+	s.mu.Unlock()
+	for _, w := range workers {
+		if w.index != gpu {
+			continue
+		}
+		w.identMu.Lock()
+		defer w.identMu.Unlock()
+		if w.ident.UUID == "" || (uuid != "" && uuid != w.ident.UUID) {
+			return nil, false
+		}
+		for _, m := range w.migIdent {
+			if m.GPUInstance == in.GPUInstance && (in.ComputeInstance < 0 || m.ComputeInstance == in.ComputeInstance) {
+				devices = append(devices, xid.MIGDevice{UUID: m.MIGUUID, ComputeInstance: m.ComputeInstance})
+			}
+		}
+		return devices, true
+	}
+	return nil, false
+}
+
+// Status says whether NVML is usable now, and if not why and since when.
+func (s *Sampler) Status() sample.NVMLStatus { return s.life.status() }
+
+// downSample is the sample while NVML is unusable: every GPU known from
+// before is down (so its series stay, at gpu_up 0), and the sample says why.
+func (s *Sampler) downSample() *sample.NodeSample {
+	s.mu.Lock()
+	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver}
+	for _, w := range s.workers {
+		out.GPUs = append(out.GPUs, w.staleState())
+	}
+	s.mu.Unlock()
+	out.NVML = s.life.status()
+	return out
+}
+
+// XIDSource returns the NVML event source of the sampler's library, gated
+// by its life cycle: no set is opened before nvmlInit returned, a set is
+// dropped when the driver goes away, and the library is never released
+// under a wait in flight. The second result is false when the library
+// provides no events.
+func (s *Sampler) XIDSource() (xid.EventSource, bool) {
+	src, ok := XIDSource(s.lib)
+	if !ok {
+		return nil, false
+	}
+	if _, isReal := s.lib.(*realNVML); !isReal {
+		return src, true // a simulated library has no life cycle
+	}
+	if n, ok := src.(*xid.NVMLEventSource); ok {
+		s.life.mu.Lock()
+		s.life.registering = n.Registering
+		s.life.mu.Unlock()
+	}
+	return &gatedSource{src: src, life: &s.life}, true
 }

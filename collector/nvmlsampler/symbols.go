@@ -2,7 +2,8 @@ package nvmlsampler
 
 // Every NVML C function the exporter calls, in one place: the fake
 // libnvidia-ml in sim/fakenvml must serve each of them, and each function newer
-// than R470 is called only after its symbol was found in the loaded library.
+// than R470, or marked DEPRECATED in the newest nvml.h (a later driver may
+// drop it), is called only after its symbol was found in the loaded library.
 //
 // go-nvml binds lazily: calling a function that the installed driver lacks
 // does not return an error, the dynamic linker kills the process with
@@ -38,15 +39,22 @@ type Symbol struct {
 	Since Branch
 	// Fallback is the older function used where Name is missing, if any.
 	Fallback string
+	// Deprecated is the first branch whose nvml.h marks the function
+	// DEPRECATED: a later driver may drop it, so it too is called only
+	// after its symbol was found.
+	Deprecated Branch
 }
 
-// The functions that are newer than R470 and therefore probed.
+// The functions that are newer than R470, or deprecated, and therefore
+// probed.
 const (
 	symClocksEventReasons    = "nvmlDeviceGetCurrentClocksEventReasons"
 	symClocksThrottleReasons = "nvmlDeviceGetCurrentClocksThrottleReasons"
 	symMemoryInfoV2          = "nvmlDeviceGetMemoryInfo_v2"
 	symNumaNodeID            = "nvmlDeviceGetNumaNodeId"
 	symGPUInstanceProfileV   = "nvmlDeviceGetGpuInstanceProfileInfoV"
+	symTemperature           = "nvmlDeviceGetTemperature"
+	symTemperatureV          = "nvmlDeviceGetTemperatureV"
 )
 
 // Symbols lists every NVML function the exporter calls (the NVML sampler
@@ -72,7 +80,8 @@ var Symbols = []Symbol{
 	{Name: "nvmlDeviceGetMemoryInfo", Since: R470},
 	{Name: symMemoryInfoV2, Since: R510, Fallback: "nvmlDeviceGetMemoryInfo"},
 	{Name: "nvmlDeviceGetUtilizationRates", Since: R470},
-	{Name: "nvmlDeviceGetTemperature", Since: R470},
+	{Name: symTemperature, Since: R470, Deprecated: R580},
+	{Name: symTemperatureV, Since: R570, Fallback: symTemperature},
 	{Name: "nvmlDeviceGetTemperatureThreshold", Since: R470},
 	{Name: "nvmlDeviceGetPowerUsage", Since: R470},
 	{Name: "nvmlDeviceGetPowerManagementLimit", Since: R470},
@@ -86,7 +95,7 @@ var Symbols = []Symbol{
 	{Name: "nvmlDeviceGetRetiredPagesPendingStatus", Since: R470},
 	{Name: "nvmlDeviceGetRemappedRows", Since: R470},
 	{Name: "nvmlDeviceGetRowRemapperHistogram", Since: R470},
-	{Name: symClocksThrottleReasons, Since: R470},
+	{Name: symClocksThrottleReasons, Since: R470, Deprecated: R580},
 	{Name: symClocksEventReasons, Since: R535, Fallback: symClocksThrottleReasons},
 	{Name: "nvmlDeviceGetPcieReplayCounter", Since: R470},
 	{Name: "nvmlDeviceGetNvLinkState", Since: R470},
@@ -128,28 +137,28 @@ var Symbols = []Symbol{
 	{Name: "nvmlEventSetFree", Since: R470},
 }
 
-// SymbolLookup answers whether the loaded library exports a function:
-// go-nvml's Extensions().LookupSymbol on the real library, the scenario's
-// driver branch on the simulated node.
-type SymbolLookup interface {
-	LookupSymbol(name string) error
-}
-
-// probes are the answers for the functions newer than R470, asked once at
-// start: a driver does not grow symbols while it is loaded.
+// probes are the answers for the functions newer than R470 or deprecated,
+// asked once at start: a driver does not grow or lose symbols while it is
+// loaded.
 type probes struct {
-	clocksEventReasons bool
-	memoryInfoV2       bool
-	numaNodeID         bool
-	profileInfoV       bool
+	clocksEventReasons    bool
+	clocksThrottleReasons bool
+	memoryInfoV2          bool
+	numaNodeID            bool
+	profileInfoV          bool
+	temperature           bool
+	temperatureV          bool
 }
 
 func probe(lib NVML) probes {
 	has := func(name string) bool { return lib.LookupSymbol(name) == nil }
 	return probes{
-		clocksEventReasons: has(symClocksEventReasons),
-		memoryInfoV2:       has(symMemoryInfoV2),
-		numaNodeID:         has(symNumaNodeID),
-		profileInfoV:       has(symGPUInstanceProfileV),
+		clocksEventReasons:    has(symClocksEventReasons),
+		clocksThrottleReasons: has(symClocksThrottleReasons),
+		memoryInfoV2:          has(symMemoryInfoV2),
+		numaNodeID:            has(symNumaNodeID),
+		profileInfoV:          has(symGPUInstanceProfileV),
+		temperature:           has(symTemperature),
+		temperatureV:          has(symTemperatureV),
 	}
 }

@@ -2,10 +2,10 @@ package sample
 
 // Field is one per-device value slot. NVML fills most of them; DCGM's
 // profiling fields are merged into the same record before rendering, and
-// collector.fieldSpecs names every field's metric and source.
+// collector/render's fieldSpecs names every field's metric and source.
 type Field int
 
-// The per-device fields. Sources are named in collector.fieldSpecs and in docs/metrics.md.
+// The per-device fields. Sources are named in collector/render's fieldSpecs and in docs/metrics.md.
 const (
 	FieldMemoryUsed Field = iota
 	FieldMemoryTotal

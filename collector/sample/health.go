@@ -40,7 +40,10 @@ type Health struct {
 	// RecoveryActions.
 	RecoveryAction Opt[int]
 	NUMANode       Opt[int]
-	NVLinkActive   int // number of active NVLinks
+	// NVLinkActive is the number of NVLinks up; unset where the GPU's
+	// NVLink calls answer NOT_SUPPORTED (no NVLink), so that "no NVLink"
+	// is not read as "every link down".
+	NVLinkActive Opt[int]
 }
 
 // NumRemapAvailability is the number of levels of the row remapper's

@@ -21,7 +21,8 @@ type NVMLStatus struct {
 	// nvmlInit that has not returned); zero when it is usable.
 	DownSince time.Time
 	// Inits counts the successful nvmlInit calls: more than one means the
-	// library was initialised again after a driver reload.
+	// library was initialised again, after a driver reload or after NVML
+	// could not list the GPUs.
 	Inits int
 }
 

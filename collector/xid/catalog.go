@@ -1,6 +1,6 @@
 // Package xid turns NVIDIA Xid errors into a true per-device counter.
 //
-// It has three parts:
+// It has four parts:
 //
 //   - catalog.go: NVIDIA's Xid catalog, condensed into data: for each code a
 //     short description, a category and the catalog's recommended immediate
@@ -10,6 +10,10 @@
 //     that never decreases while the process lives, with de-duplication of the
 //     same event reported by two sources (the NVML event set and DCGM's last
 //     Xid field).
+//   - instances.go: the Xid counts of MIG devices, kept by the device's
+//     UUID (an InstanceResolver names the device behind an event's GPU and
+//     compute instance IDs, which the driver hands on to the next instance
+//     created in their place).
 //   - events.go: an NVML event reader that runs in its own goroutine over a
 //     narrow EventSource interface (the real go-nvml one is
 //     NewNVMLEventSource), re-creating the event set with backoff when it

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +37,28 @@ type EventSource interface {
 	Open() (Waiter, error)
 }
 
+// StagedSource is an EventSource that can create a set before it registers
+// the devices on it. The Reader replaces a broken set by creating the new
+// one, reading what the old one still holds, registering the new one and
+// closing the old one at once: NVML delivers an event to every set
+// registered at that moment, so an event raised while both sets are
+// registered would be read twice, and one raised while neither is, never.
+type StagedSource interface {
+	EventSource
+	// Create makes an event set with no device registered on it.
+	Create() (UnregisteredSet, error)
+}
+
+// UnregisteredSet is a set a StagedSource created, no device registered on
+// it yet.
+type UnregisteredSet interface {
+	// Register registers the devices on the set and returns its Waiter;
+	// when it fails the set is freed.
+	Register() (Waiter, error)
+	// Free frees the set unused.
+	Free() error
+}
+
 // Waiter waits on one event set. Wait and Close are called from one
 // goroutine, never concurrently.
 type Waiter interface {
@@ -58,6 +79,10 @@ type Coverage struct {
 	// Unsupported: the GPU supports none of the watched event types; it is
 	// not registered, and never will be.
 	Unsupported bool
+	// Types are the event types the GPU is registered for (of
+	// WatchedEventTypes, those it supports: no ECC events where ECC is
+	// off); 0 where the source cannot say.
+	Types uint64
 }
 
 // CoverageReporter is a Waiter that knows which GPUs its set covers.
@@ -86,25 +111,6 @@ type Event struct {
 	// Instance is the MIG instance the event is attributed to (NVML's
 	// GpuInstanceId and ComputeInstanceId), nil for the whole GPU.
 	Instance *Instance
-}
-
-// Instance is a MIG device: a GPU instance and, when NVML names it, a
-// compute instance (-1 when it does not).
-type Instance struct{ GPUInstance, ComputeInstance int }
-
-// noInstance is NVML's "not attributable to an instance" (0xFFFFFFFF).
-const noInstance = ^uint32(0)
-
-// eventInstance reads the instance IDs of an NVML event.
-func eventInstance(gi, ci uint32) *Instance {
-	if gi == noInstance {
-		return nil
-	}
-	in := &Instance{GPUInstance: int(gi), ComputeInstance: -1}
-	if ci != noInstance {
-		in.ComputeInstance = int(ci)
-	}
-	return in
 }
 
 // WatchedEventTypes are the NVML event types the NVML event source registers,
@@ -146,6 +152,9 @@ type Reader struct {
 	RetryMissing time.Duration
 	// Now replaces time.Now in tests.
 	Now func() time.Time
+	// Instances names the MIG device behind an XID's instance IDs, so that
+	// its count stays with that device (nil: counted by the IDs alone).
+	Instances InstanceResolver
 
 	src     EventSource
 	counter *Counter
@@ -158,31 +167,13 @@ type Reader struct {
 
 	mu        sync.Mutex
 	ecc       map[int]*eccCount
-	instances map[instanceKey]*series
+	watched   map[int]uint64 // by GPU: the event types it was ever registered for, or sent
+	instances instanceCounts
 	lastErr   error
 	// Coverage: the GPUs of the latest set, and the time with no set open.
 	covered        []Coverage
 	uncovered      time.Duration
 	uncoveredSince time.Time // zero while a set is open
-}
-
-type instanceKey struct {
-	gpu      int
-	uuid     string
-	instance Instance
-	code     int
-}
-
-// InstanceCount is the Xid events of one code attributed to one MIG
-// instance, as NVML's event names it. They are also counted on the GPU.
-type InstanceCount struct {
-	GPU      int
-	UUID     string
-	Instance Instance
-	Code     int
-	Entry    Entry
-	Total    uint64
-	Last     time.Time
 }
 
 type eccCount struct{ single, double uint64 }
@@ -193,7 +184,7 @@ func NewReader(src EventSource, counter *Counter) *Reader {
 	if counter == nil {
 		counter = NewCounter()
 	}
-	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}}
+	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}, watched: map[int]uint64{}}
 }
 
 // Coverage returns, per GPU of the latest event set, whether it is
@@ -243,6 +234,11 @@ func (r *Reader) setOpen(w Waiter) {
 	}
 	if c, ok := w.(CoverageReporter); ok {
 		r.covered = c.Covered()
+		for _, g := range r.covered {
+			if g.Registered {
+				r.watched[g.GPU] |= g.Types
+			}
+		}
 	} else if w != nil {
 		r.covered = nil // the source cannot tell
 	}
@@ -277,50 +273,44 @@ func (r *Reader) LastError() error {
 	return r.lastErr
 }
 
-// ECCEvents returns the single- and double-bit ECC error events received for
-// a GPU since the process started. Both never decrease.
-func (r *Reader) ECCEvents(gpu int) (single, double uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if c := r.ecc[gpu]; c != nil {
-		return c.single, c.double
-	}
-	return 0, 0
+// ECCEventCount is a GPU's single- and double-bit ECC error events
+// received since the process started (both never decrease), and whether
+// the GPU was ever registered for each type: a GPU with ECC off supports
+// neither, and its 0 would mean nothing.
+type ECCEventCount struct {
+	Single, Double               uint64
+	SingleWatched, DoubleWatched bool
 }
 
-// InstanceCounts returns the Xid counts per MIG instance, ordered by GPU,
-// GPU instance, compute instance and code. Totals never decrease.
+// ECCEvents returns a GPU's ECC error events.
+func (r *Reader) ECCEvents(gpu int) ECCEventCount {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.watched[gpu]
+	c := ECCEventCount{SingleWatched: w&nvml.EventTypeSingleBitEccError != 0, DoubleWatched: w&nvml.EventTypeDoubleBitEccError != 0}
+	if n := r.ecc[gpu]; n != nil {
+		c.Single, c.Double = n.single, n.double
+	}
+	return c
+}
+
+// InstanceCounts returns the Xid counts per MIG device, ordered by GPU, GPU
+// instance, compute instance, MIG device and code; totals never decrease.
+// Events that came before their GPU's MIG devices were read are placed
+// first, if the resolver can name them now.
 func (r *Reader) InstanceCounts() []InstanceCount {
 	r.mu.Lock()
-	out := make([]InstanceCount, 0, len(r.instances))
-	for k, s := range r.instances {
-		out = append(out, InstanceCount{GPU: k.gpu, UUID: k.uuid, Instance: k.instance, Code: k.code, Entry: Lookup(k.code), Total: s.total, Last: s.last})
-	}
-	r.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		switch {
-		case a.GPU != b.GPU:
-			return a.GPU < b.GPU
-		case a.UUID != b.UUID:
-			return a.UUID < b.UUID
-		case a.Instance.GPUInstance != b.Instance.GPUInstance:
-			return a.Instance.GPUInstance < b.Instance.GPUInstance
-		case a.Instance.ComputeInstance != b.Instance.ComputeInstance:
-			return a.Instance.ComputeInstance < b.Instance.ComputeInstance
-		}
-		return a.Code < b.Code
-	})
-	return out
+	defer r.mu.Unlock()
+	r.instances.resolvePending(r.Instances, r.now())
+	return r.instances.snapshot()
 }
 
 // Run reads events until ctx ends, then closes the set and returns ctx's
 // error. It returns within about WaitTimeout of ctx ending.
 //
-// A set that fails is replaced by a new one created before the old one is
-// closed, and the old one's queued events are read first: NVML delivers no
-// event raised while no set is registered, so a gap between sets loses
-// XIDs.
+// A set that fails is replaced without a gap and without an overlap (see
+// replace): NVML delivers no event raised while no set is registered, and
+// delivers one raised while two are to both.
 func (r *Reader) Run(ctx context.Context) error {
 	waitTimeout := r.WaitTimeout
 	if waitTimeout <= 0 {
@@ -408,26 +398,52 @@ func (r *Reader) Run(ctx context.Context) error {
 			backoff = minB
 		default:
 			r.fail(fmt.Errorf("waiting for events: %w", err))
-			if nw, oerr := r.src.Open(); oerr == nil {
-				r.drain(w)
-				if cerr := w.Close(); cerr != nil {
-					r.logf("xid: closing the event set: %v", cerr)
-				}
+			nw, oerr := r.replace(w)
+			w = nil
+			if oerr == nil {
 				w = nw
 				r.recreated.Add(1)
 				r.logf("xid: event set re-created")
 				r.setOpen(w)
 				continue
-			} else if !errors.Is(oerr, ErrNotReady) {
+			}
+			r.setOpen(nil)
+			if !errors.Is(oerr, ErrNotReady) {
 				r.fail(fmt.Errorf("opening the event set: %w", oerr))
 			}
-			closeSet()
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, maxB)
 		}
 		r.setOpen(w) // registrations that finished late
 	}
 	return ctx.Err()
+}
+
+// replace closes the broken set old and opens the next one. A staged
+// source creates the new set first (the slow part, during which old still
+// receives events), then old is read until it holds nothing, the new set
+// is registered and old closed at once: an event raised before the new
+// set is registered is read from old, one raised after from the new set
+// only, as old is closed unread. Only an event raised in the instant
+// between old's last read and the registration is missed. A source that
+// creates and registers in one call gets old read first, then its Open.
+func (r *Reader) replace(old Waiter) (Waiter, error) {
+	defer func() {
+		if err := old.Close(); err != nil {
+			r.logf("xid: closing the event set: %v", err)
+		}
+	}()
+	st, ok := r.src.(StagedSource)
+	if !ok {
+		r.drain(old)
+		return r.src.Open()
+	}
+	set, err := st.Create()
+	r.drain(old)
+	if err != nil {
+		return nil, err
+	}
+	return set.Register()
 }
 
 // drain reads the events a failed set still holds, until it answers
@@ -464,19 +480,7 @@ func (r *Reader) handle(ev Event) {
 			// A tenant's XID 13/31/43 on MIG points at its instance, and
 			// so at its pod.
 			r.mu.Lock()
-			if r.instances == nil {
-				r.instances = map[instanceKey]*series{}
-			}
-			k := instanceKey{ev.GPU, ev.UUID, *ev.Instance, int(ev.Data)}
-			s := r.instances[k]
-			if s == nil {
-				s = &series{}
-				r.instances[k] = s
-			}
-			s.total++
-			if at.After(s.last) {
-				s.last = at
-			}
+			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at})
 			r.mu.Unlock()
 		}
 	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:
@@ -486,6 +490,7 @@ func (r *Reader) handle(ev Event) {
 			c = &eccCount{}
 			r.ecc[ev.GPU] = c
 		}
+		r.watched[ev.GPU] |= ev.Type // a GPU that sent one has them, whatever its source says
 		if ev.Type&nvml.EventTypeSingleBitEccError != 0 {
 			c.single++
 		}
@@ -542,6 +547,9 @@ type NVMLEventSource struct {
 
 	mu       sync.Mutex
 	inFlight map[int]bool // GPUs (by position) whose registration has not returned
+	// known is each GPU's (by position) index and UUID when it last told
+	// them: a GPU lost from the bus cannot, and its coverage keeps them.
+	known map[int]Coverage
 }
 
 // DefaultRegisterTimeout bounds the registration of all GPUs at Open.
@@ -572,6 +580,15 @@ type registered struct {
 
 // Open creates an NVML event set and registers the devices on it.
 func (s *NVMLEventSource) Open() (Waiter, error) {
+	set, err := s.Create()
+	if err != nil {
+		return nil, err
+	}
+	return set.Register()
+}
+
+// Create creates an NVML event set, no device registered on it yet.
+func (s *NVMLEventSource) Create() (UnregisteredSet, error) {
 	n := len(s.devices)
 	if s.devices == nil {
 		var ret nvml.Return
@@ -586,10 +603,38 @@ func (s *NVMLEventSource) Open() (Waiter, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("creating an NVML event set: %w", ret)
 	}
-	w := &nvmlWaiter{set: set, src: s, slots: make([]Coverage, n)}
-	for i := range w.slots {
-		w.slots[i] = Coverage{GPU: i}
+	return &nvmlSet{src: s, set: set, n: n}, nil
+}
+
+// nvmlSet is an NVML event set created, its n devices not registered yet.
+type nvmlSet struct {
+	src *NVMLEventSource
+	set nvml.EventSet
+	n   int
+}
+
+// Free frees the set unused.
+func (c *nvmlSet) Free() error {
+	if ret := c.set.Free(); ret != nvml.SUCCESS {
+		return fmt.Errorf("freeing the NVML event set: %w", ret)
 	}
+	return nil
+}
+
+// Register registers the devices on the set, in parallel and under
+// RegisterTimeout.
+func (c *nvmlSet) Register() (Waiter, error) {
+	s, set, n := c.src, c.set, c.n
+	w := &nvmlWaiter{set: set, src: s, slots: make([]Coverage, n)}
+	s.mu.Lock()
+	for i := range w.slots {
+		// Until it tells them, a GPU has the identity it last had.
+		w.slots[i] = Coverage{GPU: i}
+		if k, ok := s.known[i]; ok {
+			w.slots[i] = k
+		}
+	}
+	s.mu.Unlock()
 	done := make(chan struct{}, n)
 	pending := 0
 	for i := 0; i < n; i++ {
@@ -694,6 +739,12 @@ func (w *nvmlWaiter) register(i int) {
 		s.logf("xid: skipping GPU %d: getting its UUID: %v", gpu, ret)
 		return
 	}
+	s.mu.Lock()
+	if s.known == nil {
+		s.known = map[int]Coverage{}
+	}
+	s.known[i] = Coverage{GPU: gpu, UUID: uuid}
+	s.mu.Unlock()
 	w.mu.Lock()
 	w.slots[i].GPU, w.slots[i].UUID = gpu, uuid
 	w.mu.Unlock()
@@ -732,7 +783,7 @@ func (w *nvmlWaiter) register(i int) {
 	}
 	w.mu.Lock()
 	w.regs = append(w.regs, registered{dev: d, gpu: gpu, uuid: uuid})
-	w.slots[i].Registered = true
+	w.slots[i].Registered, w.slots[i].Types = true, types
 	w.mu.Unlock()
 }
 

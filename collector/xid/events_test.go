@@ -150,8 +150,7 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 			t.Fatalf("count went down: %d -> %d", prev, sum)
 		}
 		prev = sum
-		single, _ := r.ECCEvents(1)
-		return sum == 5 && single == 2 && r.Up()
+		return sum == 5 && r.ECCEvents(1).Single == 2 && r.Up()
 	})
 	if err := cancel(); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run returned %v", err)
@@ -164,11 +163,11 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 	if got := total(c, 1, 79); got != 2 {
 		t.Errorf("GPU 1 Xid 79: %d, want 2", got)
 	}
-	if s, d := r.ECCEvents(1); s != 2 || d != 1 {
-		t.Errorf("ECCEvents(1) = %d, %d; want 2, 1", s, d)
+	if e := r.ECCEvents(1); e.Single != 2 || e.Double != 1 || !e.SingleWatched || !e.DoubleWatched {
+		t.Errorf("ECCEvents(1) = %+v; want 2 and 1, both seen", e)
 	}
-	if s, d := r.ECCEvents(0); s != 0 || d != 0 {
-		t.Errorf("ECCEvents(0) = %d, %d", s, d)
+	if e := r.ECCEvents(0); e != (ECCEventCount{}) {
+		t.Errorf("ECCEvents(0) = %+v: no event, and a source that cannot say what GPU 0 is registered for", e)
 	}
 	if r.Recreated() != 2 {
 		t.Errorf("Recreated = %d, want 2", r.Recreated())
@@ -326,7 +325,8 @@ func TestNVMLEventSource(t *testing.T) {
 		t.Error("GPU 2 (NOT_SUPPORTED) was registered")
 	}
 	cov := w.(CoverageReporter).Covered()
-	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true}, {GPU: 1, UUID: "GPU-1", Registered: true},
+	wantCov := []Coverage{{GPU: 0, UUID: "GPU-0", Registered: true, Types: WatchedEventTypes},
+		{GPU: 1, UUID: "GPU-1", Registered: true, Types: nvml.EventTypeXidCriticalError},
 		{GPU: 2, UUID: "GPU-2", Unsupported: true}, {GPU: 3, UUID: "GPU-3"}}
 	if !slices.Equal(cov, wantCov) {
 		t.Errorf("coverage %+v, want %+v", cov, wantCov)
@@ -440,9 +440,9 @@ func TestReaderOverNVMLSource(t *testing.T) {
 	}
 }
 
-// A set that fails is replaced by a new one opened before the old one is
-// closed (NVML delivers no event raised while no set is registered), and
-// what the old set still holds is read before it is closed.
+// On a source that creates and registers a set in one call, a set that
+// fails is read empty, then the next one opened before the old one is
+// closed (NVML delivers no event raised while no set is registered).
 func TestReaderReplacesABrokenSetBeforeClosingIt(t *testing.T) {
 	lost := errors.New("GPU is lost")
 	src := &fakeSource{scripts: [][]step{
@@ -569,5 +569,123 @@ func TestNVMLEventSourceUnsupportedOrFailed(t *testing.T) {
 	lib.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	if _, err := NewNVMLEventSource(lib, []NVMLDevice{failed.Device}).Open(); !errors.Is(err, ErrEventsNotSupported) {
 		t.Errorf("Open = %v, want ErrEventsNotSupported", err)
+	}
+}
+
+// stagedDriver is NVML's event delivery in miniature: an event raised goes
+// to every set registered at that moment. Its source creates a set and
+// registers it in two steps (StagedSource); onCreate and onRegister run
+// inside those steps, to raise events there.
+type stagedDriver struct {
+	mu                   sync.Mutex
+	sets                 []*stagedSet
+	onCreate, onRegister func()
+}
+
+func (d *stagedDriver) raise(ev Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.sets {
+		if s.registered && !s.closed {
+			s.queue = append(s.queue, ev)
+		}
+	}
+}
+
+func (d *stagedDriver) Open() (Waiter, error) {
+	set, err := d.Create()
+	if err != nil {
+		return nil, err
+	}
+	return set.Register()
+}
+
+func (d *stagedDriver) Create() (UnregisteredSet, error) {
+	d.mu.Lock()
+	s := &stagedSet{d: d}
+	d.sets = append(d.sets, s)
+	hook := d.onCreate
+	d.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return s, nil
+}
+
+type stagedSet struct {
+	d                          *stagedDriver
+	registered, closed, broken bool
+	queue                      []Event
+	waits                      int
+}
+
+func (s *stagedSet) Register() (Waiter, error) {
+	s.d.mu.Lock()
+	s.registered = true
+	hook := s.d.onRegister
+	s.d.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return s, nil
+}
+
+func (s *stagedSet) Free() error { return s.Close() }
+
+func (s *stagedSet) Close() error {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// Wait answers queued events first, then the set's breakage, like NVML's
+// wait on a set with a lost GPU.
+func (s *stagedSet) Wait(timeout time.Duration) (Event, error) {
+	s.d.mu.Lock()
+	s.waits++
+	if len(s.queue) > 0 {
+		ev := s.queue[0]
+		s.queue = s.queue[1:]
+		s.d.mu.Unlock()
+		return ev, nil
+	}
+	broken := s.broken
+	s.d.mu.Unlock()
+	if broken {
+		return Event{}, errors.New("GPU is lost")
+	}
+	time.Sleep(timeout)
+	return Event{}, ErrTimeout
+}
+
+// A set that breaks is replaced so that each event is counted once: one
+// raised while the new set is being created reaches the old set only and
+// is read from it; one raised once the new set is registered reaches both,
+// and is read from the new one only.
+func TestReaderCountsEachEventOnceAcrossReplacement(t *testing.T) {
+	d := &stagedDriver{}
+	r := fastReader(d)
+	cancel := start(t, r)
+	defer func() { _ = cancel() }()
+	eventually(t, "the first set open", func() bool { return r.Up() })
+	d.raise(xidEvent(0, 13).ev)
+	eventually(t, "XID 13 counted", func() bool { return total(r.Counter(), 0, 13) == 1 })
+
+	d.mu.Lock()
+	d.onCreate = func() { d.raise(xidEvent(0, 31).ev) }
+	d.onRegister = func() { d.raise(xidEvent(0, 43).ev) }
+	first := d.sets[0]
+	first.broken = true
+	d.mu.Unlock()
+	eventually(t, "the new set read empty twice", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.sets) == 2 && d.sets[1].waits >= 2 && len(d.sets[1].queue) == 0 && first.closed
+	})
+	for code, want := range map[int]uint64{13: 1, 31: 1, 43: 1} {
+		if n := total(r.Counter(), 0, code); n != want {
+			t.Errorf("XID %d counted %d times, want %d", code, n, want)
+		}
 	}
 }

@@ -169,6 +169,26 @@ and on (namespace, pod)
 		WithPanel(timeseriesPanel("Activity by pod on shared GPUs", "Each pod's own SM utilisation on time-sliced or MPS GPUs: its processes' share of the device (gpu_container_utilization_ratio{source=\"processes\"}, NVML per-process accounting). A pod at 0 holds a replica and runs nothing.", "percentunit", 12, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (namespace, pod, uuid) (gpu_container_utilization_ratio{`+job+`, `+held+`, source="processes"})`, "{{namespace}}/{{pod}} on {{uuid}}"),
 		}, stacked))
+
+	d = d.WithRow(dashboard.NewRowBuilder("Right-sizing")).
+		WithPanel(tablePanel("Right-sizing per pod", "Over the dashboard's time range, per pod: its devices' memory against its peak VRAM, its p95 activity (DCGM SM activity, else NVML; a shared GPU's holder its own processes'), and the device-hours it held, busy (weighted by activity) and idle (as the exporter judges it). A MIG device counts as one device here; `gpu-pool-exporter recommend` turns this into a shape per workload and `report` into GPU-hours and cost per team (docs/rightsizing.md). Hours assume the rules' one-minute recordings.", 24, 10,
+			[]string{"namespace", "pod"}, "Device-hours held",
+			column{"VRAM held", "bytes", `
+max by (namespace, pod) (
+  allocation:gpu_devices:share{` + held + `}
+  * on (node, uuid, gpu_instance, compute_instance) group_left ()
+  gpu_memory_total_bytes{` + job + `}
+)`},
+			column{"Peak VRAM", "bytes", `max by (namespace, pod) (max_over_time(allocation:gpu_memory_used_bytes:max1m{` + held + `}[$__range]))`},
+			column{"p95 activity", "percentunit", `max by (namespace, pod) (quantile_over_time(0.95, allocation:gpu_activity_ratio:avg1m{` + held + `}[$__range]))`},
+			column{"Device-hours held", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_devices:share{` + held + `}[$__range])) / 60`},
+			column{"Busy device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_busy_devices:share{` + held + `}[$__range])) / 60`},
+			column{"Idle device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_idle_devices:share{` + held + `}[$__range])) / 60`},
+		)).
+		WithPanel(timeseriesPanel("Busy and idle devices by namespace", "Devices held, weighted by their holders' activity (busy), and held by holders the exporter judges idle (idle), by namespace: the gap between the two and the devices held is what right-sizing can give back.", "none", 24, 8, []*prometheus.DataqueryBuilder{
+			series(`sum by (namespace) (allocation:gpu_busy_devices:share{`+held+`})`, "{{namespace}} busy"),
+			series(`sum by (namespace) (allocation:gpu_idle_devices:share{`+held+`})`, "{{namespace}} idle"),
+		}))
 	return d
 }
 

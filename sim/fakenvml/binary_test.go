@@ -215,6 +215,15 @@ func (e *exporter) alive() bool {
 	}
 }
 
+// labelMap is a series' labels by name.
+func labelMap(m *dto.Metric) map[string]string {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	return have
+}
+
 // sample finds a family's value for the series whose labels include want.
 func sample(f map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
 	mf := f[name]
@@ -223,10 +232,7 @@ func sample(f map[string]*dto.MetricFamily, name string, want map[string]string)
 	}
 next:
 	for _, m := range mf.Metric {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
+		have := labelMap(m)
 		for k, v := range want {
 			if have[k] != v {
 				continue next
@@ -277,14 +283,16 @@ func branchIndex(b string) int {
 }
 
 // TestRealBinaryOnEveryDriverBranch runs the exporter binary on each driver
-// branch's library: it must start, serve what the branch can provide, leave
-// out what it cannot, and exit cleanly.
+// branch's library, and on a future one without the functions the newest
+// nvml.h deprecates: it must start, serve what the branch can provide,
+// leave out what it cannot, read the temperature with the versioned call
+// where the driver has it (R570 on), and exit cleanly.
 func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
-	for _, br := range append([]string{fakenvml.Full}, fakenvml.Branches...) {
+	for _, br := range append(append([]string{fakenvml.Full}, fakenvml.Branches...), fakenvml.Future) {
 		t.Run(br, func(t *testing.T) {
 			node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 3, br)
 			node.GPUs[1].Memory.Used = 20 << 30
@@ -299,7 +307,8 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if err := node.WriteFile(path); err != nil {
 				t.Fatal(err)
 			}
-			e := startExporter(t, br, path)
+			trace := filepath.Join(t.TempDir(), "trace")
+			e := startExporterEnv(t, br, path, []string{fakenvml.EnvTrace + "=" + trace})
 			// Let three samples pass (the first reads the slow-moving
 			// health too): some families need a second sample, and the
 			// exporter exposes no sample count to wait on.
@@ -354,6 +363,16 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			}
 			if !e.alive() {
 				t.Fatalf("the exporter died:\n%s", e.stderr.String())
+			}
+			// nvmlDeviceGetTemperatureV is in nvml.h from 12.8 (R570) on,
+			// which marks nvmlDeviceGetTemperature DEPRECATED from 13.0.
+			calls, err := os.ReadFile(trace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			versioned, legacy := strings.Contains(string(calls), "nvmlDeviceGetTemperatureV "), strings.Contains(string(calls), "nvmlDeviceGetTemperature ")
+			if want := branchIndex(br) >= branchIndex("r570"); versioned != want || legacy == want {
+				t.Errorf("%s: nvmlDeviceGetTemperatureV called %v, nvmlDeviceGetTemperature called %v; want the versioned call %v", br, versioned, legacy, want)
 			}
 		})
 	}

@@ -38,8 +38,7 @@ func TestRealBinaryOnAnL4ClassBoard(t *testing.T) {
 			t.Errorf("%s is missing: the board has it", fam)
 		}
 	}
-	absent(t, f, "gpu_memory_temperature_celsius", "gpu_nvlink_errors_total")
-	noActiveLinks(t, f, 2)
+	absent(t, f, "gpu_memory_temperature_celsius", "gpu_nvlink_errors_total", "gpu_nvlink_active_links")
 	if v, ok := sample(f, "gpu_exporter_xid_events_supported", nil); !ok || v != 1 {
 		t.Errorf("gpu_exporter_xid_events_supported = %v (present %v); want 1: the board supports events", v, ok)
 	}
@@ -87,14 +86,65 @@ func TestRealBinaryOnABoardWithoutECCPowerEvents(t *testing.T) {
 			}
 			absent(t, f, "gpu_ecc_errors_total", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
 				"gpu_row_remap_banks", "gpu_power_watts", "gpu_energy_joules_total", "gpu_power_limit_watts",
-				"gpu_memory_temperature_celsius", "gpu_nvlink_errors_total")
-			noActiveLinks(t, f, 2)
+				"gpu_memory_temperature_celsius", "gpu_nvlink_errors_total", "gpu_nvlink_active_links", "gpu_ecc_error_events_total")
 			if f["gpu_temperature_celsius"] == nil || f["gpu_memory_used_bytes"] == nil {
 				t.Errorf("temperature or memory missing: the board has them")
 			}
 			// The one notice: the boards do not support events, said once.
 			noErrorLogs(t, e, "xid: not watching XID and ECC events")
 		})
+	}
+}
+
+// What a board cannot say is left out, never shown as 0: a GPU with ECC
+// off registers for XIDs only (nvml.h: ECC events are available only on
+// ECC-enabled devices), so it has no ECC event counts; a GPU whose NVLink
+// calls answer NOT_SUPPORTED has no count of links up, while one whose
+// links are all down has 0.
+func TestRealBinaryLeavesOutWhatTheBoardCannotSay(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 4, fakenvml.Full)
+	node.GPUs[1].ECC.Enabled = false
+	for l := range node.GPUs[2].NVLinks {
+		node.GPUs[2].NVLinks[l].Active = false
+	}
+	node.GPUs[3].NVLinks = nil
+	e := startBoard(t, node)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		for gpu := 0; gpu < 4; gpu++ {
+			if v, _ := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": strconv.Itoa(gpu)}); v != 1 {
+				return false
+			}
+		}
+		return true
+	}, "every GPU registered for events")
+	f := healthyPage(t, e, 4)
+	for _, c := range []struct {
+		family, gpu string
+		labels      map[string]string
+		want        float64 // -1: absent
+	}{
+		{"gpu_ecc_error_events_total", "0", map[string]string{"type": "single_bit"}, 0},
+		{"gpu_ecc_error_events_total", "0", map[string]string{"type": "double_bit"}, 0},
+		{"gpu_ecc_error_events_total", "1", nil, -1},
+		{"gpu_nvlink_active_links", "0", nil, 18},
+		{"gpu_nvlink_active_links", "2", nil, 0},
+		{"gpu_nvlink_active_links", "3", nil, -1},
+	} {
+		want := map[string]string{"gpu": c.gpu}
+		for k, v := range c.labels {
+			want[k] = v
+		}
+		v, ok := sample(f, c.family, want)
+		switch {
+		case c.want < 0 && ok:
+			t.Errorf("%s%v = %v; the board cannot say, want no series", c.family, want, v)
+		case c.want >= 0 && (!ok || v != c.want):
+			t.Errorf("%s%v = %v (present %v), want %v", c.family, want, v, ok, c.want)
+		}
 	}
 }
 
@@ -143,18 +193,6 @@ func absent(t *testing.T, f map[string]*dto.MetricFamily, fams ...string) {
 	}
 }
 
-// noActiveLinks checks that each GPU reports no active NVLink: a PCIe board
-// has none (gpu_nvlink_active_links is topology, 0 here, as the simulator
-// serves it).
-func noActiveLinks(t *testing.T, f map[string]*dto.MetricFamily, gpus int) {
-	t.Helper()
-	for i := 0; i < gpus; i++ {
-		if v, ok := sample(f, "gpu_nvlink_active_links", map[string]string{"gpu": strconv.Itoa(i)}); ok && v != 0 {
-			t.Errorf("gpu_nvlink_active_links{gpu=%d} = %v on a board without NVLink", i, v)
-		}
-	}
-}
-
 // noErrorLogs fails for every warning or error the exporter logged, but for
 // one expected notice (a message prefix, logged exactly once; "" for none).
 func noErrorLogs(t *testing.T, e *exporter, notice string) {
@@ -182,14 +220,17 @@ func noErrorLogs(t *testing.T, e *exporter, notice string) {
 }
 
 // rtxPro6000 is an RTX PRO 6000 Blackwell Server Edition as NVML names it
-// in the MIG geometry table: GB202, compute capability 12.0, GDDR7 on PCIe.
+// in the MIG geometry table: GB202, compute capability 12.0, GDDR7 on PCIe,
+// 97887 MiB of framebuffer.
 var rtxPro6000 = gpus.Config{Name: "NVIDIA RTX PRO 6000 Blackwell Server Edition", Architecture: nvml.DEVICE_ARCH_BLACKWELL,
-	Brand: nvml.BRAND_NVIDIA, MemoryMB: 98304, CudaMajor: 12, CudaMinor: 0, PciDeviceId: 0x2BB510DE}
+	Brand: nvml.BRAND_NVIDIA, MemoryMB: 97887, CudaMajor: 12, CudaMinor: 0, PciDeviceId: 0x2BB510DE}
 
-// TestRealBinaryOnRTXPro6000MIG: MIG on a four-slice board whose profiles
-// are asked for with NVML's +gfx, -me and +me.all profile constants. The real
-// binary names the GPU instances as the driver does and counts free slices
-// and placeable instances on four slices.
+// TestRealBinaryOnRTXPro6000MIG: MIG on a four-slice board that places
+// instances on a 12-unit grid, whose profiles are asked for with NVML's +gfx,
+// -me and +me.all profile constants. The real binary names the GPU instances
+// as the driver does and counts free slices and placeable instances: a
+// 2g.48gb+gfx at units 0-5 and a 1g.24gb-me at 6-8 leave one compute slice
+// and one 1g placement (9-11), and no 2g placement.
 func TestRealBinaryOnRTXPro6000MIG(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {

@@ -26,15 +26,21 @@ const Full = "full"
 // (branches/<name>.txt says which header).
 var Branches = []string{"r470", "r535", "r550", "r570", "r580"}
 
+// Future is a driver after the newest branch that has dropped every
+// function the newest nvml.h marks DEPRECATED (nvmlDeviceGetTemperature,
+// nvmlDeviceGetCurrentClocksThrottleReasons, ...): an exporter that calls
+// one without looking it up first dies on it with "symbol lookup error".
+const Future = "future"
+
 // FieldMax is NVML_FI_MAX of each branch's header: the first field ID its
 // driver does not know.
-var FieldMax = map[string]uint32{"r470": 161, "r535": 197, "r550": 200, "r570": 269, "r580": 274}
+var FieldMax = map[string]uint32{"r470": 161, "r535": 197, "r550": 200, "r570": 269, "r580": 274, Future: 274}
 
 // BranchSymbols returns the functions a driver branch exports.
 func BranchSymbols(branch string) (map[string]bool, error) {
 	b, err := files.ReadFile("branches/" + branch + ".txt")
 	if err != nil {
-		return nil, fmt.Errorf("fakenvml: no driver branch %q (have %s)", branch, strings.Join(Branches, ", "))
+		return nil, fmt.Errorf("fakenvml: no driver branch %q (have %s, %s)", branch, strings.Join(Branches, ", "), Future)
 	}
 	syms := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(b))

@@ -1,11 +1,13 @@
 package fakenvml_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +128,62 @@ func TestRealBinaryServesWhileNVMLInitHangs(t *testing.T) {
 	}
 	if n := countCalls(calls, "nvmlShutdown"); n != 0 {
 		t.Errorf("nvmlShutdown called %d times while running, want none", n)
+	}
+}
+
+// nvmlInit succeeds but nvmlDeviceGetCount fails with an error that does
+// not say the driver went away: each successful nvmlInit is paired with
+// nvmlShutdown (NVML keeps the library, and the driver, until as many
+// shutdowns as inits), tried again with backoff (1 s doubling), logged
+// once, and counted in gpu_exporter_nvml_inits_total. When the GPUs can be
+// listed they come up, with one nvmlInit held.
+func TestRealBinaryReleasesNVMLWhenTheGPUsCannotBeListed(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	node.Returns = map[string]nvml.Return{"nvmlDeviceGetCount_v2": nvml.ERROR_UNKNOWN}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace := filepath.Join(t.TempDir(), "trace")
+	exporterBinary(t) // built before the clock starts
+	start := time.Now()
+	e := launchExporter(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitHTTP("/readyz", "a /readyz naming nvmlDeviceGetCount's answer", func(code int, body string) bool {
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "Unknown Error")
+	})
+	time.Sleep(4 * time.Second)
+	calls := traceLines(t, trace)
+	inits, shutdowns := countCalls(calls, "nvmlInit"), countCalls(calls, "nvmlShutdown")
+	// Tries at 0 s, then after 1, 2, 4 s...: at most one more than the
+	// doublings that fit in the time the exporter ran.
+	allowed := 1
+	for at, b := time.Second, time.Second; at <= time.Since(start); at, b = at+2*b, 2*b {
+		allowed++
+	}
+	if inits > allowed {
+		t.Errorf("nvmlInit called %d times in %s, want at most %d (backoff)", inits, time.Since(start).Round(time.Second), allowed)
+	}
+	if shutdowns != inits && shutdowns != inits-1 {
+		t.Errorf("nvmlInit succeeded %d times, nvmlShutdown called %d times: each nvmlInit must be paired", inits, shutdowns)
+	}
+	if n := strings.Count(e.stderr.String(), "cannot list the GPUs"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once:\n%s", n, e.stderr.String())
+	}
+
+	node.Returns = nil
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "1"}) == 1 && value(f, "gpu_exporter_nvml_initialized", nil) == 1
+	}, "GPUs up once they can be listed")
+	calls = traceLines(t, trace)
+	inits, shutdowns = countCalls(calls, "nvmlInit"), countCalls(calls, "nvmlShutdown")
+	if shutdowns != inits-1 {
+		t.Errorf("after recovery: %d nvmlInit, %d nvmlShutdown; want every nvmlInit but the one in use released", inits, shutdowns)
+	}
+	if v := value(f, "gpu_exporter_nvml_inits_total", nil); v != float64(inits) {
+		t.Errorf("gpu_exporter_nvml_inits_total = %v, want %d: every successful nvmlInit", v, inits)
 	}
 }
 
@@ -253,6 +311,21 @@ func TestRealBinaryRegistersEventsPerGPU(t *testing.T) {
 	}, "XIDs of the late GPUs counted")
 }
 
+// twoRegisteredGPUs runs the real binary on two H100s, tracing the calls,
+// until both GPUs are registered for events.
+func twoRegisteredGPUs(t *testing.T) (node *fakenvml.Node, path, trace string, e *exporter) {
+	t.Helper()
+	node = fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	path = filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	trace = filepath.Join(t.TempDir(), "trace")
+	e = startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
+	}, "both GPUs registered")
+	return node, path, trace, e
+}
+
 // A set that breaks (a GPU registered on it falls off the bus) is replaced
 // by a new one created before the old one is closed, and what the old one
 // still holds is read: XIDs of the healthy GPUs raised while the new set is
@@ -262,14 +335,7 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the exporter binary")
 	}
-	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
-	path := filepath.Join(t.TempDir(), "node.conf")
-	writeNode(t, node, path)
-	trace := filepath.Join(t.TempDir(), "trace")
-	e := startExporterEnv(t, fakenvml.Full, path, []string{fakenvml.EnvTrace + "=" + trace})
-	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
-		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1
-	}, "both GPUs registered")
+	node, path, trace, e := twoRegisteredGPUs(t)
 	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
 
 	// GPU 1 falls off the bus; creating the next set takes 3 s.
@@ -296,6 +362,80 @@ func TestRealBinaryKeepsXIDsAcrossSetRecreation(t *testing.T) {
 		if strings.HasPrefix(l, "event-lost ") {
 			t.Errorf("the driver dropped an event for want of a registered set: %s", l)
 		}
+	}
+}
+
+// A GPU lost from the bus cannot be registered on the next event set, nor
+// tell its UUID: its gpu_xid_events_registered series says 0 under the
+// identity it had, so that it still joins gpu_info (which keeps it too).
+func TestRealBinaryKeepsALostGPUsIdentityInItsRegistration(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node, path, _, e := twoRegisteredGPUs(t)
+	uuid := node.GPUs[1].UUID
+	node.GPUs[1].Lost = true
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		v, ok := sample(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"})
+		return ok && v == 0
+	}, "GPU 1 not registered")
+	for _, m := range f["gpu_xid_events_registered"].GetMetric() {
+		labels := labelMap(m)
+		if labels["gpu"] == "1" && labels["uuid"] != uuid {
+			t.Errorf("gpu_xid_events_registered of the lost GPU has uuid %q, want %q", labels["uuid"], uuid)
+		}
+	}
+	if _, ok := sample(f, "gpu_info", map[string]string{"gpu": "1", "uuid": uuid}); !ok {
+		t.Errorf("gpu_info of the lost GPU lost its uuid %s", uuid)
+	}
+}
+
+// A set replaced during an XID storm counts every XID once: GPU 1 falls
+// off the bus (breaking the set) as GPU 0 starts raising XID 13 at 1 kHz,
+// and the next set takes 200 ms to create. What the old set received
+// before the new one is registered is read from the old one; nothing
+// reaches the page twice (an XID raised while both sets are registered is
+// delivered to both).
+func TestRealBinaryCountsEachXIDOnceAcrossSetRecreation(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	const raised = 2000
+	node, path, trace, e := twoRegisteredGPUs(t)
+	creates := countCalls(traceLines(t, trace), "nvmlEventSetCreate")
+
+	node.GPUs[1].Lost = true
+	node.Blocks = map[string]time.Duration{"nvmlEventSetCreate": 200 * time.Millisecond}
+	node.Bursts = []fakenvml.Burst{{GPU: 0, Type: nvml.EventTypeXidCriticalError, Data: 13, Count: raised, Every: time.Millisecond}}
+	writeNode(t, node, path)
+	count := func(f map[string]*dto.MetricFamily) float64 {
+		return value(f, "gpu_xid_errors_total", map[string]string{"gpu": "0", "xid": "13"})
+	}
+	// Wait until the count holds still for two samples: every XID raised
+	// has been read, from one set or the other.
+	var last, n float64 = -1, 0
+	stable := 0
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		ts := value(f, "gpu_exporter_last_sample_timestamp_seconds", nil)
+		if ts == last {
+			return false
+		}
+		last = ts
+		if c := count(f); c >= raised && c == n {
+			stable++
+		} else {
+			n, stable = c, 0
+		}
+		return stable >= 2
+	}, "every XID of the storm counted, and the count holding still")
+	if n != raised {
+		t.Errorf("gpu_xid_errors_total{gpu=0,xid=13} = %v for %d XIDs raised", n, raised)
+	}
+	if countCalls(traceLines(t, trace), "nvmlEventSetCreate") == creates {
+		t.Error("the broken set was never replaced")
 	}
 }
 
@@ -426,6 +566,39 @@ func TestRealBinaryDriverWideStall(t *testing.T) {
 	stall()
 	e.waitFor(allDown, "every GPU down again")
 	e.stop()
+}
+
+// SIGTERM with one GPU hung in the driver: the exporter exits at once
+// (code 0), without nvmlShutdown under the hung call, and says in its log
+// that it abandoned calls blocked in the driver, naming the GPU.
+func TestRealBinaryLogsAbandonedCallsAtExit(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node, path, trace, e := twoRegisteredGPUs(t)
+	node.GPUs[1].Blocks = map[string]time.Duration{"all": fakenvml.Forever}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_up", map[string]string{"gpu": "1", "gpu_instance": ""}) == 0
+	}, "GPU 1 down, its calls hung")
+	e.stop() // fails the test unless it exits with 0 within 20 s
+	found := false
+	for _, line := range strings.Split(e.stderr.String(), "\n") {
+		var l struct {
+			Level, Message string
+			GPUs           []int
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Level == "warn" && strings.Contains(l.Message, "abandoned") && slices.Contains(l.GPUs, 1) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no warning that calls blocked in the driver on GPU 1 were abandoned:\n%s", e.stderr.String())
+	}
+	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
+		t.Errorf("nvmlShutdown called %d times under a hung call, want none", n)
+	}
 }
 
 // migUUIDs lists every MIG UUID the page names, in any family.
@@ -566,5 +739,80 @@ func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
 	}
 	if n := countCalls(traceLines(t, trace), "nvmlShutdown"); n != 0 {
 		t.Errorf("nvmlShutdown called %d times, want none", n)
+	}
+}
+
+// A MIG device's XID count belongs to that device: once its GPU instance
+// is destroyed and another created under the same GPU and compute instance
+// IDs (a new UUID, another profile, another tenant), the old count leaves
+// the page with its device and is not the new device's; the new device
+// counts its own.
+func TestRealBinaryKeepsMIGXIDCountsWithTheirDevice(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs the exporter binary")
+	}
+	node := fakenvml.NewNode(gpus.H100_SXM5_80GB, 2, fakenvml.Full)
+	g := &node.GPUs[1]
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_3_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "node.conf")
+	writeNode(t, node, path)
+	e := startExporter(t, fakenvml.Full, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_xid_events_registered", map[string]string{"gpu": "1"}) == 1 && len(migUUIDs(f)) == 1
+	}, "GPU 1 registered for events, its MIG device on the page")
+	gi, ci := g.MIG.Devices[0].GPUInstance, g.MIG.Devices[0].ComputeInstance
+	xidOn := func(code uint64) fakenvml.Event {
+		return fakenvml.Event{GPU: 1, Type: nvml.EventTypeXidCriticalError, Data: code,
+			GPUInstance: fakenvml.Ptr(uint32(gi)), ComputeInstance: fakenvml.Ptr(uint32(ci))}
+	}
+	at := map[string]string{"gpu": "1", "gpu_instance": fmt.Sprint(gi), "compute_instance": fmt.Sprint(ci)}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{k: v}
+		for a, b := range at {
+			m[a] = b
+		}
+		return m
+	}
+	node.Events = []fakenvml.Event{xidOn(13)}
+	writeNode(t, node, path)
+	e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_mig_xid_errors_total", with("xid", "13")) == 1
+	}, "XID 13 counted on the 3g.40gb")
+
+	old := g.MIG.Devices[0].UUID
+	if err := g.RemoveGPUInstance(gi); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 1); err != nil {
+		t.Fatal(err)
+	}
+	d := g.MIG.Devices[0]
+	if d.GPUInstance != gi || d.ComputeInstance != ci || d.UUID == old {
+		t.Fatalf("the new instance is GI %d CI %d %s; the test needs the old IDs and a new UUID", d.GPUInstance, d.ComputeInstance, d.UUID)
+	}
+	writeNode(t, node, path)
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUUIDs(f)[d.UUID] }, "the new 2g.20gb on the page")
+	if v, ok := sample(f, "gpu_mig_xid_errors_total", with("xid", "13")); ok {
+		t.Errorf("the destroyed 3g.40gb's XID 13 (%v) is served under the new 2g.20gb's IDs", v)
+	}
+	node.Events = append(node.Events, xidOn(43))
+	writeNode(t, node, path)
+	f = e.waitFor(func(f map[string]*dto.MetricFamily) bool {
+		return value(f, "gpu_mig_xid_errors_total", with("xid", "43")) == 1
+	}, "XID 43 counted on the 2g.20gb")
+	for _, m := range f["gpu_mig_xid_errors_total"].GetMetric() {
+		labels := labelMap(m)
+		if labels["xid"] == "13" {
+			t.Errorf("XID 13 of the destroyed instance still served: %v", labels)
+		}
+		if labels["xid"] == "43" && labels["mig_uuid"] != d.UUID {
+			t.Errorf("XID 43 served with mig_uuid %q, want the new device's %s", labels["mig_uuid"], d.UUID)
+		}
+	}
+	if v := value(f, "gpu_xid_errors_total", map[string]string{"gpu": "1", "xid": "13"}); v != 1 {
+		t.Errorf("the GPU's XID 13 count = %v, want 1: it stays with the GPU", v)
 	}
 }

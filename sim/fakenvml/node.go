@@ -49,6 +49,13 @@ type Node struct {
 	// type at that moment gets a copy, in order; with no such set an event
 	// is lost, as on a real driver.
 	Events []Event
+	// Bursts are storms of one event (at most 8): each falls due at its
+	// rate from when the library first reads it, and every
+	// nvmlEventSetWait delivers the next one due to every set registered
+	// for its GPU and type then. A burst arrives no faster than the process
+	// waits, so which sets get each event depends on the order of the
+	// process's calls only, not on the machine's load.
+	Bursts []Burst
 	// Returns forces the answer of a function that takes no device
 	// (e.g. "nvmlInit_v2": nvml.ERROR_DRIVER_NOT_LOADED).
 	Returns map[string]nvml.Return
@@ -74,6 +81,15 @@ type Event struct {
 	// GPUInstance and ComputeInstance locate an XID inside a MIG GPU; nil
 	// reports 0xFFFFFFFF, as for a whole GPU.
 	GPUInstance, ComputeInstance *uint32
+}
+
+// Burst is Count events of one kind on one GPU, one every Every.
+type Burst struct {
+	GPU   int
+	Type  uint64 // nvml.EventTypeXidCriticalError, ...
+	Data  uint64 // the XID
+	Count int
+	Every time.Duration
 }
 
 // Memory is framebuffer memory in bytes. Used excludes Reserved (as
@@ -145,7 +161,8 @@ type GPU struct {
 	ClockEventReasons          *uint64
 	SupportedClockEventReasons *uint64
 	NUMANode                   *int
-	// SupportedEvents defaults to XID, single and double bit ECC.
+	// SupportedEvents defaults to XID, and single and double bit ECC where
+	// ECC is enabled.
 	SupportedEvents *uint64
 	MIG             *MIG
 	// Lost makes every call on the GPU answer GPU_IS_LOST.
@@ -276,6 +293,12 @@ func (n *Node) Encode() ([]byte, error) {
 			s += fmt.Sprintf(" %d %d", *e.GPUInstance, ci)
 		}
 		m.set(fmt.Sprintf("event.%d", i), s)
+	}
+	if len(n.Bursts) > 8 {
+		return nil, fmt.Errorf("fakenvml: %d bursts, the library holds at most 8", len(n.Bursts))
+	}
+	for i, b := range n.Bursts {
+		m.set(fmt.Sprintf("burst.%d", i), fmt.Sprintf("%d %d %d %d %d", b.GPU, b.Type, b.Data, b.Count, max(1, b.Every.Microseconds())))
 	}
 	for i := range n.GPUs {
 		if err := n.GPUs[i].encode(m, fmt.Sprintf("gpu.%d.", i)); err != nil {

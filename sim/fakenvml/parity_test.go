@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
@@ -473,7 +474,7 @@ func TestParitySimulatorAndFakeDriver(t *testing.T) {
 	defer sim.Close()
 	node := nodeFromSim(t, sim)
 
-	full, _ := collector.ProfileGroups(collector.ProfileFull) // the binary runs with --collector.profile=full
+	full, _ := render.ProfileGroups(render.ProfileFull) // the binary runs with --collector.profile=full
 	n, err := collector.Assemble(collector.NodeConfig{Log: zerolog.Nop(), Now: clk.Now, Stepped: true,
 		Exporter: collector.Config{Interval: 5 * time.Second, Groups: full},
 		Sampler:  nvmlsampler.SamplerConfig{DeviceTimeout: 5 * time.Second}}, collector.Sources{NVML: sim})

@@ -15,8 +15,14 @@ import (
 // board feature an SXM data-centre GPU has, and MIG disabled. index numbers
 // its UUID, bus ID and minor. MIG profiles, names and placements come from
 // the MIG geometry table (miggeometry), not from go-nvml's mock nor from the
-// exporter's own naming: a model the table does not list has no MIG.
+// exporter's own naming: a model the table does not list has no MIG. A
+// model the table lists has the framebuffer and PCI device ID NVML reports
+// on that board.
 func FromModel(cfg gpus.Config, index int) GPU {
+	geo, mig := miggeometry.ByNVMLName(cfg.Name)
+	if mig {
+		cfg.MemoryMB, cfg.PciDeviceId = geo.MemoryMiB, geo.PCIDeviceID
+	}
 	total := cfg.MemoryMB << 20
 	reserved := uint64(512 << 20)
 	g := GPU{
@@ -57,7 +63,7 @@ func FromModel(cfg gpus.Config, index int) GPU {
 			nvml.NVLINK_ERROR_DL_REPLAY: 0, nvml.NVLINK_ERROR_DL_RECOVERY: 0, nvml.NVLINK_ERROR_DL_CRC_FLIT: 0, nvml.NVLINK_ERROR_DL_CRC_DATA: 0,
 		}})
 	}
-	if geo, ok := miggeometry.ByNVMLName(cfg.Name); ok {
+	if mig {
 		g.MIG = migFromGeometry(geo)
 	}
 	return g
@@ -82,8 +88,11 @@ func migFromGeometry(geo *miggeometry.Model) *MIG {
 // AddGPUInstance enables MIG and creates a GPU instance of the profile at
 // its first free placement, with computeInstances compute instances of
 // equal size (slices/computeInstances each, e.g. two 1c.3g.40gb in a
-// 3g.40gb; one MIG device each). It fails as the driver does
-// when no placement is free or the profile's instance limit is reached.
+// 3g.40gb; one MIG device each). With computeInstances 0 the GPU instance
+// stands alone (nvidia-smi mig -cgi without -C): it holds its placement,
+// and with no compute instance there is no MIG device to list. It fails as
+// the driver does when no placement is free or the profile's instance
+// limit is reached.
 func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, error) {
 	if g.MIG == nil {
 		return nil, fmt.Errorf("%s does not support MIG", g.Name)
@@ -92,7 +101,7 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 	if !ok {
 		return nil, fmt.Errorf("%s has no MIG profile index %d", g.Name, profileIndex)
 	}
-	if computeInstances < 1 || computeInstances > int(p.Info.SliceCount) {
+	if computeInstances < 0 || computeInstances > int(p.Info.SliceCount) {
 		return nil, fmt.Errorf("%d compute instances do not fit %d slices", computeInstances, p.Info.SliceCount)
 	}
 	g.MIG.Enabled = true
@@ -132,7 +141,7 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 		id++
 	}
 	gi := GPUInstance{ID: id, ProfileID: p.Info.Id, Placement: *place, ComputeProfiles: map[int]ComputeInstanceProfile{}}
-	per := p.Info.SliceCount / uint32(computeInstances)
+	per := p.Info.SliceCount / uint32(max(1, computeInstances))
 	ciIndex := map[uint32]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
 		3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}[per]
 	ciName := fmt.Sprintf("%dc.%s", per, p.Name)
@@ -140,8 +149,8 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 		ciName = p.Name
 	}
 	gi.ComputeProfiles[ciIndex] = ComputeInstanceProfile{Name: ciName, Info: nvml.ComputeInstanceProfileInfo{
-		Id: uint32(ciIndex), SliceCount: per, InstanceCount: uint32(computeInstances),
-		MultiprocessorCount: p.Info.MultiprocessorCount / uint32(computeInstances), SharedCopyEngineCount: p.Info.CopyEngineCount,
+		Id: uint32(ciIndex), SliceCount: per, InstanceCount: uint32(max(1, computeInstances)),
+		MultiprocessorCount: p.Info.MultiprocessorCount / uint32(max(1, computeInstances)), SharedCopyEngineCount: p.Info.CopyEngineCount,
 	}}
 	memTotal := p.Info.MemorySizeMB << 20
 	for c := 0; c < computeInstances; c++ {

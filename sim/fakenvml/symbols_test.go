@@ -35,3 +35,18 @@ func TestSymbolTableMatchesBranchHeaders(t *testing.T) {
 		}
 	}
 }
+
+// The future branch has dropped what the newest nvml.h deprecates: every
+// function the exporter calls is there unless symbols.go marks it
+// deprecated (and so probes it), and each one marked is gone.
+func TestSymbolTableMarksWhatTheFutureBranchDrops(t *testing.T) {
+	syms, err := fakenvml.BranchSymbols(fakenvml.Future)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range nvmlsampler.Symbols {
+		if want := s.Deprecated == 0; syms[s.Name] != want {
+			t.Errorf("%s in the future branch: %v, but symbols.go says deprecated since R%d", s.Name, syms[s.Name], s.Deprecated)
+		}
+	}
+}

@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
 )
 
 func TestDefaultScenario(t *testing.T) {
@@ -379,6 +382,43 @@ pods:
 			cg, _ := os.ReadFile(filepath.Join(root, fmt.Sprint(server.Pid), "cgroup"))
 			if !strings.Contains(string(stat), "(nvidia-cuda-mps)") || !strings.Contains(string(cg), containerID(sc.Seed, mpsDaemonNamespace, mpsDaemonPod, mpsDaemonContainer)) {
 				t.Errorf("MPS server in /proc: stat %q, cgroup %q", stat, cg)
+			}
+		})
+	}
+}
+
+// TestEveryGeometryModelSimulates: every board of the MIG geometry table
+// can be named in a scenario and reports what the table records for it:
+// the name NVML gives it, its framebuffer and PCI device ID, and its MIG
+// instances' memory.
+func TestEveryGeometryModelSimulates(t *testing.T) {
+	for _, m := range miggeometry.All() {
+		t.Run(m.Model, func(t *testing.T) {
+			p := m.Profiles[0]
+			sc, err := ParseScenario("m.yaml", []byte(fmt.Sprintf("node: {model: %s, count: 1}\ngpus: [{index: 0, mig: [{profile: %q}]}]\n", m.Model, p.Name)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := New(sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := n.Devices()[0]
+			if name, _ := d.GetName(); !slices.Contains(m.NVMLNames, name) {
+				t.Errorf("name %q; table: %v", name, m.NVMLNames)
+			}
+			if mem, _ := d.GetMemoryInfo(); mem.Total != m.MemoryMiB<<20 {
+				t.Errorf("memory %d MiB; table: %d MiB", mem.Total>>20, m.MemoryMiB)
+			}
+			if pci, _ := d.GetPciInfo(); pci.PciDeviceId != m.PCIDeviceID {
+				t.Errorf("PCI device ID %#x; table: %#x", pci.PciDeviceId, m.PCIDeviceID)
+			}
+			migs := d.MIG()
+			if len(migs) != 1 {
+				t.Fatalf("%d MIG devices, want 1", len(migs))
+			}
+			if mem, _ := migs[0].GetMemoryInfo(); mem.Total != p.MemoryMiB<<20 {
+				t.Errorf("%s: %d MiB; table: %d MiB", p.Name, mem.Total>>20, p.MemoryMiB)
 			}
 		})
 	}

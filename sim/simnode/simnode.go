@@ -24,47 +24,72 @@ import (
 )
 
 // models are the GPU models a scenario can name: go-nvml's mock catalogue
-// supplies the board (name, memory, architecture, PCI device ID); MIG
-// geometry comes from the MIG geometry table alone (modelGeometry).
+// supplies the board (name, architecture, PCI device ID) or one of its
+// architecture stands in for a board it lacks (derived); memory, MIG
+// geometry and a derived board's name and PCI device ID come from the MIG
+// geometry table alone (modelGeometry).
 var models = map[string]gpus.Config{
-	"A100-SXM4-40GB":  gpus.A100_SXM4_40GB,
-	"A100-SXM4-80GB":  gpus.A100_SXM4_80GB,
-	"A100-PCIE-40GB":  gpus.A100_PCIE_40GB,
-	"A100-PCIE-80GB":  gpus.A100_PCIE_80GB,
-	"A30-PCIE-24GB":   gpus.A30_PCIE_24GB,
-	"H100-SXM5-80GB":  gpus.H100_SXM5_80GB,
-	"H100-PCIE-80GB":  board(gpus.H100_SXM5_80GB, "H100-PCIE-80GB", 0x233110DE),
-	"H100-NVL-94GB":   board(gpus.H100_SXM5_80GB, "H100-NVL-94GB", 0x232110DE),
-	"GH200-96GB":      board(gpus.H100_SXM5_80GB, "GH200-96GB", 0x234210DE),
-	"H200-SXM5-141GB": gpus.H200_SXM5_141GB,
-	"H200-NVL-141GB":  board(gpus.H200_SXM5_141GB, "H200-NVL-141GB", 0x233B10DE),
-	"B200-SXM5-180GB": gpus.B200_SXM5_180GB,
-	"H20-96GB":        board(gpus.H100_SXM5_80GB, "H20-96GB", 0x232910DE),
-	"GB200-186GB":     board(gpus.B200_SXM5_180GB, "GB200-186GB", 0x294110DE),
-	// A Blackwell workstation-class board (GB202, compute capability 12.0)
-	// with MIG: four slices, graphics (+gfx) and media-engine variants.
-	"RTX-PRO-6000-BSE-96GB": func() gpus.Config {
-		c := board(gpus.B200_SXM5_180GB, "RTX-PRO-6000-BSE-96GB", 0x2BB510DE)
-		c.CudaMajor, c.CudaMinor = 12, 0
-		return c
-	}(),
+	"A100-SXM4-40GB":  catalogue(gpus.A100_SXM4_40GB),
+	"A100-SXM4-80GB":  catalogue(gpus.A100_SXM4_80GB),
+	"A100-PCIE-40GB":  catalogue(gpus.A100_PCIE_40GB),
+	"A100-PCIE-80GB":  catalogue(gpus.A100_PCIE_80GB),
+	"A30-PCIE-24GB":   catalogue(gpus.A30_PCIE_24GB),
+	"H100-SXM5-80GB":  catalogue(gpus.H100_SXM5_80GB),
+	"H100-PCIE-80GB":  derived(gpus.H100_SXM5_80GB, "H100-PCIE-80GB"),
+	"H100-NVL-94GB":   derived(gpus.H100_SXM5_80GB, "H100-NVL-94GB"),
+	"H100-SXM5-94GB":  derived(gpus.H100_SXM5_80GB, "H100-SXM5-94GB"),
+	"GH200-96GB":      derived(gpus.H100_SXM5_80GB, "GH200-96GB"),
+	"GH200-144GB":     derived(gpus.H200_SXM5_141GB, "GH200-144GB"),
+	"H200-SXM5-141GB": catalogue(gpus.H200_SXM5_141GB),
+	"H200-NVL-141GB":  derived(gpus.H200_SXM5_141GB, "H200-NVL-141GB"),
+	"B200-SXM5-180GB": catalogue(gpus.B200_SXM5_180GB),
+	"H20-96GB":        derived(gpus.H100_SXM5_80GB, "H20-96GB"),
+	"GB200-186GB":     derived(gpus.B200_SXM5_180GB, "GB200-186GB"),
+	// Blackwell Ultra: compute capability 10.3.
+	"B300-SXM6-288GB": capability(derived(gpus.B200_SXM5_180GB, "B300-SXM6-288GB"), 10, 3),
+	"GB300-288GB":     capability(derived(gpus.B200_SXM5_180GB, "GB300-288GB"), 10, 3),
+	// Blackwell workstation-class boards (GB202, GB203; compute capability
+	// 12.0) with MIG: graphics (+gfx) and media-engine variants.
+	"RTX-PRO-6000-BSE-96GB": capability(derived(gpus.B200_SXM5_180GB, "RTX-PRO-6000-BSE-96GB"), 12, 0),
+	"RTX-PRO-5000-48GB":     capability(derived(gpus.B200_SXM5_180GB, "RTX-PRO-5000-48GB"), 12, 0),
+	"RTX-PRO-4500-32GB":     capability(derived(gpus.B200_SXM5_180GB, "RTX-PRO-4500-32GB"), 12, 0),
 	// An inference board of the Ada generation: GDDR6 (no HBM temperature
 	// field), PCIe only (no NVLink), no MIG.
 	"L4-24GB": {Name: "NVIDIA L4", Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA,
 		MemoryMB: 23034, CudaMajor: 8, CudaMinor: 9, PciDeviceId: 0x27B810DE},
 }
 
-// board derives a model go-nvml's catalogue lacks from one of the same
-// architecture: the name and memory are the geometry table's.
-func board(base gpus.Config, model string, pciDeviceID uint32) gpus.Config {
+// catalogue is a board of go-nvml's mock catalogue with the framebuffer and
+// PCI device ID the geometry table records for it (what NVML reports on the
+// board, where the catalogue has round figures and, for H200 and B200,
+// other device IDs).
+func catalogue(c gpus.Config) gpus.Config {
+	geo, ok := miggeometry.ByNVMLName(c.Name)
+	if !ok {
+		panic("simnode: " + c.Name + " is not in the MIG geometry table")
+	}
+	c.MemoryMB = geo.MemoryMiB
+	c.PciDeviceId = geo.PCIDeviceID
+	return c
+}
+
+// derived is a board go-nvml's catalogue lacks, built from one of the same
+// architecture: name, framebuffer and PCI device ID are the geometry table's.
+func derived(base gpus.Config, model string) gpus.Config {
 	geo, ok := miggeometry.ByModel(model)
 	if !ok {
 		panic("simnode: model " + model + " is not in the MIG geometry table")
 	}
 	base.Name = geo.NVMLNames[0]
 	base.MemoryMB = geo.MemoryMiB
-	base.PciDeviceId = pciDeviceID
+	base.PciDeviceId = geo.PCIDeviceID
 	return base
+}
+
+// capability sets a board's CUDA compute capability.
+func capability(c gpus.Config, major, minor int) gpus.Config {
+	c.CudaMajor, c.CudaMinor = major, minor
+	return c
 }
 
 // modelGeometry is the MIG geometry of a board; nil for a board without MIG.
@@ -636,8 +661,23 @@ func (d *Device) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	if ret := d.enter(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
+	return d.temperature(), nvml.SUCCESS
+}
+
+// GetTemperatureV1 implements nvmlsampler.Device: nvmlDeviceGetTemperatureV
+// (R570+) for the GPU's sensor.
+func (d *Device) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	d.node.require("nvmlDeviceGetTemperatureV")
+	if ret := d.enter(); ret != nvml.SUCCESS {
+		return nvml.Temperature{}, ret
+	}
+	return nvml.Temperature{SensorType: uint32(nvml.TEMPERATURE_GPU), Temperature: int32(d.temperature())}, nvml.SUCCESS
+}
+
+// temperature is the die's temperature, warmer with work.
+func (d *Device) temperature() uint32 {
 	t := d.node.elapsed()
-	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("temp"), t))), nvml.SUCCESS
+	return uint32(math.Round(31 + 45*d.utilAt(t) + 2*d.node.Scenario.noise(d.key("temp"), t)))
 }
 
 // memoryTemperature is the HBM temperature: a few degrees under the die's
@@ -877,6 +917,13 @@ func (m *MIGDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 func (m *MIGDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
 	m.count()
 	return 0, nvml.ERROR_NOT_SUPPORTED
+}
+
+// GetTemperatureV1 implements nvmlsampler.Device: per board only.
+func (m *MIGDevice) GetTemperatureV1() (nvml.Temperature, nvml.Return) {
+	m.parent.node.require("nvmlDeviceGetTemperatureV")
+	m.count()
+	return nvml.Temperature{}, nvml.ERROR_NOT_SUPPORTED
 }
 
 // GetPowerUsage implements nvmlsampler.Device: per board only.

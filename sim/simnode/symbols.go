@@ -17,13 +17,14 @@ import (
 // addedIn lists, for the functions this node serves that are newer than
 // R470, the first branch whose nvml.h declares them. Read from NVIDIA's
 // headers in go-nvml's history: "Update nvml.h to v11.4" (R470), "NVML 11.6"
-// (R510), "Bump to NVML version 12.2" (R535), "12.4" (R550); not derived
-// from the exporter's own probe table.
+// (R510), "Bump to NVML version 12.2" (R535), "12.4" (R550), "12.8" (R570);
+// not derived from the exporter's own probe table.
 var addedIn = map[string]int{
 	"nvmlDeviceGetMemoryInfo_v2":             510,
 	"nvmlDeviceGetGpuInstanceProfileInfoV":   510,
 	"nvmlDeviceGetCurrentClocksEventReasons": 535,
 	"nvmlDeviceGetNumaNodeId":                550,
+	"nvmlDeviceGetTemperatureV":              570,
 }
 
 // driverBranches are the branches a scenario may name (node.driverBranch).

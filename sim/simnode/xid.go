@@ -76,11 +76,16 @@ func (s *xidSource) Wait(timeout time.Duration) (xid.Event, error) {
 }
 
 // Covered reports every simulated GPU registered: the simulated set never
-// leaves a GPU out.
+// leaves a GPU out. A board without ECC registers for XIDs only, as NVML
+// delivers ECC events only on ECC-enabled devices.
 func (s *xidSource) Covered() []xid.Coverage {
+	types := uint64(nvml.EventTypeXidCriticalError)
+	if !s.n.unsupported("ecc") {
+		types |= nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError
+	}
 	out := make([]xid.Coverage, 0, len(s.n.devices))
 	for _, d := range s.n.devices {
-		out = append(out, xid.Coverage{GPU: d.index, UUID: d.mock.UUID, Registered: true})
+		out = append(out, xid.Coverage{GPU: d.index, UUID: d.mock.UUID, Registered: true, Types: types})
 	}
 	return out
 }

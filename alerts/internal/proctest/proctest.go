@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,16 @@ func ExporterBinary(t testing.TB, ctx context.Context, root, dst string) string 
 		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
 	}
 	return dst
+}
+
+// RepoRoot is the repository's top directory.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("no caller information")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // FreeAddr returns a free local TCP address.

@@ -36,7 +36,13 @@
 // Events are raised when the library first sees them in the file (on the
 // next call of any thread): each set registered for the GPU and type at
 // that moment gets its own copy; with no such set the event is lost, as
-// NVML keeps no history.
+// NVML keeps no history. A burst (burst.N) is a storm of one event: from
+// when the library first reads the line, one falls due every interval, and
+// each nvmlEventSetWait delivers the next one due (to every set registered
+// for the GPU and type then) before it looks at its queue. So a burst
+// arrives at most at its rate and no faster than the process waits,
+// whatever the machine's load, and which sets get each event depends only
+// on the order of the process's calls.
 // Which symbols exist is decided at link time by a version script (one per
 // driver branch): a missing symbol is really missing, and dlsym fails.
 #define _GNU_SOURCE
@@ -77,8 +83,17 @@ static char nodePath[4096];
 static struct stat nodeStat;
 static FILE *traceFile;
 static unsigned long long nextEvent; // index of the next event.N to raise
+#define MAX_BURSTS 8
+// burst.N = gpu type data count intervalUs, started when first read.
+static struct {
+    unsigned long long v[5];
+    struct timespec start;
+    unsigned long long sent;
+} bursts[MAX_BURSTS];
+static unsigned nextBurst; // index of the next burst.N to start
 static unsigned long long initGeneration; // driver_generation when nvmlInit succeeded
 static void afterLoad(void);
+static void raiseEvent(const unsigned long long v[5], int n);
 
 static int kvcmp(const void *a, const void *b) {
     return strcmp(((const struct kvent *)a)->key, ((const struct kvent *)b)->key);
@@ -476,6 +491,7 @@ static nvmlReturn_t doInit(void) {
         memset(&nodeStat, 0, sizeof nodeStat);
         if (load(nodePath) != 0) RETURN(NVML_ERROR_DRIVER_NOT_LOADED);
         nextEvent = 0; // events already in the file were raised with no set: lost
+        nextBurst = 0;
         afterLoad();
         const char *t = getenv("FAKENVML_TRACE");
         if (t && *t && !traceFile) traceFile = fopen(t, "a");
@@ -1597,10 +1613,13 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     RETURN(NVML_ERROR_INSUFFICIENT_RESOURCES);
 }
 
-#define DEFAULT_EVENTS (nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError)
-
+// supportedEvents: XIDs, and ECC events where ECC is on (nvml.h,
+// nvmlDeviceRegisterEvents: "ECC events are available only on ECC-enabled
+// devices"), unless supported_events says otherwise.
 static unsigned long long supportedEvents(int gpu) {
-    unsigned long long v = DEFAULT_EVENTS;
+    unsigned long long v = nvmlEventTypeXidCriticalError, mode[2];
+    if (parseList(get("gpu.%d.ecc.mode", gpu), mode, 2) == 2 && mode[0] == NVML_FEATURE_ENABLED)
+        v |= nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError;
     getU64(&v, "gpu.%d.supported_events", gpu);
     return v;
 }
@@ -1641,17 +1660,45 @@ static void afterLoad(void) {
         int n = parseList(get("event.%llu", nextEvent), v, 5);
         if (n < 3) break;
         nextEvent++;
-        int gpu = (int)v[0];
-        int delivered = 0;
-        for (int i = 0; gpu >= 0 && gpu < MAX_GPUS && i < MAX_SETS; i++) {
-            struct nvmlEventSet_st *s = &sets[i];
-            if (!s->used || !(s->mask[gpu] & v[1]) || s->tail - s->head >= MAX_QUEUED) continue;
-            unsigned slot = s->tail++ % MAX_QUEUED;
-            memcpy(s->queue[slot], v, sizeof v);
-            s->queued[slot] = n;
-            delivered = 1;
+        raiseEvent(v, n);
+    }
+    for (; nextBurst < MAX_BURSTS; nextBurst++) {
+        if (parseList(get("burst.%u", nextBurst), bursts[nextBurst].v, 5) != 5) break;
+        clock_gettime(CLOCK_MONOTONIC, &bursts[nextBurst].start);
+        bursts[nextBurst].sent = 0;
+    }
+}
+
+// raiseEvent delivers an event (v: gpu type data [gi ci], n of them given) to
+// every set registered for its GPU and type now; with none it is lost.
+static void raiseEvent(const unsigned long long v[5], int n) {
+    int gpu = (int)v[0];
+    int delivered = 0;
+    for (int i = 0; gpu >= 0 && gpu < MAX_GPUS && i < MAX_SETS; i++) {
+        struct nvmlEventSet_st *s = &sets[i];
+        if (!s->used || !(s->mask[gpu] & v[1]) || s->tail - s->head >= MAX_QUEUED) continue;
+        unsigned slot = s->tail++ % MAX_QUEUED;
+        memcpy(s->queue[slot], v, 5 * sizeof v[0]);
+        s->queued[slot] = n;
+        delivered = 1;
+    }
+    if (!delivered) trace("event-lost", gpu, (int)v[2]);
+}
+
+// burstDue delivers, of each burst, the next event that fell due, if any.
+static void burstDue(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    for (unsigned i = 0; i < nextBurst; i++) {
+        unsigned long long *v = bursts[i].v, every = v[4] ? v[4] : 1;
+        long long us = (long long)(now.tv_sec - bursts[i].start.tv_sec) * 1000000 +
+                       (now.tv_nsec - bursts[i].start.tv_nsec) / 1000;
+        unsigned long long due = us < 0 ? 1 : (unsigned long long)us / every + 1;
+        if (due > v[3]) due = v[3];
+        if (bursts[i].sent < due) {
+            bursts[i].sent++;
+            raiseEvent(v, 3);
         }
-        if (!delivered) trace("event-lost", gpu, (int)v[2]);
     }
 }
 
@@ -1679,6 +1726,7 @@ static nvmlReturn_t waitEvent(const char *fn, nvmlEventSet_t set, nvmlEventData_
         reload();
         if (initCount == 0) RETURN(NVML_ERROR_UNINITIALIZED);
         if (!s->used) RETURN(NVML_ERROR_INVALID_ARGUMENT); // freed under us
+        burstDue();
         if (s->head != s->tail) {
             unsigned slot = s->head++ % MAX_QUEUED;
             unsigned long long *v = s->queue[slot];

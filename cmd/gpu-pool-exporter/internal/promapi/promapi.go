@@ -1,6 +1,6 @@
-// Package promapi is the Prometheus query client of the subcommands that
-// read Prometheus (or Thanos Query, or GKE Managed Prometheus' frontend):
-// their flags (--prometheus, --prometheus.bearer-token-file,
+// Package promapi is the one Prometheus query client of the subcommands
+// that read Prometheus (fleet, recommend, report; Prometheus, Thanos Query
+// or GKE Managed Prometheus' frontend): their flags (--prometheus, --prometheus.bearer-token-file,
 // --tls.insecure-skip-verify, --timeout), client_golang's
 // api/prometheus/v1 client over prometheus/common's HTTP client, and
 // errors that say what to do.
@@ -32,20 +32,22 @@ type Flags struct {
 	Timeout            time.Duration
 }
 
-// AddFlags adds the flags to app.
-func AddFlags(app *kingpin.Application) *Flags {
+// AddFlags adds the flags to app; defaultTimeout is --timeout's default (a
+// week of recordings takes longer to read than an instant's figures).
+func AddFlags(app *kingpin.Application, defaultTimeout string) *Flags {
 	f := &Flags{}
 	app.Flag("prometheus", "Base URL of the Prometheus query API: Prometheus, Thanos Query, GMP's frontend (http[s]://host:port[/prefix]).").Required().StringVar(&f.URL)
 	app.Flag("prometheus.bearer-token-file", "File holding a bearer token sent to Prometheus (read for every query, so a rotated token is used at once).").StringVar(&f.BearerTokenFile)
 	app.Flag("tls.insecure-skip-verify", "Do not verify Prometheus' TLS certificate.").BoolVar(&f.InsecureSkipVerify)
-	app.Flag("timeout", "How long to wait for Prometheus, all queries together.").Default("30s").DurationVar(&f.Timeout)
+	app.Flag("timeout", "How long to wait for Prometheus, all queries together.").Default(defaultTimeout).DurationVar(&f.Timeout)
 	return f
 }
 
 // Client queries one Prometheus.
 type Client struct {
-	api  v1.API
-	base string // the URL for messages, without a password
+	api     v1.API
+	base    string        // the URL for messages, without a password
+	timeout time.Duration // --timeout, for messages
 	// Warnings, when set, gets the warnings Prometheus attaches to an
 	// answer (a partial answer from Thanos, for example), one a line.
 	Warnings io.Writer
@@ -80,7 +82,7 @@ func (f *Flags) NewClient() (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--prometheus=%s: %w", f.URL, err)
 	}
-	return &Client{api: v1.NewAPI(c), base: u.Redacted()}, nil
+	return &Client{api: v1.NewAPI(c), base: u.Redacted(), timeout: f.Timeout}, nil
 }
 
 // Context is ctx bounded by --timeout: all queries of one run together.
@@ -88,10 +90,16 @@ func (f *Flags) Context(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, f.Timeout)
 }
 
-// Vector runs the instant query expr, whose answer must be a vector.
+// Vector runs the instant query expr now; its answer must be a vector.
 func (c *Client) Vector(ctx context.Context, expr string) (model.Vector, error) {
+	return c.VectorAt(ctx, expr, time.Time{})
+}
+
+// VectorAt runs the instant query expr at a time (the zero time is
+// Prometheus' now); its answer must be a vector.
+func (c *Client) VectorAt(ctx context.Context, expr string, at time.Time) (model.Vector, error) {
 	var status int
-	v, warnings, _, err := c.api.Query(context.WithValue(ctx, statusKey{}, &status), expr, time.Time{})
+	v, warnings, _, err := c.api.Query(context.WithValue(ctx, statusKey{}, &status), expr, at)
 	if err != nil {
 		return nil, c.explain(ctx, expr, status, err)
 	}
@@ -112,7 +120,7 @@ func (c *Client) explain(ctx context.Context, expr string, status int, err error
 	var apiErr *v1.Error
 	if !errors.As(err, &apiErr) {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("no answer from Prometheus at %s within --timeout (query %s)", c.base, expr)
+			return fmt.Errorf("no answer from Prometheus at %s within --timeout=%s (query %s): raise --timeout", c.base, c.timeout, expr)
 		}
 		return fmt.Errorf("cannot reach Prometheus at %s: %v (check --prometheus)", c.base, err)
 	}

@@ -1,0 +1,505 @@
+package rightsize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/model"
+)
+
+// The recordings the commands read (alerts/gpu-pool-exporter.rules.yml,
+// node-level group gpu-pool-exporter.recording.node).
+const (
+	RecordShare    = "allocation:gpu_devices:share"
+	RecordBusy     = "allocation:gpu_busy_devices:share"
+	RecordIdle     = "allocation:gpu_idle_devices:share"
+	RecordActivity = "allocation:gpu_activity_ratio:avg1m"
+	RecordMemory   = "allocation:gpu_memory_used_bytes:max1m"
+	RecordModel    = "node:gpu_model:info"
+	RecordAccel    = "node:gpu_accelerator:info"
+)
+
+// Recordings are the recordings the commands read, each after those it
+// reads.
+var Recordings = []string{RecordShare, RecordActivity, RecordMemory, RecordModel, RecordBusy, RecordIdle, RecordAccel}
+
+// RulesHint says which rules record what the commands read.
+const RulesHint = "load alerts/gpu-pool-exporter.rules.yml (sharded: gpu-pool-exporter.shard.rules.yml in every shard, and query where every shard's node-level series are visible, such as Thanos Query)"
+
+// Window is the time range the commands read, (End-Length, End], sampled
+// every Step for the integrals.
+type Window struct {
+	End    time.Time
+	Length time.Duration
+	Step   time.Duration
+}
+
+// Start is the window's start.
+func (w Window) Start() time.Time { return w.End.Add(-w.Length) }
+
+// DefaultStep is the step integrals are sampled at: the rules' one minute,
+// or for windows under 200 minutes the window over 200 (at least a second),
+// so that a short window still has steps to count.
+func DefaultStep(length time.Duration) time.Duration {
+	if length >= 200*time.Minute {
+		return time.Minute
+	}
+	s := (length / 200).Truncate(time.Second)
+	if s < time.Second {
+		s = time.Second
+	}
+	return s
+}
+
+// DeviceKey names a schedulable device: a whole GPU, or a MIG device.
+type DeviceKey struct{ Node, UUID, GPUInstance, ComputeInstance string }
+
+// Holding is one container's hold on one device in the window: one series
+// of allocation:gpu_devices:share, with what the recordings say of it.
+type Holding struct {
+	DeviceKey
+	Namespace, Pod, Container string
+	GPU, MIGProfile, Resource string
+	// Steps is the number of the window's steps at which it was held;
+	// Share, Busy and Idle are its device share summed over those steps,
+	// weighted by activity, and while the exporter judged it idle.
+	Steps, Share, Busy, Idle float64
+	// AtStart and Current: held at the window's first step, and at its end.
+	AtStart, Current         bool
+	PeakMemory               *float64 // bytes
+	P95Activity, MaxActivity *float64
+}
+
+// Node facts from kube-state-metrics' node objects.
+type nodeLabels struct {
+	accelerator string // GKE's accelerator label, else GPU Feature Discovery's product
+	replicas    int    // time-sliced replicas per GPU offered (>1), 0 if none
+	capacity    float64
+}
+
+// Observation is what Prometheus holds of the window: every holding, the
+// cluster's devices and accelerators, owners and prices.
+type Observation struct {
+	Window   Window
+	Holdings []*Holding
+	// KSM says whether kube-state-metrics' pod objects are in Prometheus.
+	KSM    bool
+	Owners *Owners
+	// gpuModel is each GPU's model; nodeModel each node's (the last in
+	// the window), for GPUs no longer served.
+	gpuModel  map[[2]string]string // node, uuid
+	nodeModel map[string]string
+	nodeAccel map[string]string             // nodes with an exporter
+	memory    map[DeviceKey]float64         // gpu_memory_total_bytes at the end (MIG devices by GPU instance, compute instance "")
+	migSizes  map[string]map[string]float64 // model -> profile -> bytes seen
+	modelMem  map[string]float64            // model -> whole-GPU bytes
+	nodes     map[string]nodeLabels
+	// ExporterPrices are the exporters' configured prices of whole GPUs
+	// by model (gpu_price_dollars_per_hour).
+	ExporterPrices map[string]float64
+}
+
+// ErrNoRecordings is returned where the rules are not recorded where the commands query.
+var ErrNoRecordings = errors.New("no recordings of gpu-pool-exporter's rules in Prometheus")
+
+// Querier runs instant queries whose answers are vectors; its errors say
+// what went wrong and what to do (promapi.Client).
+type Querier interface {
+	VectorAt(ctx context.Context, expr string, at time.Time) (model.Vector, error)
+}
+
+// querier runs instant queries at one time.
+type querier struct {
+	api Querier
+	at  time.Time
+}
+
+func (q querier) vector(ctx context.Context, expr string) (model.Vector, error) {
+	return q.vectorAt(ctx, expr, q.at)
+}
+
+func (q querier) vectorAt(ctx context.Context, expr string, at time.Time) (model.Vector, error) {
+	return q.api.VectorAt(ctx, expr, at)
+}
+
+// label reads a label; the holder's namespace is exported_namespace under
+// GKE Managed Prometheus (its own namespace label is the scraped pod's).
+func label(m model.Metric, name string) string {
+	if name == "namespace" {
+		if v, ok := m["exported_namespace"]; ok && v != "" {
+			return string(v)
+		}
+	}
+	return string(m[model.LabelName(name)])
+}
+
+func holdingKey(m model.Metric) [7]string {
+	return [7]string{label(m, "node"), label(m, "namespace"), label(m, "pod"), label(m, "container"), label(m, "uuid"), label(m, "gpu_instance"), label(m, "compute_instance")}
+}
+
+func promDuration(d time.Duration) string { return model.Duration(d).String() }
+
+// Observe reads the window from Prometheus.
+func Observe(ctx context.Context, api Querier, w Window) (*Observation, error) {
+	q := querier{api: api, at: w.End}
+	if err := checkCoverage(ctx, q, w); err != nil {
+		return nil, err
+	}
+	o := &Observation{
+		Window:         w,
+		Owners:         NewOwners(),
+		gpuModel:       map[[2]string]string{},
+		nodeModel:      map[string]string{},
+		nodeAccel:      map[string]string{},
+		memory:         map[DeviceKey]float64{},
+		migSizes:       map[string]map[string]float64{},
+		modelMem:       map[string]float64{},
+		nodes:          map[string]nodeLabels{},
+		ExporterPrices: map[string]float64{},
+	}
+	if err := o.readHoldings(ctx, q); err != nil {
+		return nil, err
+	}
+	if err := o.readDevices(ctx, q); err != nil {
+		return nil, err
+	}
+	if err := o.readKSM(ctx, q); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// checkCoverage fails when the rules are not recorded at all, or not yet
+// at the window's start (a window longer than the data).
+func checkCoverage(ctx context.Context, q querier, w Window) error {
+	probe := "count(" + RecordModel + ")"
+	now, err := q.vector(ctx, probe)
+	if err != nil {
+		return err
+	}
+	if len(now) == 0 {
+		return fmt.Errorf("%w: no series %s at %s; %s", ErrNoRecordings, RecordModel, w.End.UTC().Format(time.RFC3339), RulesHint)
+	}
+	first := w.Start().Add(w.Step)
+	then, err := q.vectorAt(ctx, probe, first)
+	if err != nil {
+		return err
+	}
+	if len(then) == 0 {
+		return &WindowError{Start: w.Start(), Length: w.Length}
+	}
+	return nil
+}
+
+// WindowError is a window that reaches back before the recordings.
+type WindowError struct {
+	Start  time.Time
+	Length time.Duration
+}
+
+func (e *WindowError) Error() string {
+	return fmt.Sprintf("Prometheus holds no recordings of gpu-pool-exporter's rules at %s, where the %s window starts: the window is longer than the data (Prometheus' retention, or the time since the rules were loaded); shorten it", e.Start.UTC().Format(time.RFC3339), promDuration(e.Length))
+}
+
+func (o *Observation) readHoldings(ctx context.Context, q querier) error {
+	w, s := promDuration(o.Window.Length), promDuration(o.Window.Step)
+	sub := "[" + w + ":" + s + "]"
+	byKey := map[[7]string]*Holding{}
+	get := func(m model.Metric) *Holding {
+		k := holdingKey(m)
+		h := byKey[k]
+		if h == nil {
+			h = &Holding{
+				DeviceKey: DeviceKey{Node: k[0], UUID: k[4], GPUInstance: k[5], ComputeInstance: k[6]},
+				Namespace: k[1], Pod: k[2], Container: k[3],
+				GPU: label(m, "gpu"), MIGProfile: label(m, "mig_profile"), Resource: label(m, "resource"),
+			}
+			byKey[k] = h
+		}
+		return h
+	}
+	steps, err := q.vector(ctx, "count_over_time("+RecordShare+sub+")")
+	if err != nil {
+		return err
+	}
+	for _, smp := range steps {
+		get(smp.Metric).Steps = float64(smp.Value)
+	}
+	sums := []struct {
+		expr string
+		set  func(*Holding, float64)
+	}{
+		{"sum_over_time(" + RecordShare + sub + ")", func(h *Holding, v float64) { h.Share = v }},
+		{"sum_over_time(" + RecordBusy + sub + ")", func(h *Holding, v float64) { h.Busy = v }},
+		{"sum_over_time(" + RecordIdle + sub + ")", func(h *Holding, v float64) { h.Idle = v }},
+		{"quantile_over_time(0.95, " + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.P95Activity = &v }},
+		{"max_over_time(" + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.MaxActivity = &v }},
+		{"max_over_time(" + RecordMemory + "[" + w + "])", func(h *Holding, v float64) { h.PeakMemory = &v }},
+		{RecordShare, func(h *Holding, _ float64) { h.Current = true }},
+	}
+	for _, sm := range sums {
+		vec, err := q.vector(ctx, sm.expr)
+		if err != nil {
+			return err
+		}
+		for _, smp := range vec {
+			// Only what was held in the window: an activity or memory
+			// series of a holder whose share is not recorded is not one.
+			if h := byKey[holdingKey(smp.Metric)]; h != nil {
+				sm.set(h, float64(smp.Value))
+			}
+		}
+	}
+	// Held at the first step: not started in the window.
+	atStart, err := q.vectorAt(ctx, RecordShare, o.Window.Start().Add(o.Window.Step))
+	if err != nil {
+		return err
+	}
+	for _, smp := range atStart {
+		if h := byKey[holdingKey(smp.Metric)]; h != nil {
+			h.AtStart = true
+		}
+	}
+	for _, h := range byKey {
+		o.Holdings = append(o.Holdings, h)
+	}
+	sort.Slice(o.Holdings, func(i, j int) bool { return lessHolding(o.Holdings[i], o.Holdings[j]) })
+	return nil
+}
+
+func lessHolding(a, b *Holding) bool {
+	ka := [...]string{a.Namespace, a.Pod, a.Container, a.Node, a.UUID, a.GPUInstance, a.ComputeInstance}
+	kb := [...]string{b.Namespace, b.Pod, b.Container, b.Node, b.UUID, b.GPUInstance, b.ComputeInstance}
+	for i := range ka {
+		if ka[i] != kb[i] {
+			return ka[i] < kb[i]
+		}
+	}
+	return false
+}
+
+// exporter selects the exporter's own series.
+const exporter = `job="gpu-pool-exporter"`
+
+func (o *Observation) readDevices(ctx context.Context, q querier) error {
+	w := promDuration(o.Window.Length)
+	nodeModels, err := q.vector(ctx, "max by (node, model) (last_over_time("+RecordModel+"["+w+"]))")
+	if err != nil {
+		return err
+	}
+	for _, s := range nodeModels {
+		o.nodeModel[label(s.Metric, "node")] = label(s.Metric, "model")
+	}
+	infos, err := q.vector(ctx, "max by (node, uuid, model) (gpu_info{"+exporter+"})")
+	if err != nil {
+		return err
+	}
+	for _, s := range infos {
+		o.gpuModel[[2]string{label(s.Metric, "node"), label(s.Metric, "uuid")}] = label(s.Metric, "model")
+	}
+	mem, err := q.vector(ctx, "max by (node, uuid, gpu_instance, mig_profile) (gpu_memory_total_bytes{"+exporter+"})")
+	if err != nil {
+		return err
+	}
+	for _, s := range mem {
+		node, uuid, gi, profile := label(s.Metric, "node"), label(s.Metric, "uuid"), label(s.Metric, "gpu_instance"), label(s.Metric, "mig_profile")
+		v := float64(s.Value)
+		o.memory[DeviceKey{Node: node, UUID: uuid, GPUInstance: gi}] = v
+		model := o.ModelOf(DeviceKey{Node: node, UUID: uuid})
+		if model == "" {
+			continue
+		}
+		if gi == "" {
+			o.modelMem[model] = math.Max(o.modelMem[model], v)
+		} else if plainProfile.MatchString(profile) {
+			if o.migSizes[model] == nil {
+				o.migSizes[model] = map[string]float64{}
+			}
+			o.migSizes[model][profile] = math.Max(o.migSizes[model][profile], v)
+		}
+	}
+	accels, err := q.vector(ctx, "max by (node, accelerator) ("+RecordAccel+")")
+	if err != nil {
+		return err
+	}
+	for _, s := range accels {
+		o.nodeAccel[label(s.Metric, "node")] = label(s.Metric, "accelerator")
+	}
+	prices, err := q.vector(ctx, "max by (model) (gpu_price_dollars_per_hour{"+exporter+`, gpu_instance=""})`)
+	if err != nil {
+		return err
+	}
+	for _, s := range prices {
+		o.ExporterPrices[label(s.Metric, "model")] = float64(s.Value)
+	}
+	return nil
+}
+
+// ModelOf is a device's GPU model: its GPU's gpu_info, else its node's.
+func (o *Observation) ModelOf(d DeviceKey) string {
+	if m := o.gpuModel[[2]string{d.Node, d.UUID}]; m != "" {
+		return m
+	}
+	return o.nodeModel[d.Node]
+}
+
+// AcceleratorOf is a node's accelerator (node:gpu_accelerator:info, else
+// kube-state-metrics' node labels, else the model).
+func (o *Observation) AcceleratorOf(node, model string) string {
+	if a := o.nodeAccel[node]; a != "" {
+		return a
+	}
+	if a := o.nodes[node].accelerator; a != "" {
+		return a
+	}
+	return model
+}
+
+// Node labels read for sharing offers and accelerators without exporters.
+var nodeLabelNames = []string{
+	"label_cloud_google_com_gke_accelerator",
+	"label_nvidia_com_gpu_product",
+	"label_cloud_google_com_gke_gpu_sharing_strategy",
+	"label_cloud_google_com_gke_max_shared_clients_per_gpu",
+	"label_nvidia_com_gpu_replicas",
+}
+
+func (o *Observation) readKSM(ctx context.Context, q querier) error {
+	present, err := q.vector(ctx, "count(kube_pod_owner)")
+	if err != nil {
+		return err
+	}
+	o.KSM = len(present) > 0
+	nodeLabelsVec, err := q.vector(ctx, "max by (node, "+strings.Join(nodeLabelNames, ", ")+") (kube_node_labels)")
+	if err != nil {
+		return err
+	}
+	for _, s := range nodeLabelsVec {
+		n := nodeLabels{accelerator: label(s.Metric, "label_cloud_google_com_gke_accelerator")}
+		if n.accelerator == "" {
+			n.accelerator = label(s.Metric, "label_nvidia_com_gpu_product")
+		}
+		if label(s.Metric, "label_cloud_google_com_gke_gpu_sharing_strategy") == "time-sharing" {
+			n.replicas, _ = strconv.Atoi(label(s.Metric, "label_cloud_google_com_gke_max_shared_clients_per_gpu"))
+		}
+		if r, err := strconv.Atoi(label(s.Metric, "label_nvidia_com_gpu_replicas")); err == nil && r > n.replicas {
+			n.replicas = r
+		}
+		if n.replicas < 2 {
+			n.replicas = 0
+		}
+		o.nodes[label(s.Metric, "node")] = n
+	}
+	capacity, err := q.vector(ctx, `max by (node) (kube_node_status_capacity{resource="nvidia_com_gpu"})`)
+	if err != nil {
+		return err
+	}
+	for _, s := range capacity {
+		n := o.nodes[label(s.Metric, "node")]
+		n.capacity = float64(s.Value)
+		o.nodes[label(s.Metric, "node")] = n
+	}
+	if !o.KSM {
+		return nil
+	}
+	return o.readOwners(ctx, q)
+}
+
+// podsPerQuery bounds the pod names one owner query matches by regular
+// expression.
+const podsPerQuery = 200
+
+// readOwners reads the owners and labels of the pods that held a device,
+// their last value in the window (a pod gone since keeps its owner).
+func (o *Observation) readOwners(ctx context.Context, q querier) error {
+	w := promDuration(o.Window.Length)
+	pods := map[string]bool{}
+	for _, h := range o.Holdings {
+		pods[h.Pod] = true
+	}
+	var rsNames, jobNames []string
+	err := forNames(pods, func(re string) error {
+		owners, err := q.vector(ctx, "max by (namespace, pod, owner_kind, owner_name) (last_over_time(kube_pod_owner{pod=~`"+re+"`, owner_is_controller!=\"false\"}["+w+"]))")
+		if err != nil {
+			return err
+		}
+		for _, s := range owners {
+			kind, name := label(s.Metric, "owner_kind"), label(s.Metric, "owner_name")
+			o.Owners.AddPod(label(s.Metric, "namespace"), label(s.Metric, "pod"), kind, name)
+			switch kind {
+			case "ReplicaSet":
+				rsNames = append(rsNames, name)
+			case "Job":
+				jobNames = append(jobNames, name)
+			}
+		}
+		podLabels, err := q.vector(ctx, "last_over_time(kube_pod_labels{pod=~`"+re+"`}["+w+"])")
+		if err != nil {
+			return err
+		}
+		for _, s := range podLabels {
+			for k, v := range s.Metric {
+				if strings.HasPrefix(string(k), "label_") && v != "" {
+					o.Owners.AddPodLabel(label(s.Metric, "namespace"), label(s.Metric, "pod"), string(k), string(v))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := forNames(setOf(rsNames), func(re string) error {
+		vec, err := q.vector(ctx, "max by (namespace, replicaset, owner_kind, owner_name) (last_over_time(kube_replicaset_owner{replicaset=~`"+re+"`}["+w+"]))")
+		for _, s := range vec {
+			o.Owners.AddReplicaSet(label(s.Metric, "namespace"), label(s.Metric, "replicaset"), label(s.Metric, "owner_kind"), label(s.Metric, "owner_name"))
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	return forNames(setOf(jobNames), func(re string) error {
+		vec, err := q.vector(ctx, "max by (namespace, job_name, owner_kind, owner_name) (last_over_time(kube_job_owner{job_name=~`"+re+"`}["+w+"]))")
+		for _, s := range vec {
+			o.Owners.AddJob(label(s.Metric, "namespace"), label(s.Metric, "job_name"), label(s.Metric, "owner_kind"), label(s.Metric, "owner_name"))
+		}
+		return err
+	})
+}
+
+func setOf(names []string) map[string]bool {
+	m := map[string]bool{}
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// forNames calls f with regular expressions matching the names, a bounded
+// number at a time, in a stable order.
+func forNames(names map[string]bool, f func(re string) error) error {
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		if n != "" {
+			sorted = append(sorted, regexp.QuoteMeta(n))
+		}
+	}
+	sort.Strings(sorted)
+	for i := 0; i < len(sorted); i += podsPerQuery {
+		if err := f(strings.Join(sorted[i:min(i+podsPerQuery, len(sorted))], "|")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plainProfile is a GPU instance profile without a variant (+me, +gfx,
+// -me) or a compute-instance prefix (1c.3g.40gb).
+var plainProfile = regexp.MustCompile(`^[0-9]+g\.[0-9]+gb$`)

@@ -1,0 +1,162 @@
+package render
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
+)
+
+var (
+	allocLabels   = []string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "namespace", "pod", "container", "resource"}
+	allocInfoDesc = groupDesc(GroupAllocation, "gpu_allocation_info",
+		"A container holding a GPU or MIG instance, from the kubelet; value 1. A time-sliced GPU has one series per holder.",
+		allocLabels)
+	containerLabels  = []string{"namespace", "pod", "container", "gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance"}
+	containerMemDesc = groupDesc(GroupContainer, "gpu_container_memory_used_bytes",
+		"Framebuffer memory the container uses on the device: the device's used memory when it holds the device alone; on a shared device (time-sliced, MPS, or a compute instance of a GPU instance that holds several) the sum of its own processes' memory from NVML's process lists, 0 when it runs nothing there.",
+		containerLabels)
+	containerUtilDesc = groupDesc(GroupContainer, "gpu_container_utilization_ratio",
+		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
+		append(append([]string(nil), containerLabels...), "source"))
+	containerSMDesc = groupDesc(GroupDCGMDetail, "gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels)
+	outsidePodsDesc = groupDesc(GroupContainer, "gpu_memory_used_outside_pods_bytes",
+		"Framebuffer memory used by processes that run in no pod (host processes, containers of other runtimes) on a shared device (time-sliced, MPS, or used by a pod that does not hold it), from NVML's process lists; only where process accounting is on.",
+		deviceLabels)
+	allocatableDesc = groupDesc(GroupAllocation, "gpu_kubelet_allocatable_devices",
+		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
+		[]string{"resource"})
+	devicesDesc = groupDesc(GroupAllocation, "gpu_devices",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, or a reset pending: rows to remap, pages to retire, a recovery action). free and allocated are absent while the pod map is unknown.",
+		[]string{"state"})
+	healthyDesc = groupDesc(GroupAllocation, "gpu_healthy_devices",
+		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil)
+	allocatableHealthyDesc = groupDesc(GroupAllocation, "gpu_kubelet_allocatable_healthy_devices",
+		"Healthy schedulable devices (as in gpu_healthy_devices) that the kubelet can allocate: replicas of a time-sliced GPU count once. Below gpu_healthy_devices, the device plugin lost devices.",
+		nil)
+	freeIDsDesc = groupDesc(GroupAllocation, "gpu_kubelet_free_devices",
+		"Device IDs of the resource that the kubelet can allocate, that no container holds and whose device is healthy: what the scheduler can still place here (each time-slicing replica counts). Absent while the pod map is unknown.",
+		[]string{"resource"})
+	unmatchedDesc = groupDesc(GroupAllocation, "gpu_kubelet_unmatched_device_ids",
+		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"})
+)
+
+// collectAllocations renders who holds which unit, the units' states, the
+// kubelet's capacity and each container's use of the units it holds.
+func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
+	a := st.Allocations
+	var free, allocated, unhealthy, healthy, allocatableHealthy int
+	for _, u := range st.Units {
+		d, key, ok := u.Device, u.Key, u.Healthy
+		holders := a.ByDevice[key]
+		switch {
+		case !ok:
+			unhealthy++
+		case len(holders) > 0:
+			allocated++
+		default:
+			free++
+		}
+		if ok {
+			healthy++
+			if a.AllocatableUnits[key] {
+				allocatableHealthy++
+			}
+		}
+		lv := labelValues(d)
+		for _, h := range holders {
+			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
+		}
+		if !d.Up {
+			continue
+		}
+		du := st.Usage.Device(key)
+		if du != nil && du.Known && du.Shared {
+			// On a device held alone its holder's series is the device's.
+			ch <- prometheus.MustNewConstMetric(outsidePodsDesc, prometheus.GaugeValue, du.OutsidePods.MemoryBytes, lv...)
+			// Shared: each container's own processes, 0 for a holder running nothing.
+			for i := range du.Containers {
+				cu := &du.Containers[i]
+				cl := []string{cu.Namespace, cu.Pod, cu.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
+				if cu.Use.MemoryKnown {
+					ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, cu.Use.MemoryBytes, cl...)
+				}
+				if v, src, ok := containerActivity(du, d, cu); ok {
+					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+				}
+			}
+			continue
+		}
+		if len(holders) != 1 || a.SharedGPUInstance[key] {
+			// Shared devices without process accounting: per-container use
+			// is unknown, so absent rather than duplicated; a compute
+			// instance's figures are its GPU instance's, not its holder's.
+			continue
+		}
+		h := holders[0]
+		cl := []string{h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4]}
+		if v, ok := d.Values.Get(sample.FieldMemoryUsed); ok {
+			ch <- prometheus.MustNewConstMetric(containerMemDesc, prometheus.GaugeValue, v, cl...)
+		}
+		if v, src, ok := containerActivity(nil, d, nil); ok {
+			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+		}
+		if v, ok := d.Values.Get(sample.FieldSMActive); ok {
+			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
+		}
+	}
+	if a.Known {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+	}
+	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
+	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
+	if a.AllocatableUnits != nil {
+		ch <- prometheus.MustNewConstMetric(allocatableHealthyDesc, prometheus.GaugeValue, float64(allocatableHealthy))
+	}
+	for r, n := range a.Allocatable {
+		ch <- prometheus.MustNewConstMetric(allocatableDesc, prometheus.GaugeValue, float64(n), r)
+	}
+	for r, n := range a.FreeIDs {
+		ch <- prometheus.MustNewConstMetric(freeIDsDesc, prometheus.GaugeValue, float64(n), r)
+	}
+	for r, n := range a.Unmatched {
+		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
+	}
+}
+
+// Sources of gpu_container_utilization_ratio.
+const (
+	sourceDevice    = "device"         // the held whole GPU's NVML busy ratio
+	sourceDCGM      = "dcgm_sm_active" // DCGM SM activity (MIG instances; landing page only)
+	sourceProcesses = "processes"      // the container's own processes (NVML per-process SM utilization)
+)
+
+// containerActivity is gpu_container_utilization_ratio and its source: on
+// a shared unit the container's own processes (absent where NVML has no
+// per-process utilization), on a unit held alone the device's figure.
+func containerActivity(du *state.DeviceUsage, d *sample.DeviceState, cu *state.ContainerUse) (float64, string, bool) {
+	if du != nil && du.Shared {
+		if cu != nil && cu.Use.SMKnown {
+			return cu.Use.SM, sourceProcesses, true
+		}
+		return 0, "", false
+	}
+	if v, ok := d.Values.Get(sample.FieldUtilization); ok {
+		return v, sourceDevice, true
+	}
+	return 0, "", false // MIG instances: see gpu_container_sm_active_ratio
+}
+
+// statusActivity is the landing page's activity of a unit or of a holder
+// with no figure of its own: NVML's busy ratio, or on a MIG instance
+// DCGM's SM activity, with its source.
+func statusActivity(du *state.DeviceUsage, d *sample.DeviceState, cu *state.ContainerUse) (float64, string, bool) {
+	if v, src, ok := containerActivity(du, d, cu); ok || (du != nil && du.Shared) {
+		return v, src, ok
+	}
+	if v, ok := d.Values.Get(sample.FieldSMActive); ok {
+		return v, sourceDCGM, true
+	}
+	return 0, "", false
+}
