@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -336,5 +337,91 @@ func TestOptionsStarIsRefused(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
 		t.Errorf("OPTIONS *: %d, Allow %q; want 405 with Allow: GET, HEAD", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+}
+
+// Wrong passwords, each request from a new address (tens of thousands in
+// a few seconds), keep the bcrypt slots and queue full. A scraper logging
+// in for the first time still gets in within two tries, as Prometheus
+// retries at its scrape interval: from the flood's own /24 as another
+// user, and from another network as the user the flood tries. Tries are
+// counted, not timed.
+func TestFirstLoginBesideWrongPasswordsFromManyAddresses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a flood of bcrypt checks")
+	}
+	var users strings.Builder
+	for _, u := range [][2]string{{"prometheus", "s3cret-scrape"}, {"new-scraper", "new-s3cret"}} {
+		hash, err := bcrypt.GenerateFromPassword([]byte(u[1]), 9) // a check takes tens of ms: the flood fills the queue
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&users, "  %s: %s\n", u[0], hash)
+	}
+	webConfig := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n"+users.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startWithConfig(t, webConfig)
+
+	// Address i of the flood: 250 /16 networks of 127.0.0.0/8, 240
+	// addresses in each /24; no address is used twice (so none has failed,
+	// or been turned away, before).
+	floodAddr := func(i int) string { return fmt.Sprintf("127.%d.%d.%d", 1+i%250, i/250/240%250, 1+i/250%240) }
+	var next, busy atomic.Int64
+	flood := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			ip := floodAddr(int(next.Add(1)))
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+			return d.DialContext(ctx, network, addr)
+		}}}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for w := 0; w < 160; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+r.addr+"/metrics", nil)
+				req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
+				resp, err := flood.Do(req)
+				if err != nil {
+					sleepCtx(ctx, 10*time.Millisecond)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusServiceUnavailable {
+					busy.Add(1)
+				}
+			}
+		}()
+	}
+	waitUntil(t, "the flood to fill the bcrypt queue (503s)", func() bool { return busy.Load() >= 100 })
+
+	for _, tc := range []struct {
+		name, from, user, pass string
+	}{
+		{"the flood's own /24, another user", "127.1.0.200", "new-scraper", "new-s3cret"},
+		{"another network, the flooded user", "127.252.0.1", "prometheus", "s3cret-scrape"},
+	} {
+		const tries = 2
+		var got []int
+		for len(got) < tries {
+			code, _ := get(t, clientFrom(t, tc.from), "http://"+r.addr+"/metrics", tc.user, tc.pass)
+			got = append(got, code)
+			if code == 200 {
+				break
+			}
+			sleepCtx(ctx, time.Second)
+		}
+		if got[len(got)-1] != 200 {
+			t.Errorf("first login from %s (%s) beside wrong passwords from %d addresses (%d answered 503 so far): answers %v to %d tries, want 200 within them",
+				tc.from, tc.name, next.Load(), busy.Load(), got, tries)
+		} else {
+			t.Logf("first login from %s (%s): answers %v", tc.from, tc.name, got)
+		}
 	}
 }
