@@ -11,6 +11,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/alecthomas/units"
 	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 	"github.com/rs/zerolog"
 
@@ -37,8 +38,23 @@ func parseConfig(args []string, stdout, stderr io.Writer) (c *config, code int, 
 			c, code, err = nil, exitOK, nil
 		}
 	}()
+	app, c, tk := exporterFlags(stdout, stderr)
+	if _, err := app.Parse(args); err != nil {
+		return nil, exitUsage, err
+	}
+	c.listen.Addresses, c.listen.SystemdSocket, c.webConfigFile = *tk.WebListenAddresses, *tk.WebSystemdSocket, *tk.WebConfigFile
+	if err := c.check(); err != nil {
+		return nil, exitCode(err), err
+	}
+	return c, exitOK, nil
+}
+
+// exporterFlags is the exporter's command line: the application, the
+// config its flags fill, and exporter-toolkit's flags, which parseConfig
+// copies into the config.
+func exporterFlags(stdout, stderr io.Writer) (*kingpin.Application, *config, *web.FlagConfig) {
 	app := newApp(stdout, stderr)
-	c = &config{}
+	c := &config{}
 	tk := kingpinflag.AddFlags(app, ":"+DefaultPort)
 	app.GetFlag("web.listen-address").IsSetByUser(&c.listenSet)
 	addSamplingFlags(app, c)
@@ -49,14 +65,7 @@ func parseConfig(args []string, stdout, stderr io.Writer) (c *config, code int, 
 	addKubeletFlags(app, c)
 	addCollectorFlags(app, c)
 	addProcsFlags(app, c)
-	if _, err := app.Parse(args); err != nil {
-		return nil, exitUsage, err
-	}
-	c.listen.Addresses, c.listen.SystemdSocket, c.webConfigFile = *tk.WebListenAddresses, *tk.WebSystemdSocket, *tk.WebConfigFile
-	if err := c.check(); err != nil {
-		return nil, exitCode(err), err
-	}
-	return c, exitOK, nil
+	return app, c, tk
 }
 
 // usageText heads --help, exit codes included for whoever scripts around
