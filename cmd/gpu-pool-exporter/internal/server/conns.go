@@ -32,15 +32,36 @@ const (
 // milliseconds; over a slow link a chunk still ends well within this.
 const stallGrace = time.Second
 
+// With basic auth, a connection without credentials gets requestGrace
+// from its accept (or its last request) to have its login checked before a
+// newcomer without credentials may push it out: under a flood of logins at
+// the cap, a scraper's new connection would otherwise go before its
+// request is read, or while its login waits for bcrypt, as the flood's
+// connections come and go around it.
+const requestGrace = time.Second
+
+// A client address whose credentials were accepted within trustFor is
+// trusted: its new connections (at most trustedConns of them open) count as
+// having credentials from their accept, until a login on them is refused,
+// so that a scraper reconnecting during a flood of logins from other
+// addresses is not shed before its first request is read. At most
+// maxTrusted addresses are remembered, the longest unseen forgotten first.
+const (
+	trustFor     = 10 * time.Minute
+	trustedConns = 4
+	maxTrusted   = 256
+)
+
 // Shed order at a cap (the listener's connections, the memory budget): the
 // lowest tier goes first. With basic auth, a connection without accepted
 // credentials goes before any with; a connection serving a request that
 // makes progress is shed only if it has no credentials and basic auth
-// asks for them.
+// asks for them, and within requestGrace only for one with credentials.
 const (
 	tierNoProgress       = iota // no credentials; its writes stall, or its last login was refused
 	tierIdle                    // no credentials; no request being served (TLS handshake, headers, keep-alive)
-	tierUnauthServing           // basic auth is on, no credentials accepted yet; serving a request (a login being checked)
+	tierUnauthServing           // basic auth is on, no credentials accepted yet; a login being checked for requestGrace or more
+	tierUnauthRecent            // the same, within requestGrace: new, or a login being checked
 	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
 	tierAuthedIdle              // credentials accepted on it; no request being served
 	tierServing                 // serving a request that makes progress: never shed
@@ -57,16 +78,17 @@ type tracker struct {
 	used    int64 // bytes charged
 	peak    int64 // most bytes ever charged
 	conns   map[*trackedConn]struct{}
-	byAddr  map[string]int // open connections per client address
-	shed    int64          // connections closed to make room
-	refused int64          // connections and requests refused for want of room
+	byAddr  map[string]int       // open connections per client address
+	trusted map[string]time.Time // client address -> when its credentials were last accepted
+	shed    int64                // connections closed to make room
+	refused int64                // connections and requests refused for want of room
 }
 
 func newTracker(budget int64) *tracker {
 	if budget <= 0 {
 		budget = DefaultMemoryBudget
 	}
-	return &tracker{budget: budget, now: time.Now, conns: map[*trackedConn]struct{}{}, byAddr: map[string]int{}}
+	return &tracker{budget: budget, now: time.Now, conns: map[*trackedConn]struct{}{}, byAddr: map[string]int{}, trusted: map[string]time.Time{}}
 }
 
 // trackerStats are a tracker's figures, for tests.
@@ -132,6 +154,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 			tc.cost += tlsConnBytes
 		}
 		t.mu.Lock()
+		tc.trusted = !l.noAuth && t.trustedLocked(tc.addr, now)
 		ok := t.makeRoomLocked(l, tc.cost, tc, now)
 		if ok {
 			t.conns[tc] = struct{}{}
@@ -179,8 +202,8 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 // none to shed, or it would be one of want's address.
 func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time) bool {
 	limit := tierServing // tiers below it may go
-	if !want.authed {
-		limit = tierAuthedNoProgress
+	if !want.credentialed() {
+		limit = tierUnauthRecent
 	}
 	var victim *trackedConn
 	vtier := limit
@@ -204,6 +227,27 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 	t.shed++
 	go victim.Conn.Close()
 	return true
+}
+
+// trustedLocked: addr's credentials were accepted within trustFor, and it
+// holds fewer than trustedConns connections.
+func (t *tracker) trustedLocked(addr string, now time.Time) bool {
+	at, ok := t.trusted[addr]
+	return ok && now.Sub(at) < trustFor && t.byAddr[addr] < trustedConns
+}
+
+// trustLocked remembers that addr's credentials were accepted now.
+func (t *tracker) trustLocked(addr string, now time.Time) {
+	if _, ok := t.trusted[addr]; !ok && len(t.trusted) >= maxTrusted {
+		oldest := ""
+		for a, at := range t.trusted {
+			if oldest == "" || at.Before(t.trusted[oldest]) {
+				oldest = a
+			}
+		}
+		delete(t.trusted, oldest)
+	}
+	t.trusted[addr] = now
 }
 
 func (t *tracker) removeLocked(c *trackedConn) {
@@ -242,6 +286,7 @@ func (t *tracker) startRequest(c *trackedConn, cost int64, h2 bool) bool {
 	}
 	c.addCostLocked(cost)
 	c.handlers++
+	c.requests++
 	return true
 }
 
@@ -267,8 +312,10 @@ type trackedConn struct {
 	cost     int64     // bytes charged
 	since    time.Time // opened, or last became idle
 	handlers int       // requests being served on it
+	requests int       // requests started on it
 	h2       bool      // HTTP/2 state charged
 	authed   bool      // credentials were accepted on it
+	trusted  bool      // from an address whose credentials were accepted lately (trustedLocked)
 	refused  bool      // its last login was refused
 	released bool      // no longer counted (closed, shed, or half-closed by the server)
 
@@ -299,21 +346,32 @@ func (c *trackedConn) sinceLocked() time.Time {
 	return c.since
 }
 
+// credentialed: c's credentials were accepted, or it comes from a trusted
+// address and no login on it was refused; under l.t.mu.
+func (c *trackedConn) credentialed() bool {
+	return c.authed || (c.trusted && !c.refused)
+}
+
 // tier is c's place in the shed order; under l.t.mu.
 func (c *trackedConn) tier(now time.Time) int {
 	stalled := c.raw.stalled(now) || c.stream.stalled(now)
+	auth := c.l.t.auth.Load() && !c.l.noAuth
+	authed := c.credentialed()
+	recent := now.Sub(c.since) < requestGrace
 	switch {
-	case c.authed && stalled:
+	case authed && stalled:
 		return tierAuthedNoProgress
-	case c.authed && c.handlers == 0:
+	case authed && c.handlers == 0:
 		return tierAuthedIdle
-	case c.authed:
+	case authed:
 		return tierServing
 	case stalled || c.refused:
 		return tierNoProgress
-	case c.handlers == 0:
+	case c.handlers == 0 && (!auth || c.requests > 0 || !recent):
 		return tierIdle
-	case c.l.t.auth.Load() && !c.l.noAuth:
+	case auth && recent:
+		return tierUnauthRecent
+	case auth:
 		return tierUnauthServing
 	}
 	return tierServing
@@ -458,5 +516,8 @@ func markLogin(r *http.Request, accepted bool) {
 	t.mu.Lock()
 	c.refused = !accepted
 	c.authed = c.authed || accepted
+	if accepted {
+		t.trustLocked(c.addr, t.now())
+	}
 	t.mu.Unlock()
 }

@@ -9,22 +9,33 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
-// acceptFrom is a tracker (budget bytes; 0: the default) with one listener
-// capped at limit, accepting in the background, and a dial that connects
-// from a loopback address and returns the accepted connection.
-func acceptFrom(t *testing.T, limit int, budget int64) (*tracker, func(ip string) *trackedConn) {
+// testClock is a tracker's clock that moves only when told.
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) add(d time.Duration) { c.ns.Add(int64(d)) }
+func newTestClock() *testClock           { c := &testClock{}; c.ns.Store(time.Unix(1e9, 0).UnixNano()); return c }
+
+// acceptFrom is a tracker (budget bytes; 0: the default) on a clock that
+// moves only when told, with one listener capped at limit, accepting in
+// the background, and a dial that connects from a loopback address and
+// returns the accepted connection.
+func acceptFrom(t *testing.T, limit int, budget int64) (*tracker, func(ip string) *trackedConn, *testClock) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := newTracker(budget)
+	clock := newTestClock()
+	tr.now = clock.now
 	ll := tr.listen(l, limit, false)
 	t.Cleanup(func() { ll.Close() })
 	accepted := make(chan *trackedConn, 64)
@@ -51,7 +62,7 @@ func acceptFrom(t *testing.T, limit int, budget int64) (*tracker, func(ip string
 			t.Fatal("connection not accepted")
 			return nil
 		}
-	}
+	}, clock
 }
 
 // open: c still counts at its tracker (not shed, not closed).
@@ -158,7 +169,7 @@ func closedByServer(c net.Conn) bool {
 // keep-alive: a flood of wrong passwords from more clients than the cap
 // closes its own connections.
 func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
-	tr, dial := acceptFrom(t, 2, 0)
+	tr, dial, _ := acceptFrom(t, 2, 0)
 	scraper := dial("127.0.0.2") // a keep-alive between scrapes
 	flood := dial("127.0.0.1")
 	tr.startRequest(flood, requestBytes, false) // waiting for its wrong password to be checked
@@ -174,7 +185,7 @@ func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
 // it refuses) leaves the cap and the budget at once, not after the 500 ms
 // net/http then waits before closing: header floods cannot fill the cap.
 func TestHalfClosedConnectionLeavesTheCap(t *testing.T) {
-	tr, dial := acceptFrom(t, 8, 0)
+	tr, dial, _ := acceptFrom(t, 8, 0)
 	c := dial("127.0.0.1")
 	if !open(tr, c) {
 		t.Fatal("accepted connection not counted")
@@ -221,7 +232,7 @@ func TestHalfClosedConnectionLeavesTheCap(t *testing.T) {
 // without credentials; one with credentials goes only to make room for
 // another with credentials.
 func TestShedOrder(t *testing.T) {
-	tr, dial := acceptFrom(t, 0, 0)
+	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
 	scraper := dial("127.0.0.2")
 	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
@@ -230,6 +241,7 @@ func TestShedOrder(t *testing.T) {
 	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), refusedLogin)), false)
 	serving := dial("127.0.0.5")
 	tr.startRequest(serving, requestBytes, false)
+	clock.add(requestGrace) // idle has had its time to send a request
 	shed := func(want *trackedConn) bool {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
@@ -249,11 +261,87 @@ func TestShedOrder(t *testing.T) {
 	}
 }
 
+// With basic auth, a connection without credentials has requestGrace to
+// have its login checked before a newcomer without credentials may push it
+// out: at the cap such a newcomer sheds a login that has waited longer, is
+// refused itself when there is none, and past the grace a connection that
+// sent no request is idle and goes first.
+func TestNewConnectionsGetTimeForTheirLogin(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 3, 0)
+	tr.auth.Store(true)
+	waited := dial("127.0.0.3")
+	tr.startRequest(waited, requestBytes, false) // a wrong password waiting for bcrypt
+	clock.add(requestGrace)
+	scraper := dial("127.0.0.2") // its request not read yet
+	clock.add(10 * time.Millisecond)
+	checking := dial("127.0.0.4")
+	tr.startRequest(checking, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	dial("127.0.0.5") // at the cap: one goes
+	if !open(tr, scraper) || !open(tr, checking) || open(tr, waited) {
+		t.Errorf("at the cap: new connection open %v, recent login open %v, login waiting %s open %v; want only the last shed",
+			open(tr, scraper), open(tr, checking), requestGrace, open(tr, waited))
+	}
+	// Every connection within its grace: a newcomer without credentials is
+	// refused.
+	refused := tr.stats().refused
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.6")}}).Dial("tcp", scraper.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !closedByServer(c) || tr.stats().refused != refused+1 || !open(tr, scraper) {
+		t.Errorf("a newcomer without credentials beside connections within their grace: not refused (scraper open %v)", open(tr, scraper))
+	}
+	// Past the grace without a request, the scraper's connection is idle.
+	clock.add(requestGrace)
+	dial("127.0.0.7")
+	if open(tr, scraper) || !open(tr, checking) {
+		t.Errorf("past the grace with no request: that connection open %v, a login being checked open %v; want the former shed", open(tr, scraper), open(tr, checking))
+	}
+}
+
+// An address whose credentials were accepted lately is trusted: its new
+// connection counts as having credentials, so at a cap full of logins
+// being checked it gets in (a scraper reconnecting during a flood of
+// logins) where another newcomer is refused; a refused login on it ends
+// that, and so does trustFor without an accepted login.
+func TestTrustedAddressReconnects(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 2, 0)
+	tr.auth.Store(true)
+	login := func(c *trackedConn, ok bool) {
+		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), ok)
+	}
+	first := dial("127.0.0.2")
+	login(first, true)
+	first.Close() // the scraper's keep-alive connection ends
+	a := dial("127.0.0.3")
+	tr.startRequest(a, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	b := dial("127.0.0.4")
+	tr.startRequest(b, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	reconnect := dial("127.0.0.2") // at the cap of logins being checked
+	if !open(tr, reconnect) || open(tr, a) || !open(tr, b) {
+		t.Errorf("trusted address's new connection open %v; oldest login being checked open %v (want shed), newer open %v", open(tr, reconnect), open(tr, a), open(tr, b))
+	}
+	login(reconnect, false)
+	dial("127.0.0.5")
+	if open(tr, reconnect) {
+		t.Error("a connection of a trusted address whose login was refused was not shed first")
+	}
+	clock.add(trustFor)
+	b.Close()
+	if c := dial("127.0.0.2"); c.trusted {
+		t.Errorf("an address trusted %s after its last accepted login", trustFor)
+	}
+}
+
 // The memory budget: a request without credentials that finds no room
 // (nothing to shed but the connections of its own address) is refused;
 // one on a connection with credentials is served.
 func TestMemoryBudget(t *testing.T) {
-	tr, dial := acceptFrom(t, 0, 3*connBytes)
+	tr, dial, _ := acceptFrom(t, 0, 3*connBytes)
 	scraper := dial("127.0.0.2")
 	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
 	a, b := dial("127.0.0.3"), dial("127.0.0.3")
