@@ -32,12 +32,12 @@ const (
 // milliseconds; over a slow link a chunk still ends well within this.
 const stallGrace = time.Second
 
-// With basic auth, a connection without credentials gets requestGrace
-// from its accept (or its last request) to have its login checked before a
-// newcomer without credentials may push it out: under a flood of logins at
-// the cap, a scraper's new connection would otherwise go before its
-// request is read, or while its login waits for bcrypt, as the flood's
-// connections come and go around it.
+// With basic auth, a login being checked (a request without accepted
+// credentials) gets requestGrace before a newcomer without credentials
+// may push its connection out; such a newcomer is refused instead. Under a
+// flood of logins at the cap, a scraper's first login would otherwise go
+// while it waits for bcrypt, as the flood's connections come and go
+// around it; the flood's own logins wait up to bcryptWait.
 const requestGrace = time.Second
 
 // A client address whose credentials were accepted within trustFor is
@@ -61,7 +61,7 @@ const (
 	tierNoProgress       = iota // no credentials; its writes stall, or its last login was refused
 	tierIdle                    // no credentials; no request being served (TLS handshake, headers, keep-alive)
 	tierUnauthServing           // basic auth is on, no credentials accepted yet; a login being checked for requestGrace or more
-	tierUnauthRecent            // the same, within requestGrace: new, or a login being checked
+	tierUnauthRecent            // the same, for less than requestGrace
 	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
 	tierAuthedIdle              // credentials accepted on it; no request being served
 	tierServing                 // serving a request that makes progress: never shed
@@ -285,8 +285,10 @@ func (t *tracker) startRequest(c *trackedConn, cost int64, h2 bool) bool {
 		c.addCostLocked(h2ConnBytes)
 	}
 	c.addCostLocked(cost)
+	if c.handlers == 0 {
+		c.since = now // serving since now: a login's requestGrace starts
+	}
 	c.handlers++
-	c.requests++
 	return true
 }
 
@@ -310,9 +312,8 @@ type trackedConn struct {
 
 	// Under l.t.mu:
 	cost     int64     // bytes charged
-	since    time.Time // opened, or last became idle
+	since    time.Time // opened, or last became idle or began serving
 	handlers int       // requests being served on it
-	requests int       // requests started on it
 	h2       bool      // HTTP/2 state charged
 	authed   bool      // credentials were accepted on it
 	trusted  bool      // from an address whose credentials were accepted lately (trustedLocked)
@@ -367,7 +368,7 @@ func (c *trackedConn) tier(now time.Time) int {
 		return tierServing
 	case stalled || c.refused:
 		return tierNoProgress
-	case c.handlers == 0 && (!auth || c.requests > 0 || !recent):
+	case c.handlers == 0:
 		return tierIdle
 	case auth && recent:
 		return tierUnauthRecent

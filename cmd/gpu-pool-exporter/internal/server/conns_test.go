@@ -261,43 +261,33 @@ func TestShedOrder(t *testing.T) {
 	}
 }
 
-// With basic auth, a connection without credentials has requestGrace to
-// have its login checked before a newcomer without credentials may push it
-// out: at the cap such a newcomer sheds a login that has waited longer, is
-// refused itself when there is none, and past the grace a connection that
-// sent no request is idle and goes first.
-func TestNewConnectionsGetTimeForTheirLogin(t *testing.T) {
-	tr, dial, clock := acceptFrom(t, 3, 0)
+// With basic auth, a login being checked has requestGrace before a
+// newcomer without credentials may push its connection out: at a cap full
+// of such logins the newcomer is refused; past the grace the login that
+// has waited longest goes.
+func TestLoginsBeingCheckedGetTheirGrace(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 2, 0)
 	tr.auth.Store(true)
-	waited := dial("127.0.0.3")
-	tr.startRequest(waited, requestBytes, false) // a wrong password waiting for bcrypt
-	clock.add(requestGrace)
-	scraper := dial("127.0.0.2") // its request not read yet
+	first := dial("127.0.0.2") // a scraper's first login, waiting for bcrypt
+	tr.startRequest(first, requestBytes, false)
 	clock.add(10 * time.Millisecond)
-	checking := dial("127.0.0.4")
-	tr.startRequest(checking, requestBytes, false)
+	other := dial("127.0.0.3")
+	tr.startRequest(other, requestBytes, false)
 	clock.add(10 * time.Millisecond)
-	dial("127.0.0.5") // at the cap: one goes
-	if !open(tr, scraper) || !open(tr, checking) || open(tr, waited) {
-		t.Errorf("at the cap: new connection open %v, recent login open %v, login waiting %s open %v; want only the last shed",
-			open(tr, scraper), open(tr, checking), requestGrace, open(tr, waited))
-	}
-	// Every connection within its grace: a newcomer without credentials is
-	// refused.
 	refused := tr.stats().refused
-	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.6")}}).Dial("tcp", scraper.LocalAddr().String())
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.4")}}).Dial("tcp", first.LocalAddr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if !closedByServer(c) || tr.stats().refused != refused+1 || !open(tr, scraper) {
-		t.Errorf("a newcomer without credentials beside connections within their grace: not refused (scraper open %v)", open(tr, scraper))
+	if !closedByServer(c) || tr.stats().refused != refused+1 || !open(tr, first) || !open(tr, other) {
+		t.Errorf("a newcomer without credentials at a cap of logins being checked within their grace: refused %v; first login open %v, other open %v; want the newcomer refused",
+			tr.stats().refused > refused, open(tr, first), open(tr, other))
 	}
-	// Past the grace without a request, the scraper's connection is idle.
 	clock.add(requestGrace)
-	dial("127.0.0.7")
-	if open(tr, scraper) || !open(tr, checking) {
-		t.Errorf("past the grace with no request: that connection open %v, a login being checked open %v; want the former shed", open(tr, scraper), open(tr, checking))
+	dial("127.0.0.5")
+	if open(tr, first) || !open(tr, other) {
+		t.Errorf("past the grace: the login waiting longest open %v, the other open %v; want the former shed", open(tr, first), open(tr, other))
 	}
 }
 
