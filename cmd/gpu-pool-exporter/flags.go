@@ -72,7 +72,8 @@ func exporterFlags(stdout, stderr io.Writer) (*kingpin.Application, *config, *we
 // the exporter.
 const usageText = "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. " +
 	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter; " +
-	"`gpu-pool-exporter fleet --prometheus=URL` the fleet's free capacity, idle cost and GPUs to replace. " +
+	"`gpu-pool-exporter fleet --prometheus=URL` the fleet's free capacity, idle cost and GPUs to replace; " +
+	"`gpu-pool-exporter recommend --prometheus=URL` a GPU shape per workload from a week of use, `gpu-pool-exporter report --prometheus=URL` GPU-hours and cost per namespace, owner or pod label. " +
 	"Exit codes: 0 after a clean shutdown, --help or --version; " +
 	"1 when the machine fails it (no NVML, a port in use, a setup step or a server that fails); " +
 	"2 when what you wrote is wrong (a flag, the scenario, the price file, the web config)."
