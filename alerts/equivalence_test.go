@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 )
 
 // flatRulesFile holds the rules as they were before the node-level
@@ -46,7 +48,7 @@ func TestRestructuredRulesEquivalent(t *testing.T) {
 	// four times faster than 2.42's, so it goes first.
 	var pt string
 	for _, name := range []string{"promtool3", "promtool"} {
-		if p, ok := promtools(t)[name]; ok {
+		if p, ok := proctest.Promtools(t)[name]; ok {
 			pt = p
 			break
 		}
@@ -113,7 +115,7 @@ func TestRestructuredRulesEquivalent(t *testing.T) {
 			gen := equivalenceTests(t, f, check, append(slices.Clone(curGroups), flatGroups...))
 			path := filepath.Join(dir, strings.TrimSuffix(filepath.Base(f), ".yml")+".equivalence.yml")
 			writeYAML(t, path, gen)
-			out, err := promtoolCommand(pt, "test", "rules", path).CombinedOutput()
+			out, err := proctest.PromtoolCommand(pt, "test", "rules", path).CombinedOutput()
 			if err != nil {
 				t.Fatalf("the restructured rules differ from %s on the input series of %s; each series below names the rule in its equivalence_check label (the generated test is %s):\n%s",
 					flatRulesFile, f, path, promtoolFailures(out))
@@ -208,14 +210,6 @@ func renameMetrics(expr, prefix string, names []string) string {
 // when every compared rule has the same series and values (NaN equal to
 // NaN, 1e-9 relative tolerance for sums taken in another order) in both
 // files; a series it returns carries equivalence_check=<rule>.
-// presenceOnly lists the alerts whose value changed meaning on purpose:
-// they must fire for the same series at the same times as the flat ones;
-// their values (and the annotations that show them) are checked by their
-// own promtool fixtures.
-var presenceOnly = map[string]string{
-	"GPUUncorrectableECCErrors": "its value is the seconds since the exporter saw the last error, not the count of the hour: the count came from an increase() over an hour of every GPU's counter, which this replaces",
-}
-
 func equivalenceExpr(names []string) string {
 	var parts []string
 	for _, n := range names {
@@ -223,13 +217,6 @@ func equivalenceExpr(names []string) string {
 		diff := fmt.Sprintf(`(%[1]s unless %[2]s) or (%[2]s unless %[1]s)`+
 			` or (abs(%[1]s - %[2]s) > 1e-9 * abs(%[2]s) + 1e-12)`+
 			` or ((%[1]s != %[1]s) unless (%[2]s != %[2]s)) or ((%[2]s != %[2]s) unless (%[1]s != %[1]s))`, a, b)
-		if _, ok := presenceOnly[strings.TrimPrefix(n, alertRecordPrefix)]; ok {
-			// The two measure the hour from different instants (the
-			// counter's sample, the exporter's timestamp of the increase),
-			// so at the hour's end they may part by one evaluation: Prometheus
-			// 3's left-open range ends the flat one a step before 2.42's does.
-			diff = fmt.Sprintf(`(%[1]s unless (%[2]s or %[2]s offset 1m)) or (%[2]s unless (%[1]s or %[1]s offset 1m))`, a, b)
-		}
 		parts = append(parts, fmt.Sprintf(`label_replace(%s, "equivalence_check", %q, "", "")`, diff, n))
 	}
 	return strings.Join(parts, "\nor\n")

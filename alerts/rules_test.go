@@ -2,7 +2,6 @@ package alerts
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -13,59 +12,9 @@ import (
 
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 )
-
-// promtoolInstall says how to get promtool; CI runs `make test`, which
-// installs it.
-const promtoolInstall = "install it with `apt-get install -y prometheus` (Debian/Ubuntu: it ships promtool), " +
-	"or download a release from https://prometheus.io/download/ and put promtool on PATH"
-
-// promtool3Install says how to get the Prometheus 3.x promtool.
-const promtool3Install = "build it with scripts/install-tools.sh (`make tools`), which installs " +
-	"github.com/prometheus/prometheus/cmd/promtool@" + promtool3Version + " as promtool3 in $(go env GOPATH)/bin"
-
-// promtool3Version is the prometheus module version of promtool3 (Prometheus
-// 3.x); scripts/install-tools.sh builds the same.
-const promtool3Version = "v0.316.0"
-
-// promtools are the promtool binaries the rules are tested with: Debian's
-// promtool (Prometheus 2.42) and promtool3 (Prometheus 3.x), keyed by name.
-// Without one the tests fail in CI (env CI set) and run with the other
-// elsewhere (skipped without both).
-func promtools(t *testing.T) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	var missing []string
-	for name, how := range map[string]string{"promtool": promtoolInstall, "promtool3": promtool3Install} {
-		p, err := exec.LookPath(name)
-		if err != nil {
-			missing = append(missing, name+" not found on PATH: "+how)
-			continue
-		}
-		out[name] = p
-	}
-	sort.Strings(missing)
-	if len(missing) > 0 && os.Getenv("CI") != "" {
-		t.Fatalf("CI is set, so the rules must be tested on Prometheus 2.x and 3.x:\n%s", strings.Join(missing, "\n"))
-	}
-	for _, m := range missing {
-		t.Log(m)
-	}
-	if len(out) == 0 {
-		t.Skip("no promtool")
-	}
-	return out
-}
-
-// promtoolCommand runs promtool with GOGC=400: promtool test rules
-// allocates much per evaluation while its heap stays small (under 300 MB
-// for every test file at once), so collecting a quarter as often saves
-// about a quarter of its CPU time, the largest part of this package's.
-func promtoolCommand(pt string, args ...string) *exec.Cmd {
-	cmd := exec.Command(pt, args...)
-	cmd.Env = append(os.Environ(), "GOGC=400")
-	return cmd
-}
 
 // testDirs are the promtool test directories and the rules file each tests:
 // tests/ the rules file, tests/gmp/ its GKE Managed Prometheus variant.
@@ -93,9 +42,9 @@ func testFiles(t *testing.T) []string {
 }
 
 func TestPromtoolCheckRules(t *testing.T) {
-	for name, pt := range promtools(t) {
+	for name, pt := range proctest.Promtools(t) {
 		for _, f := range []string{RulesFileName, GMPRulesFileName} {
-			out, err := promtoolCommand(pt, "check", "rules", f).CombinedOutput()
+			out, err := proctest.PromtoolCommand(pt, "check", "rules", f).CombinedOutput()
 			if err != nil {
 				t.Errorf("%s check rules %s: %v\n%s", name, f, err, out)
 			}
@@ -104,13 +53,13 @@ func TestPromtoolCheckRules(t *testing.T) {
 }
 
 func TestPromtoolTestRules(t *testing.T) {
-	for name, pt := range promtools(t) {
+	for name, pt := range proctest.Promtools(t) {
 		for _, td := range testDirs {
 			for _, f := range testFilesIn(t, td.dir) {
 				t.Run(name+"/"+filepath.ToSlash(f), func(t *testing.T) {
 					t.Parallel()
 					// promtool resolves rule_files relative to the test file.
-					out, err := promtoolCommand(pt, "test", "rules", f).CombinedOutput()
+					out, err := proctest.PromtoolCommand(pt, "test", "rules", f).CombinedOutput()
 					if err != nil {
 						t.Fatalf("%s test rules %s: %v\n%s", name, f, err, out)
 					}
@@ -327,7 +276,8 @@ func TestRulesFileParses(t *testing.T) {
 // fastReadsOfSlowRecords are the once-a-minute recordings that groups
 // evaluated every cycle may read, and why.
 var fastReadsOfSlowRecords = map[string]string{
-	"node:gpu_nodepool:info": "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+	"node:gpu_nodepool:info":        "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+	"node:gpu_node_since:timestamp": "it only drops what an earlier exporter process saw, on a node that left or was re-created: read a minute late, such an XID ends up to a minute later, and its absence keeps every fault (no gap, so no second page)",
 }
 
 // TestGroupIntervals holds the rules' two speeds (docs/performance.md: "Rule evaluation

@@ -48,6 +48,8 @@ var nodeObjectMetrics = map[string]bool{
 	"kube_node_labels":             true,
 	"kube_node_spec_unschedulable": true,
 	"kube_node_spec_taint":         true,
+	"kube_node_created":            true,
+	"kube_node_deletion_timestamp": true,
 }
 
 // placementRecords are node-level recordings with one series per node of the

@@ -438,7 +438,7 @@ func addPage(series map[string]*Series, page []byte, m, minutes int, node string
 		if keep != nil && !keep[name] {
 			return
 		}
-		key := seriesKey(name, labels)
+		key := SeriesKey(name, labels)
 		s := series[key]
 		if s == nil {
 			s = &Series{Labels: key, Values: make([]*float64, minutes), Stale: make([]bool, minutes)}
@@ -489,7 +489,9 @@ func addPage(series map[string]*Series, page []byte, m, minutes int, node string
 	return nil
 }
 
-func seriesKey(name string, labels map[string]string) string {
+// SeriesKey writes a series as promtool's input names it:
+// name{label="value", ...}, labels sorted, values Go-quoted.
+func SeriesKey(name string, labels map[string]string) string {
 	names := make([]string, 0, len(labels))
 	for k := range labels {
 		names = append(names, k)
@@ -509,7 +511,9 @@ func seriesKey(name string, labels map[string]string) string {
 }
 
 // ValuesString writes a series' values in promtool's notation: runs of one
-// value as vxN, gaps as _xN, stale markers as stale.
+// value as vxN, runs of four or more that grow by one whole step (a
+// timestamp the exporter serves) as a+bxN, gaps as _xN, stale markers as
+// stale.
 func (s *Series) ValuesString() string {
 	var parts []string
 	i := 0
@@ -535,6 +539,12 @@ func (s *Series) ValuesString() string {
 			for j < len(s.Values) && !s.Stale[j] && s.Values[j] != nil && sameFloat(*s.Values[j], v) {
 				j++
 			}
+			if k := s.arithmeticRun(i); j-i == 1 && k-i >= 4 {
+				step := *s.Values[i+1] - v
+				parts = append(parts, fmt.Sprintf("%s+%sx%d", formatFloat(v), formatFloat(step), k-i-1))
+				i = k
+				continue
+			}
 			f := formatFloat(v)
 			if j-i == 1 {
 				parts = append(parts, f)
@@ -545,6 +555,33 @@ func (s *Series) ValuesString() string {
 		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// arithmeticRun returns the end of the run from i whose values are whole
+// numbers growing by one positive whole step, i + 1 where there is none:
+// whole numbers below 2^53, so that promtool's a+bxN expands to exactly
+// them.
+func (s *Series) arithmeticRun(i int) int {
+	whole := func(k int) (float64, bool) {
+		if k >= len(s.Values) || s.Stale[k] || s.Values[k] == nil {
+			return 0, false
+		}
+		v := *s.Values[k]
+		return v, v == math.Trunc(v) && math.Abs(v) < 1<<53
+	}
+	a, ok := whole(i)
+	b, ok2 := whole(i + 1)
+	if !ok || !ok2 || b <= a {
+		return i + 1
+	}
+	k := i + 1
+	for {
+		v, ok := whole(k)
+		if !ok || v != a+float64(k-i)*(b-a) {
+			return k
+		}
+		k++
+	}
 }
 
 func sameFloat(a, b float64) bool { return a == b || math.IsNaN(a) && math.IsNaN(b) }
@@ -705,7 +742,7 @@ func Render(name string, src *Source, series []*Series, rf *alerts.RuleFile, v V
 		if labels["job"] != "kube-state-metrics" {
 			return nil, fmt.Errorf("%s: kubeStateMetrics series %q: want the label job=\"kube-state-metrics\"", name, k.Series)
 		}
-		t.InputSeries = append(t.InputSeries, InputSeries{Series: shapeSeries(seriesKey(metric, labels), v), Values: k.Values})
+		t.InputSeries = append(t.InputSeries, InputSeries{Series: shapeSeries(SeriesKey(metric, labels), v), Values: k.Values})
 	}
 	checked := map[string]bool{}
 	tests := append([]AlertTest(nil), src.AlertRuleTest...)
@@ -794,7 +831,7 @@ func shapeSeries(s string, v Variant) string {
 			labels[kv[0]] = kv[1]
 		}
 	}
-	return seriesKey(name, labels)
+	return SeriesKey(name, labels)
 }
 
 // splitLabels splits name="value", name="value" (values Go-quoted).

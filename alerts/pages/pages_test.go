@@ -54,7 +54,7 @@ func TestAlertVolume(t *testing.T) {
 					if err := n.Decode(&exp); err != nil {
 						t.Fatal(err)
 					}
-					key := f.Alertname + seriesKey("", exp.Labels)
+					key := f.Alertname + SeriesKey("", exp.Labels)
 					if !seen[key] {
 						seen[key] = true
 						got[sev]++
@@ -71,5 +71,33 @@ func TestAlertVolume(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestValuesString checks promtool's notation of a series: runs of one
+// value, whole-step runs (timestamps), gaps and stale markers.
+func TestValuesString(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	for _, tc := range []struct {
+		values []*float64
+		stale  []int
+		want   string
+	}{
+		{[]*float64{f(1), f(1), f(1)}, nil, "1x2"},
+		{[]*float64{f(0), f(60), f(120), f(180)}, nil, "0+60x3"},
+		{[]*float64{f(0), f(60)}, nil, "0 60"},
+		{[]*float64{nil, nil, f(30), f(60), f(90), f(120), nil, f(90)}, []int{6}, "_x2 30+30x3 stale 90"},
+		{[]*float64{f(71), f(73), f(75)}, nil, "71 73 75"},
+		{[]*float64{f(0.1), f(0.2), f(0.3)}, nil, "0.1 0.2 0.3"},
+		{[]*float64{f(5), f(4), f(3)}, nil, "5 4 3"},
+		{[]*float64{f(7), f(7), f(8), f(9), f(10), f(11)}, nil, "7x1 8+1x3"},
+	} {
+		s := &Series{Values: tc.values, Stale: make([]bool, len(tc.values))}
+		for _, i := range tc.stale {
+			s.Stale[i] = true
+		}
+		if got := s.ValuesString(); got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.values, got, tc.want)
+		}
 	}
 }

@@ -23,6 +23,8 @@ import (
 var kubeStateMetrics = []string{
 	"kube_node_labels",
 	"kube_node_info",
+	"kube_node_created",
+	"kube_node_deletion_timestamp",
 	"kube_node_spec_taint",
 	"kube_node_spec_unschedulable",
 	"kube_node_status_allocatable",
