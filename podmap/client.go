@@ -116,6 +116,29 @@ type Client struct {
 // NewClient checks cfg, fills in defaults and returns a client. It does not
 // connect; Run (or Refresh) does.
 func NewClient(cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:    cfg,
+		socket: cfg.Socket,
+		match:  newResourceMatcher(cfg.ExtraResourceNames, cfg.ExtraDRADrivers),
+		first:  make(chan struct{}),
+	}
+	c.snap.Store(&Snapshot{})
+	return c, nil
+}
+
+// Validate checks cfg as NewClient does, without building a client.
+func (cfg Config) Validate() error {
+	_, err := cfg.withDefaults()
+	return err
+}
+
+// withDefaults is cfg checked, with the defaults filled in and the socket as
+// an absolute plain path.
+func (cfg Config) withDefaults() (Config, error) {
 	var errs []error
 	socket := strings.TrimPrefix(cfg.Socket, "unix://")
 	if socket == "" {
@@ -175,16 +198,9 @@ func NewClient(cfg Config) (*Client, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("podmap: invalid config: %w", err)
+		return cfg, fmt.Errorf("podmap: invalid config: %w", err)
 	}
-	c := &Client{
-		cfg:    cfg,
-		socket: socket,
-		match:  newResourceMatcher(cfg.ExtraResourceNames, cfg.ExtraDRADrivers),
-		first:  make(chan struct{}),
-	}
-	c.snap.Store(&Snapshot{})
-	return c, nil
+	return cfg, nil
 }
 
 // Config returns the client's configuration with defaults filled in.
@@ -306,11 +322,8 @@ func (c *Client) fetch(ctx context.Context) ([]Holding, map[string]int, map[stri
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	list, err := c.lister.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
 	cancel()
-	if status.Code(err) == codes.ResourceExhausted {
-		return nil, nil, nil, fmt.Errorf("kubelet List: the answer is larger than the limit of %d bytes (%w); raise --kubelet.max-response-bytes, and the memory limit by about 10 bytes per byte of answer", c.cfg.MaxRecvMsgSize, err)
-	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("kubelet List: %w", err)
+		return nil, nil, nil, c.callError("List", err)
 	}
 	holdings := holdingsFromList(list, c.match)
 
@@ -327,10 +340,19 @@ func (c *Client) fetch(ctx context.Context) ([]Holding, map[string]int, map[stri
 		return holdings, nil, nil, nil
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("kubelet GetAllocatableResources: %w", err)
+		return nil, nil, nil, c.callError("GetAllocatableResources", err)
 	}
 	counts, ids := allocatableFrom(alloc, c.match, holdings)
 	return holdings, counts, ids, nil
+}
+
+// callError says which kubelet call failed; an answer over the size limit
+// names the flag that raises it.
+func (c *Client) callError(call string, err error) error {
+	if status.Code(err) == codes.ResourceExhausted {
+		return fmt.Errorf("kubelet %s: the answer is larger than the limit of %d bytes (%w); raise --kubelet.max-response-bytes, and the memory limit by about 10 bytes per byte of answer", call, c.cfg.MaxRecvMsgSize, err)
+	}
+	return fmt.Errorf("kubelet %s: %w", call, err)
 }
 
 // dialLocked creates the connection if there is none. grpc.NewClient does

@@ -555,6 +555,31 @@ func TestClientLargeListAnswer(t *testing.T) {
 	}
 }
 
+// An allocatable answer over the limit (a node with a huge device list)
+// fails the refresh with an error naming the flag that raises the limit, as
+// a List answer over it does.
+func TestClientLargeAllocatableAnswer(t *testing.T) {
+	srv := startFake(t)
+	srv.SetPods(bigNode(10))
+	ids := make([]string, 120000) // about 5 MiB of answer
+	for i := range ids {
+		ids[i] = fmt.Sprintf("GPU-%s::%d", testUUID(1, i%8), i)
+	}
+	srv.SetAllocatable(map[string][]string{"nvidia.com/gpu": ids})
+	cfg := fastConfig(srv.Socket())
+	cfg.MaxRecvMsgSize = 4 << 20
+	cfg.CallTimeout = time.Minute // the size is under test, not the time
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	err = c.Refresh(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "GetAllocatableResources") || !strings.Contains(err.Error(), "--kubelet.max-response-bytes") {
+		t.Fatalf("Refresh with a 4 MiB limit and a bigger allocatable answer = %v, want an error naming the call and --kubelet.max-response-bytes", err)
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	c, err := NewClient(Config{BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second})
 	if err != nil {

@@ -3,14 +3,17 @@
 # simulated nodes (the built-in 8-GPU node, and 8 x 7 MIG instances with 200
 # pods), printed as one markdown table, then hostile-client runs: memory
 # under 8,000 slow connections (fails above the chart's 100 MiB limit), the
-# scraper's latency beside a wrong-password flood, and a scraper's (and the
-# kubelet prober's) latency beside slow request bodies, slow bodies on the
-# probe port and wrong passwords from 253 addresses (each fails when a scrape
-# or probe is lost). Run from the repository root.
+# scraper's latency beside a wrong-password flood, a scraper's (and the
+# kubelet prober's) latency beside slow request bodies and slow bodies on the
+# probe port (each fails when a scrape or probe is lost), and beside wrong
+# passwords from 60,000 addresses, HTTP/2 streams held at window 0 (with and
+# without basic auth), pipelines to the probe port never read, and pipelines
+# of /metrics read slowly (each fails below 95% answered, a first login of
+# 2 s or more, or RSS above 100 MiB). Run from the repository root.
 #
 # BENCHTIME (default 1s) is go test's -benchtime; BENCH_ARGS go to the load
 # program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5"; a quick run of
-# the last three: BENCH_ARGS="-runs slow-body,probe-port,auth-addrs -attack-for 5s").
+# the attacks on held answers: BENCH_ARGS="-runs auth-addrs,h2-auth,h2-tls,probe-pipeline,slow-readers -attack-for 5s").
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

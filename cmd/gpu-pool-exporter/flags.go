@@ -5,146 +5,75 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"regexp"
 	"strconv"
 	"time"
 
-	"github.com/alecthomas/units"
-
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/alecthomas/units"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+	"github.com/rs/zerolog"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
-// options are the parsed flags. The *Set fields say whether the user gave a
-// flag, where its default depends on another flag or on --simulate.
-type options struct {
-	web              *web.FlagConfig
-	interval         time.Duration
-	deviceTimeout    time.Duration
-	deviceTimeoutSet bool
-	nvmlInitTimeout  time.Duration
-	nvmlRestartAfter time.Duration
-	nvmlLibrary      string
-	sysfs            string
-	simulate         bool
-	simulateSeed     int64
-	simulateFile     string
-	simulateSeedSet  bool
-	logLevel         string
-	logFormat        string
-	nodeName         string
-	maxRequests      int
-	maxConnections   int
-	probeAddress     string
-	shutdownTimeout  time.Duration
-	pprof            bool
-
-	idleThreshold float64
-	idleWindow    time.Duration
-	priceFile     string
-	priceFlag     string
-	shapes        string
-
-	dcgmMode       string
-	dcgmHostEngine string
-
-	kubeletEnabled      bool
-	kubeletSocket       string
-	kubeletSocketSet    bool
-	kubeletRefresh      time.Duration
-	kubeletTimeout      time.Duration
-	kubeletMaxBytesFlag string
-	kubeletMaxBytes     units.Base2Bytes // parsed from kubeletMaxBytesFlag
-	kubeletTimeoutSet   bool
-	kubeletResources    []string
-
-	procsEnabled   bool
-	procsRoot      string
-	procsRootSet   bool
-	procsLogDir    string
-	procsLogDirSet bool
-	procsCRISocket string
-	profile        string
-	groupFlags     map[render.Group]*groupFlag
-	groups         render.GroupSet
-	dcgmOn         bool
-	dcgmOnSet      bool
-	kubeletOnSet   bool
-	kubeletOn      bool
-	compatDCGM     bool
-	// compatHostnameLabel and compatVirtualGPUs shape the dcgm-exporter
-	// families (CompatConfig).
-	compatHostnameLabel string
-	compatVirtualGPUs   bool
-	// compatCollectors is dcgm-exporter's counters file (-f), parsed into
-	// compatCounters by validate.
-	compatCollectors string
-	compatCounters   *render.CompatCounters
-	// compatPodLabels and compatPodUID add the holders' pod labels and UID
-	// from the API server (--kubernetes.kubeconfig, else in-cluster), as
-	// dcgm-exporter's --kubernetes-enable-pod-*; compatLabelAllowlist is
-	// parsed into compatLabelRegexps by validate.
-	compatPodLabels      bool
-	compatPodUID         bool
-	compatLabelAllowlist []string
-	compatLabelRegexps   []*regexp.Regexp
-	kubeconfig           string
-
-	// hup delivers SIGHUP while the exporter runs (not a flag).
-	hup <-chan os.Signal
-}
-
-// groupFlag is one --[no-]collector.<group> flag and whether it was given.
-type groupFlag struct {
-	on, set bool
-}
-
 // terminated is what --help and --version panic with to end parsing.
 type terminated struct{}
 
-// parseFlags parses and checks the command line. It returns nil options and
-// exitOK after --help or --version, and exitUsage with the error for a bad
-// flag.
-func parseFlags(args []string, stdout, stderr io.Writer) (o *options, code int, err error) {
+// parseConfig parses and checks the command line into a config. It returns
+// a nil config and exitOK after --help or --version, and the exit code with
+// the error for a bad command line (exitUsage) or a machine that cannot
+// check it (exitError).
+func parseConfig(args []string, stdout, stderr io.Writer) (c *config, code int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			if _, ok := r.(terminated); !ok {
 				panic(r)
 			}
-			o, code, err = nil, exitOK, nil
+			c, code, err = nil, exitOK, nil
 		}
 	}()
-	app := newApp(stdout, stderr)
-	o = &options{web: kingpinflag.AddFlags(app, ":"+DefaultPort)}
-	addSamplingFlags(app, o)
-	addLogFlags(app, o)
-	addWebFlags(app, o)
-	addIdleFlags(app, o)
-	addDCGMFlags(app, o)
-	addKubeletFlags(app, o)
-	addCollectorFlags(app, o)
-	addProcsFlags(app, o)
+	app, c, tk := exporterFlags(stdout, stderr)
 	if _, err := app.Parse(args); err != nil {
 		return nil, exitUsage, err
 	}
-	if err := o.validate(); err != nil {
-		return nil, exitUsage, err
+	c.listen.Addresses, c.listen.SystemdSocket, c.webConfigFile = *tk.WebListenAddresses, *tk.WebSystemdSocket, *tk.WebConfigFile
+	if err := c.check(); err != nil {
+		return nil, exitCode(err), err
 	}
-	return o, exitOK, nil
+	return c, exitOK, nil
+}
+
+// exporterFlags is the exporter's command line: the application, the
+// config its flags fill, and exporter-toolkit's flags, which parseConfig
+// copies into the config.
+func exporterFlags(stdout, stderr io.Writer) (*kingpin.Application, *config, *web.FlagConfig) {
+	app := newApp(stdout, stderr)
+	c := &config{}
+	tk := kingpinflag.AddFlags(app, ":"+DefaultPort)
+	app.GetFlag("web.listen-address").IsSetByUser(&c.listenSet)
+	addSamplingFlags(app, c)
+	addLogFlags(app, c)
+	addWebFlags(app, c)
+	addIdleFlags(app, c)
+	addDCGMFlags(app, c)
+	addKubeletFlags(app, c)
+	addCollectorFlags(app, c)
+	addProcsFlags(app, c)
+	return app, c, tk
 }
 
 // usageText heads --help, exit codes included for whoever scripts around
 // the exporter.
 const usageText = "Prometheus exporter for Kubernetes GPU nodes: NVML/DCGM telemetry, GPU-to-pod mapping, idle allocations and fragmentation. " +
-	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter. " +
+	"`gpu-pool-exporter status [--url=http://localhost:" + DefaultPort + "]` prints who is on each GPU of a running exporter; " +
+	"`gpu-pool-exporter fleet --prometheus=URL` the fleet's free capacity, idle cost and GPUs to replace; " +
+	"`gpu-pool-exporter recommend --prometheus=URL` a GPU shape per workload from a week of use, `gpu-pool-exporter report --prometheus=URL` GPU-hours and cost per namespace, owner or pod label. " +
 	"Exit codes: 0 after a clean shutdown, --help or --version; " +
 	"1 when the machine fails it (no NVML, a port in use, a setup step or a server that fails); " +
 	"2 when what you wrote is wrong (a flag, the scenario, the price file, the web config)."
@@ -162,102 +91,102 @@ func newApp(stdout, stderr io.Writer) *kingpin.Application {
 }
 
 // addSamplingFlags: how often and from where GPUs are read.
-func addSamplingFlags(app *kingpin.Application, o *options) {
-	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (1s to 5m).").Default("5s")).DurationVar(&o.interval)
-	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&o.deviceTimeoutSet)).DurationVar(&o.deviceTimeout)
-	named(app.Flag("nvml.init-timeout", "How long nvmlInit may take before the exporter says, in its log and on its page, that it is waiting for the driver (the exporter serves meanwhile; /readyz stays not ready).").Default("10s")).DurationVar(&o.nvmlInitTimeout)
-	named(app.Flag("nvml.restart-after", "How long NVML may stay unusable (nvmlInit not returning or failing, the driver reloaded or unloaded and not back) before /healthz fails, so that the kubelet restarts the pod; 0 never fails it.").Default("10m")).DurationVar(&o.nvmlRestartAfter)
-	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&o.nvmlLibrary)
-	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&o.sysfs)
-	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&o.simulate)
-	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&o.simulateSeedSet)).Int64Var(&o.simulateSeed)
-	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&o.simulateFile)
+func addSamplingFlags(app *kingpin.Application, c *config) {
+	named(app.Flag("collect-interval", "How often GPUs are sampled and /metrics is re-rendered (1s to 5m).").Default("5s")).DurationVar(&c.interval)
+	named(app.Flag("nvml.device-timeout", "How long one sample waits for one GPU before reporting it down (at most the collect interval; default 2s or the interval if shorter).").Default("2s").IsSetByUser(&c.deviceTimeoutSet)).DurationVar(&c.deviceTimeout)
+	named(app.Flag("nvml.init-timeout", "How long nvmlInit may take before the exporter says, in its log and on its page, that it is waiting for the driver (the exporter serves meanwhile; /readyz stays not ready).").Default("10s")).DurationVar(&c.nvmlInitTimeout)
+	named(app.Flag("nvml.restart-after", "How long NVML may stay unusable (nvmlInit not returning or failing, the driver reloaded or unloaded and not back) before /healthz fails, so that the kubelet restarts the pod; 0 never fails it.").Default("10m")).DurationVar(&c.nvmlRestartAfter)
+	app.Flag("nvml.library", "Path of libnvidia-ml.so.1; empty searches LD_LIBRARY_PATH (on GKE: /usr/local/nvidia/lib64/libnvidia-ml.so.1).").Default("").StringVar(&c.nvmlLibrary)
+	app.Flag("path.sysfs", "Where the host's sysfs is mounted, for each GPU's NUMA node (bus/pci/devices/<bus id>/numa_node); the deploy files mount it read-only at /host/sys.").Default(nvmlsampler.DefaultSysfs).StringVar(&c.sysfs)
+	app.Flag("simulate", "Run on a built-in simulated GPU node instead of real GPUs.").BoolVar(&c.simulate)
+	named(app.Flag("simulate.seed", "Seed of the simulated node's telemetry and UUIDs (overrides the scenario's).").Default("1").IsSetByUser(&c.simulateSeedSet)).Int64Var(&c.simulateSeed)
+	app.Flag("simulate.scenario", "YAML scenario for the simulated node (implies --simulate).").Default("").StringVar(&c.scenarioFile)
 }
 
-func addLogFlags(app *kingpin.Application, o *options) {
-	named(app.Flag("log.level", "Log level: debug, info, warn, error.").Default("info")).EnumVar(&o.logLevel, "debug", "info", "warn", "error")
-	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&o.logFormat, "json", "console")
-	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&o.nodeName)
+func addLogFlags(app *kingpin.Application, c *config) {
+	named(app.Flag("log.level", "Log level: debug, info, warn, error.").Default("info")).SetValue(&levelValue{&c.logLevel})
+	named(app.Flag("log.format", "Log format: json or console.").Default("json")).EnumVar(&c.logFormat, "json", "console")
+	app.Flag("node-name", "Kubernetes node name, for logs and the landing page.").Envar("NODE_NAME").Default("").StringVar(&c.nodeName)
 }
 
-// addWebFlags: the server's limits and extras; the listen addresses and the
-// web config come from the exporter toolkit.
-func addWebFlags(app *kingpin.Application, o *options) {
-	named(app.Flag("web.max-requests", "Maximum number of scrapes being prepared at once; more are answered 503 at once. A scrape gives its slot back when it starts writing (0 = no limit).").Default("40")).IntVar(&o.maxRequests)
-	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; at the cap a new connection closes one whose last login was refused, else one without a request in flight (the oldest from the address holding the most), or is closed itself when all are serving. Bounds memory under slow or idle clients (0 = no limit).").Default("256")).IntVar(&o.maxConnections)
-	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&o.probeAddress)
-	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&o.pprof)
-	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&o.shutdownTimeout)
+// addWebFlags: the server's limits and extras; the listen addresses, the
+// systemd socket and the web config come from exporter-toolkit.
+func addWebFlags(app *kingpin.Application, c *config) {
+	named(app.Flag("web.max-requests", "Maximum number of scrapes being prepared at once; more are answered 503 at once. A scrape gives its slot back when it starts writing (0 = no limit).").Default("40")).IntVar(&c.maxRequests)
+	named(app.Flag("web.max-connections", "Maximum number of open connections per listener; at the cap a new connection closes one making no progress (its writes stalled, or its last login refused), else one without a request in flight (the oldest from the address holding the most), never one whose credentials were accepted; it is closed itself when all are serving, or when only its own address's would go. The server also holds at most 24 MiB for all its clients, shed the same way (0 = no limit).").Default("256")).IntVar(&c.maxConnections)
+	app.Flag("web.probe-address", "Also serve /healthz and /readyz, and nothing else, on this address without TLS or auth, for the kubelet's probes (e.g. :9948; empty: off). /metrics, / and pprof stay behind --web.config.file.").Default("").StringVar(&c.listen.Probe)
+	app.Flag("web.enable-pprof", "Serve Go's profiler at /debug/pprof/ (off by default: it exposes internals).").BoolVar(&c.pprof)
+	named(app.Flag("web.shutdown-timeout", "How long to wait for scrapes in flight at SIGTERM (0 to 5m).").Default("5s")).DurationVar(&c.shutdownTimeout)
 }
 
 // addIdleFlags: idle allocations, their price, and fragmentation.
-func addIdleFlags(app *kingpin.Application, o *options) {
-	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&o.idleThreshold)
-	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (10s to 7d). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&o.idleWindow)
-	app.Flag("idle.price-file", "YAML price list (per GPU-hour by NVML model name; see deploy/prices-example.yaml). Nothing is priced without one.").Default("").StringVar(&o.priceFile)
-	app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").Default("").StringVar(&o.priceFlag)
-	app.Flag("fragmentation.shapes", "Task shapes and popularity weights for the fragmentation gauges: whole-GPU counts and mig-<profile>.").Default(fragmentation.DefaultShapesFlag).StringVar(&o.shapes)
+func addIdleFlags(app *kingpin.Application, c *config) {
+	app.Flag("idle.threshold", "Activity (DCGM SM active, else NVML busy ratio) below which an allocated device counts as idle, 0-1.").Default("0.05").Float64Var(&c.derived.Idle.Threshold)
+	named(app.Flag("idle.window", "How long activity must stay below --idle.threshold before an allocation is idle (10s to 7d). 30m ignores data loading and evaluation gaps; cost alerts want sustained idleness.").Default("30m")).DurationVar(&c.derived.Idle.Window)
+	app.Flag("idle.price-file", "YAML price list (per GPU-hour by NVML model name; see deploy/prices-example.yaml). Nothing is priced without one.").Default("").StringVar(&c.priceFile)
+	named(app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").Default("")).SetValue(&pricesValue{&c.prices})
+	named(app.Flag("fragmentation.shapes", "Task shapes and popularity weights for the fragmentation gauges: whole-GPU counts and mig-<profile>.").Default(fragmentation.DefaultShapesFlag)).SetValue(&shapesValue{&c.derived.Shapes})
 }
 
-func addDCGMFlags(app *kingpin.Application, o *options) {
-	app.Flag("dcgm.mode", "DCGM: auto (embedded when libdcgm.so.4 loads, else NVML alone), embedded, standalone (needs --dcgm.host-engine) or off.").Default("auto").StringVar(&o.dcgmMode)
-	app.Flag("dcgm.host-engine", "HOST:PORT of a DCGM host engine for standalone mode (the GPU Operator's nvidia-dcgm service listens on 5555). Setting it implies --dcgm.mode=standalone.").Default("").StringVar(&o.dcgmHostEngine)
+func addDCGMFlags(app *kingpin.Application, c *config) {
+	named(app.Flag("dcgm.mode", "DCGM: auto (embedded when libdcgm.so.4 loads, else NVML alone), embedded, standalone (needs --dcgm.host-engine) or off.").Default("auto")).SetValue(&dcgmModeValue{&c.dcgmMode})
+	app.Flag("dcgm.host-engine", "HOST:PORT of a DCGM host engine for standalone mode (the GPU Operator's nvidia-dcgm service listens on 5555). Setting it implies --dcgm.mode=standalone.").Default("").StringVar(&c.dcgmHostEngine)
 }
 
 // addKubeletFlags: mapping GPUs to pods through the PodResources API.
-func addKubeletFlags(app *kingpin.Application, o *options) {
-	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&o.kubeletEnabled)
+func addKubeletFlags(app *kingpin.Application, c *config) {
+	app.Flag("kubelet.enabled", "Map GPUs to pods through the kubelet's PodResources API (--no-kubelet.enabled outside Kubernetes).").Default("true").BoolVar(&c.kubeletEnabled)
 	app.Flag("kubelet.pod-resources-socket", "The kubelet's PodResources socket. With --simulate, setting it maps the simulated GPUs through that kubelet instead of the built-in fake one.").
-		Default(podmap.DefaultSocket).IsSetByUser(&o.kubeletSocketSet).StringVar(&o.kubeletSocket)
-	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&o.kubeletRefresh)
-	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&o.kubeletTimeoutSet)).DurationVar(&o.kubeletTimeout)
-	app.Flag("kubelet.max-response-bytes", "Largest kubelet List answer accepted (e.g. 6MiB); a larger one turns pod mapping down before it is read. Memory use grows by about 10 bytes per byte of answer: raise the memory limit with it.").Default("6MiB").StringVar(&o.kubeletMaxBytesFlag)
-	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&o.kubeletResources)
+		Default(podmap.DefaultSocket).IsSetByUser(&c.kubeletSocketSet).StringVar(&c.kubelet.Socket)
+	named(app.Flag("kubelet.refresh-interval", "How often the pod-to-GPU map is refreshed (in the background; 1s to 2m).").Default("10s")).DurationVar(&c.kubelet.RefreshInterval)
+	named(app.Flag("kubelet.timeout", "Deadline of every kubelet call (default 5s, or the refresh interval if shorter).").Default("5s").IsSetByUser(&c.kubeletTimeoutSet)).DurationVar(&c.kubelet.CallTimeout)
+	named(app.Flag("kubelet.max-response-bytes", "Largest kubelet answer accepted (List, GetAllocatableResources; e.g. 6MiB); a larger one turns pod mapping down before it is read. Memory use grows by about 10 bytes per byte of answer: raise the memory limit with it.").Default("6MiB")).SetValue(&bytesValue{&c.kubeletMaxBytes})
+	app.Flag("kubelet.resource-names", "Extra device plugin resource names that hold NVIDIA GPUs (repeatable; a trailing * matches by prefix).").StringsVar(&c.kubelet.ExtraResourceNames)
 }
 
 // addCollectorFlags: which metric groups are served, and the dcgm-exporter
 // compatible families.
-func addCollectorFlags(app *kingpin.Application, o *options) {
+func addCollectorFlags(app *kingpin.Application, c *config) {
 	named(app.Flag("collector.profile", "Starting set of metric groups: default (at most 60 series per GPU), lean (at most 30: what the shipped alerts and dashboards need, PCIe, NVLink, power, clock, tensor and DRAM folded per node by node_summary) or full (every group, per GPU: all but node_summary). --[no-]collector.<group> flags change it; docs/profiles.md lists the groups.").
-		Default(render.ProfileDefault)).EnumVar(&o.profile, render.ProfileNames...)
-	o.groupFlags = map[render.Group]*groupFlag{}
+		Default(render.ProfileDefault)).EnumVar(&c.profile, render.ProfileNames...)
+	c.groupFlags = map[render.Group]*groupFlag{}
 	for _, g := range render.Groups {
 		if g.Name == render.GroupCore {
 			continue
 		}
 		gf := &groupFlag{}
-		o.groupFlags[g.Name] = gf
+		c.groupFlags[g.Name] = gf
 		app.Flag("collector."+string(g.Name), "Serve "+g.Help+" (--no-collector."+string(g.Name)+" to leave out; default: per --collector.profile).").
 			IsSetByUser(&gf.set).BoolVar(&gf.on)
 	}
-	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&o.dcgmOnSet).BoolVar(&o.dcgmOn)
-	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&o.kubeletOnSet).BoolVar(&o.kubeletOn)
+	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&c.dcgmOnSet).BoolVar(&c.dcgmOn)
+	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&c.kubeletOnSet).BoolVar(&c.kubeletOn)
 	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (docs/migration-dcgm-exporter.md).").
-		BoolVar(&o.compatDCGM)
+		BoolVar(&c.compatDCGM)
 	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (every released dcgm-exporter) or hostname (its main branch since May 2026).").
-		Default(render.HostnameLabelReleased).EnumVar(&o.compatHostnameLabel, render.HostnameLabels...)
+		Default(render.HostnameLabelReleased).EnumVar(&c.compatHostnameLabel, render.HostnameLabels...)
 	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter 4.5+'s --kubernetes-virtual-gpus (env KUBERNETES_VIRTUAL_GPUS as there): a held device gets one series per holder and replica (vgpu label), and DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL one for the device without holder labels plus one per holder with its pod's own figures from per-process accounting (pod_uid label; without accounting, the device's alone). Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
-		Envar("KUBERNETES_VIRTUAL_GPUS").BoolVar(&o.compatVirtualGPUs)
+		Envar("KUBERNETES_VIRTUAL_GPUS").BoolVar(&c.compatVirtualGPUs)
 	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line). Implies --compat.dcgm-exporter. Default: dcgm-exporter's own default-counters.csv.").
-		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&o.compatCollectors)
+		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&c.compatCollectors)
 	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-labels", "As dcgm-exporter's --kubernetes-enable-pod-labels (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS): the holder's pod labels on its DCGM_FI_* series, each key with characters outside [a-zA-Z0-9_] made '_', from a watch of this node's pods on the API server (needs --node-name and RBAC to get, list and watch pods).").
-		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS").BoolVar(&o.compatPodLabels)
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS").BoolVar(&c.compatPodLabels)
 	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-uid", "As dcgm-exporter's --kubernetes-enable-pod-uid (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID): the holder's pod UID (pod_uid) on its DCGM_FI_* series, from the same watch.").
-		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID").BoolVar(&o.compatPodUID)
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID").BoolVar(&c.compatPodUID)
 	app.Flag("compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex", "As dcgm-exporter's --kubernetes-pod-label-allowlist-regex (env DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX): only pod labels whose key one of these regular expressions matches (comma-separated, repeatable; unanchored); none: every label.").
-		Envar("DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX").StringsVar(&o.compatLabelAllowlist)
+		Envar("DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX").StringsVar(&c.compatLabelAllowlist)
 	app.Flag("kubernetes.kubeconfig", "Kubeconfig of the API server for the pod labels and UIDs (env KUBECONFIG); empty: the pod's in-cluster service account.").
-		Envar("KUBECONFIG").Default("").StringVar(&o.kubeconfig)
+		Envar("KUBECONFIG").Default("").StringVar(&c.kubeconfig)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.
-func addProcsFlags(app *kingpin.Application, o *options) {
-	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&o.procsEnabled)
+func addProcsFlags(app *kingpin.Application, c *config) {
+	app.Flag("procs.enabled", "Per-process accounting: each container's own VRAM and SM use on shared (time-sliced, MPS) GPUs, from NVML's process lists and the host's /proc (--no-procs.enabled turns it off).").Default("true").BoolVar(&c.procsEnabled)
 	app.Flag("procs.proc-root", "The host's /proc as mounted in the exporter (read-only hostPath, e.g. /host/proc; no host PID namespace needed): NVML reports host PIDs, whose cgroup names their container.").
-		Default("/proc").IsSetByUser(&o.procsRootSet).StringVar(&o.procsRoot)
+		Default("/proc").IsSetByUser(&c.procsRootSet).StringVar(&c.procsRoot)
 	app.Flag("procs.container-log-dir", "The kubelet's /var/log/containers (read-only hostPath): its <pod>_<namespace>_<container>-<id>.log names turn container IDs into pods. Only names are read.").
-		Default("/var/log/containers").IsSetByUser(&o.procsLogDirSet).StringVar(&o.procsLogDir)
-	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&o.procsCRISocket)
+		Default("/var/log/containers").IsSetByUser(&c.procsLogDirSet).StringVar(&c.procsLogDir)
+	app.Flag("procs.cri-socket", "Name containers through the CRI API on this runtime socket (e.g. /run/containerd/containerd.sock) instead of --procs.container-log-dir.").Default("").StringVar(&c.procsCRISocket)
 }
 
 // named makes a flag's value errors name the flag: kingpin alone says only
@@ -275,6 +204,22 @@ func (n *namedFlag) DurationVar(t *time.Duration)         { n.fc.DurationVar(t);
 func (n *namedFlag) IntVar(t *int)                        { n.fc.SetValue(&strictInt{t}); n.wrap() }
 func (n *namedFlag) Int64Var(t *int64)                    { n.fc.Int64Var(t); n.wrap() }
 func (n *namedFlag) EnumVar(t *string, options ...string) { n.fc.EnumVar(t, options...); n.wrap() }
+func (n *namedFlag) SetValue(v kingpin.Value)             { n.fc.SetValue(v); n.wrap() }
+
+type namedValue struct {
+	name string
+	kingpin.Value
+}
+
+func (v namedValue) Set(s string) error {
+	if err := v.Value.Set(s); err != nil {
+		return fmt.Errorf("--%s=%s: %v", v.name, s, err)
+	}
+	return nil
+}
+
+// The flag values below parse what they are given once, into what the
+// exporter uses.
 
 // strictInt is an int flag that takes whole decimal numbers only: kingpin's
 // own parses a float and converts it, so 1.5 became 1 and
@@ -296,14 +241,61 @@ func (i *strictInt) Set(s string) error {
 
 func (i *strictInt) String() string { return strconv.Itoa(*i.v) }
 
-type namedValue struct {
-	name string
-	kingpin.Value
+// levelValue is --log.level.
+type levelValue struct{ v *zerolog.Level }
+
+func (l *levelValue) Set(s string) error {
+	switch s {
+	case "debug", "info", "warn", "error":
+		lvl, err := zerolog.ParseLevel(s)
+		*l.v = lvl
+		return err
+	}
+	return errors.New("want debug, info, warn or error")
 }
 
-func (v namedValue) Set(s string) error {
-	if err := v.Value.Set(s); err != nil {
-		return fmt.Errorf("--%s=%s: %v", v.name, s, err)
+func (l *levelValue) String() string { return l.v.String() }
+
+// bytesValue is a size such as 6MiB.
+type bytesValue struct{ v *units.Base2Bytes }
+
+func (b *bytesValue) Set(s string) error {
+	n, err := units.ParseBase2Bytes(s)
+	if err != nil {
+		return errors.New("want a size such as 6MiB or 16MiB")
 	}
+	*b.v = n
 	return nil
 }
+
+func (b *bytesValue) String() string { return b.v.String() }
+
+// shapesValue is --fragmentation.shapes.
+type shapesValue struct{ v *[]fragmentation.Shape }
+
+func (s *shapesValue) Set(v string) (err error) {
+	*s.v, err = fragmentation.ParseShapes(v)
+	return err
+}
+
+func (s *shapesValue) String() string { return fmt.Sprint(*s.v) }
+
+// pricesValue is --idle.price.
+type pricesValue struct{ v *map[string]float64 }
+
+func (p *pricesValue) Set(v string) (err error) {
+	*p.v, err = fragmentation.ParsePriceFlag(v)
+	return err
+}
+
+func (p *pricesValue) String() string { return fmt.Sprint(*p.v) }
+
+// dcgmModeValue is --dcgm.mode.
+type dcgmModeValue struct{ v *dcgm.Mode }
+
+func (d *dcgmModeValue) Set(s string) (err error) {
+	*d.v, err = dcgm.ParseMode(s)
+	return err
+}
+
+func (d *dcgmModeValue) String() string { return string(*d.v) }

@@ -2,14 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,6 +12,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/internal/promapi"
 )
 
 // The recorded series `fleet` reads. It reads nothing else, so it works
@@ -88,12 +86,9 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	app.ErrorWriter(stderr)
 	var done bool
 	app.Terminate(func(int) { done = true })
-	promURL := app.Flag("prometheus", "Base URL of the Prometheus query API: Prometheus, Thanos Query, GMP's frontend (http[s]://host:port[/prefix]).").Required().String()
-	tokenFile := app.Flag("prometheus.bearer-token-file", "File holding a bearer token sent to Prometheus (read on every run).").String()
-	timeout := app.Flag("timeout", "How long to wait for Prometheus, all queries together.").Default("30s").Duration()
+	prom := promapi.AddFlags(app, "30s")
 	output := app.Flag("output", "Output format: table or json.").Short('o').Default("table").String()
 	top := app.Flag("top", "How many idle holders to list, the most costly first.").Default("10").Int()
-	insecure := app.Flag("tls.insecure-skip-verify", "Do not verify Prometheus' TLS certificate.").Bool()
 	if _, err := app.Parse(args); err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter fleet: %v (see --help)\n", err)
 		return exitUsage
@@ -109,12 +104,13 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "gpu-pool-exporter fleet: --top=%d: want at least 1\n", *top)
 		return exitUsage
 	}
-	c, err := newPromClient(*promURL, *tokenFile, *insecure)
+	c, err := prom.NewClient()
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter fleet: %v\n", err)
 		return exitUsage
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	c.Warnings = stderr
+	ctx, cancel := prom.Context(ctx)
 	defer cancel()
 	f, err := queryFleet(ctx, c, *top)
 	if err != nil {
@@ -135,144 +131,50 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return exitOK
 }
 
-// promClient queries Prometheus' HTTP API.
-type promClient struct {
-	base   *url.URL
-	token  string
-	client *http.Client
-}
-
-func newPromClient(raw, tokenFile string, insecure bool) (*promClient, error) {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--prometheus=%s: want a URL such as http://prometheus:9090 (or Thanos Query's, or GMP frontend's)", raw)
-	}
-	c := &promClient{base: u, client: &http.Client{
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: insecure}}, //nolint:gosec // the user asked for it
-	}}
-	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("--prometheus.bearer-token-file: %w", err)
-		}
-		c.token = strings.TrimSpace(string(b))
-		if c.token == "" {
-			return nil, fmt.Errorf("--prometheus.bearer-token-file=%s is empty", tokenFile)
-		}
-	}
-	return c, nil
-}
-
-// promSample is one series of an instant vector.
-type promSample struct {
-	Labels map[string]string
-	Value  float64
-}
-
-// query runs an instant query and returns its vector.
-func (c *promClient) query(ctx context.Context, expr string) ([]promSample, error) {
-	u := *c.base
-	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v1/query"
-	u.RawQuery = url.Values{"query": {expr}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, fmt.Errorf("no answer from Prometheus at %s within --timeout (query %s)", c.base.Redacted(), expr)
-		}
-		return nil, fmt.Errorf("cannot reach Prometheus at %s: %v (check --prometheus)", c.base.Redacted(), err)
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status    string `json:"status"`
-		ErrorType string `json:"errorType"`
-		Error     string `json:"error"`
-		Data      struct {
-			ResultType string `json:"resultType"`
-			Result     []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("reading Prometheus' answer to %s: %w", expr, err)
-	}
-	if jerr := json.Unmarshal(body, &r); jerr != nil || r.Status == "" {
-		msg := strings.TrimSpace(string(body))
-		if len(msg) > 200 {
-			msg = msg[:200] + "..."
-		}
-		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-			return nil, fmt.Errorf("%s answered %s: pass a token with --prometheus.bearer-token-file (%s)", u.Redacted(), resp.Status, msg)
-		}
-		return nil, fmt.Errorf("%s answered %s, not Prometheus' query API (is --prometheus the API's base URL?): %s", u.Redacted(), resp.Status, msg)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("query %s rejected by Prometheus: %s: %s", expr, r.ErrorType, r.Error)
-	}
-	if r.Data.ResultType != "vector" {
-		return nil, fmt.Errorf("the answer to %s is a %s, want a vector", expr, r.Data.ResultType)
-	}
-	out := make([]promSample, 0, len(r.Data.Result))
-	for _, s := range r.Data.Result {
-		str, _ := s.Value[1].(string)
-		v, err := strconv.ParseFloat(str, 64)
-		if err != nil {
-			return nil, fmt.Errorf("the answer to %s has value %v: %w", expr, s.Value[1], err)
-		}
-		out = append(out, promSample{Labels: s.Metric, Value: v})
-	}
-	return out, nil
-}
+// label is the value of label name in m.
+func label(m model.Metric, name string) string { return string(m[model.LabelName(name)]) }
 
 // queryFleet reads the recorded series. The free-capacity series must be
 // there (the rules are loaded); the others may be empty: no idle holder
 // with a price, no GPU to replace.
-func queryFleet(ctx context.Context, c *promClient, top int) (*Fleet, error) {
-	free, err := c.query(ctx, fleetFreeSeries)
+func queryFleet(ctx context.Context, c *promapi.Client, top int) (*Fleet, error) {
+	free, err := c.Vector(ctx, fleetFreeSeries)
 	if err != nil {
 		return nil, err
 	}
 	if len(free) == 0 {
 		return nil, fmt.Errorf("no series %s in Prometheus: the recording rules are not loaded or have not run yet; %s", fleetFreeSeries, fleetRulesHint)
 	}
-	key := func(l map[string]string) [3]string { return [3]string{l["nodepool"], l["zone"], l["accelerator"]} }
+	key := func(m model.Metric) [3]string {
+		return [3]string{label(m, "nodepool"), label(m, "zone"), label(m, "accelerator")}
+	}
 	byKey := map[[3]string]*FleetCapacity{}
 	f := &Fleet{Capacity: []FleetCapacity{}, IdleHolders: []FleetIdleHolder{}, Replacements: []FleetReplacement{}}
 	for _, s := range free {
-		k := key(s.Labels)
-		byKey[k] = &FleetCapacity{NodePool: k[0], Zone: k[1], Accelerator: k[2], FreeGPUs: s.Value, FittingJobs: map[string]float64{}}
+		k := key(s.Metric)
+		byKey[k] = &FleetCapacity{NodePool: k[0], Zone: k[1], Accelerator: k[2], FreeGPUs: float64(s.Value), FittingJobs: map[string]float64{}}
 	}
-	groups, err := c.query(ctx, fleetGroupSeries+`{domain="nvlink"}`)
+	groups, err := c.Vector(ctx, fleetGroupSeries+`{domain="nvlink"}`)
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range groups {
-		if fc := byKey[key(s.Labels)]; fc != nil {
-			v := s.Value
+		if fc := byKey[key(s.Metric)]; fc != nil {
+			v := float64(s.Value)
 			fc.LargestFreeGroup = &v
 		}
 	}
-	idle, err := c.query(ctx, fleetIdleSeries)
+	idle, err := c.Vector(ctx, fleetIdleSeries)
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range idle {
-		if fc := byKey[key(s.Labels)]; fc != nil {
-			v := s.Value
+		if fc := byKey[key(s.Metric)]; fc != nil {
+			v := float64(s.Value)
 			fc.IdleAllocated = &v
 		}
 	}
-	fitting, err := c.query(ctx, fleetFittingSeries)
+	fitting, err := c.Vector(ctx, fleetFittingSeries)
 	if err != nil {
 		return nil, err
 	}
@@ -280,8 +182,8 @@ func queryFleet(ctx context.Context, c *promClient, top int) (*Fleet, error) {
 		return nil, fmt.Errorf("series %s but no %s in Prometheus: the exporters predate gpu_fitting_jobs, or the rules file is older than the command; %s", fleetFreeSeries, fleetFittingSeries, fleetRulesHint)
 	}
 	for _, s := range fitting {
-		if fc := byKey[key(s.Labels)]; fc != nil {
-			fc.FittingJobs[s.Labels["shape"]] = s.Value
+		if fc := byKey[key(s.Metric)]; fc != nil {
+			fc.FittingJobs[label(s.Metric, "shape")] = float64(s.Value)
 		}
 	}
 	for _, fc := range byKey {
@@ -298,14 +200,14 @@ func queryFleet(ctx context.Context, c *promClient, top int) (*Fleet, error) {
 		return a.Accelerator < b.Accelerator
 	})
 
-	holders, err := c.query(ctx, fmt.Sprintf("topk(%d, %s)", top, fleetIdleCostSeries))
+	holders, err := c.Vector(ctx, fmt.Sprintf("topk(%d, %s)", top, fleetIdleCostSeries))
 	if err != nil {
 		return nil, err
 	}
 	for _, s := range holders {
-		l := s.Labels
-		f.IdleHolders = append(f.IdleHolders, FleetIdleHolder{Namespace: l["namespace"], Pod: l["pod"], Container: l["container"],
-			Node: l["node"], GPU: l["gpu"], MIGProfile: l["mig_profile"], DollarsPerHour: s.Value})
+		l := func(name string) string { return label(s.Metric, name) }
+		f.IdleHolders = append(f.IdleHolders, FleetIdleHolder{Namespace: l("namespace"), Pod: l("pod"), Container: l("container"),
+			Node: l("node"), GPU: l("gpu"), MIGProfile: l("mig_profile"), DollarsPerHour: float64(s.Value)})
 	}
 	sort.SliceStable(f.IdleHolders, func(i, j int) bool {
 		a, b := f.IdleHolders[i], f.IdleHolders[j]
@@ -315,20 +217,19 @@ func queryFleet(ctx context.Context, c *promClient, top int) (*Fleet, error) {
 		return a.Namespace+"/"+a.Pod+"/"+a.Container+"/"+a.Node+"/"+a.GPU < b.Namespace+"/"+b.Pod+"/"+b.Container+"/"+b.Node+"/"+b.GPU
 	})
 
-	repl, err := c.query(ctx, fleetReplaceSeries)
+	repl, err := c.Vector(ctx, fleetReplaceSeries)
 	if err != nil {
 		return nil, err
 	}
 	byGPU := map[[3]string]*FleetReplacement{}
 	for _, s := range repl {
-		l := s.Labels
-		k := [3]string{l["node"], l["gpu"], l["uuid"]}
+		k := [3]string{label(s.Metric, "node"), label(s.Metric, "gpu"), label(s.Metric, "uuid")}
 		r := byGPU[k]
 		if r == nil {
 			r = &FleetReplacement{Node: k[0], GPU: k[1], UUID: k[2]}
 			byGPU[k] = r
 		}
-		if reason := l["reason"]; reason != "" && !slices.Contains(r.Reasons, reason) {
+		if reason := label(s.Metric, "reason"); reason != "" && !slices.Contains(r.Reasons, reason) {
 			r.Reasons = append(r.Reasons, reason)
 		}
 	}

@@ -25,7 +25,7 @@ func fakePrometheus(t *testing.T, prefix string, results map[string]string) (*ht
 			return
 		}
 		auth = append(auth, r.Header.Get("Authorization"))
-		res, ok := results[r.URL.Query().Get("query")]
+		res, ok := results[r.FormValue("query")] // client_golang POSTs the query as a form
 		if !ok {
 			res = "[]"
 		}
@@ -102,6 +102,30 @@ func TestFleetTableAndJSON(t *testing.T) {
 	}
 }
 
+// Warnings in Prometheus' answers (a partial answer from Thanos) reach
+// stderr; the answer is still printed.
+func TestFleetPrintsWarnings(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, ok := fleetResults[r.FormValue("query")]
+		if !ok {
+			res = "[]"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"status":"success","warnings":["store gateway down: partial answer"],"data":{"resultType":"vector","result":%s}}`, res)
+	}))
+	t.Cleanup(srv.Close)
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"fleet", "--prometheus=" + srv.URL}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "warning: Prometheus at "+srv.URL) || !strings.Contains(errb.String(), "store gateway down: partial answer") {
+		t.Errorf("stderr lacks the warning:\n%s", errb.String())
+	}
+	if !strings.Contains(out.String(), "a100") {
+		t.Errorf("no table beside the warning:\n%s", out.String())
+	}
+}
+
 // Without idle prices or replacement series the sections say none.
 func TestFleetNoneWhenOptionalSeriesAbsent(t *testing.T) {
 	results := map[string]string{}
@@ -137,6 +161,10 @@ func TestFleetErrors(t *testing.T) {
 		http.Error(w, "Unauthorized", http.StatusUnauthorized)
 	}))
 	t.Cleanup(unauthorized.Close)
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(failing.Close)
 	notProm := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(notProm.Close)
 	closed := httptest.NewServer(http.NotFoundHandler())
@@ -174,6 +202,8 @@ func TestFleetErrors(t *testing.T) {
 		{"query rejected", []string{"--prometheus=" + rejecting.URL}, exitError, "rejected by Prometheus: bad_data: parse error"},
 		{"unauthorized", []string{"--prometheus=" + unauthorized.URL}, exitError, "--prometheus.bearer-token-file"},
 		{"not the query API", []string{"--prometheus=" + notProm.URL}, exitError, "not Prometheus' query API"},
+		{"server failing", []string{"--prometheus=" + failing.URL}, exitError, "failed (503 Service Unavailable): overloaded"},
+		{"bad timeout", []string{"--prometheus=" + missing.URL, "--timeout=0s"}, exitUsage, "--timeout=0s"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,17 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/internal/server"
 )
 
 // slowBody sends a request whose body is announced and then trickles (one
@@ -73,7 +72,7 @@ func TestSlowRequestBodiesAreRefusedAtOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// More slow clients than connections and scrape slots.
-			for i := 0; i < probeMaxConnections+4; i++ {
+			for i := 0; i < server.ProbeMaxConnections+4; i++ {
 				c, resp := slowBody(t, tc.addr, tc.method, tc.path)
 				held = append(held, c)
 				if resp == nil {
@@ -188,48 +187,6 @@ func TestSlowReadersLeaveScrapeSlotsFree(t *testing.T) {
 	}
 }
 
-// Past --web.max-requests answers being prepared at once, a scrape gets 503
-// at once; the slot comes back when the handler starts writing.
-func TestMaxRequestsAnswers503(t *testing.T) {
-	entered := make(chan struct{}, 8)
-	release := make(chan struct{})
-	h := limitConcurrency(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		entered <- struct{}{}
-		<-release
-		fmt.Fprint(w, strings.Repeat("x", 3*writeChunk))
-	}), 2)
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	var wg sync.WaitGroup
-	codes := make(chan int, 2)
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			code, _ := get(t, srv.Client(), srv.URL, "", "")
-			codes <- code
-		}()
-	}
-	<-entered
-	<-entered
-	for i := 0; i < 3; i++ {
-		code, body := get(t, srv.Client(), srv.URL, "", "")
-		if code != http.StatusServiceUnavailable || !strings.Contains(body, "too many concurrent scrapes") {
-			t.Errorf("scrape %d with both slots taken: %d %q", i, code, body)
-		}
-	}
-	close(release)
-	wg.Wait()
-	for i := 0; i < 2; i++ {
-		if code := <-codes; code != 200 {
-			t.Errorf("a scrape that held a slot got %d", code)
-		}
-	}
-	if code, _ := get(t, srv.Client(), srv.URL, "", ""); code != 200 {
-		t.Errorf("after the slots came back: %d", code)
-	}
-}
-
 // SIGHUP reads the web config again, even a change the file watch cannot
 // see (same size, same modification time), logs it, and the exporter keeps
 // serving (it used to exit with 129, without a shutdown).
@@ -280,36 +237,6 @@ func TestSIGHUPReloadsWebConfig(t *testing.T) {
 		if !strings.Contains(r.logs.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, r.logs.String())
 		}
-	}
-}
-
-// The HTTP server's own error lines (a TLS handshake that fails, as any
-// client can cause) follow the log level: none at error, info or warn; at
-// debug a bounded number, with a count of those left out.
-func TestServerErrorLogFollowsLevel(t *testing.T) {
-	for _, tc := range []struct {
-		level   zerolog.Level
-		atMost  int
-		atLeast int
-	}{
-		{zerolog.ErrorLevel, 0, 0},
-		{zerolog.InfoLevel, 0, 0},
-		{zerolog.DebugLevel, serverErrorBurst + 10, 1},
-	} {
-		t.Run(tc.level.String(), func(t *testing.T) {
-			var buf syncBuffer
-			srv := newHTTPServer(http.NotFoundHandler(), zerolog.New(&buf).Level(tc.level))
-			for i := 0; i < 1000; i++ {
-				srv.ErrorLog.Printf("http: TLS handshake error from 10.0.0.%d:4000: EOF", i%250)
-			}
-			lines := strings.Count(buf.String(), "\n")
-			if lines > tc.atMost || lines < tc.atLeast {
-				t.Fatalf("1000 server errors made %d log lines at %s, want %d to %d:\n%.500s", lines, tc.level, tc.atLeast, tc.atMost, buf.String())
-			}
-			if lines > 0 && !strings.Contains(buf.String(), `"level":"debug"`) {
-				t.Errorf("not at debug level: %.300s", buf.String())
-			}
-		})
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/internal/server"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 )
 
@@ -64,26 +65,27 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// subcommands are the commands other than serving, by their first word.
+var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) int{
+	"status":    runStatus,
+	"fleet":     runFleet,
+	"recommend": runRecommend,
+	"report":    runReport,
+}
+
 // run is main without os.Exit, for tests. It returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "status" {
-		return runStatus(ctx, args[1:], stdout, stderr)
+	if len(args) > 0 {
+		if sub, ok := subcommands[args[0]]; ok {
+			return sub(ctx, args[1:], stdout, stderr)
+		}
 	}
-	if len(args) > 0 && args[0] == "fleet" {
-		return runFleet(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "recommend" {
-		return runRecommend(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "report" {
-		return runReport(ctx, args[1:], stdout, stderr)
-	}
-	o, code, err := parseFlags(args, stdout, stderr)
+	c, code, err := parseConfig(args, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v (see --help)\n", err)
 		return code
 	}
-	if o == nil {
+	if c == nil {
 		return exitOK // --help or --version
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
@@ -93,38 +95,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	o.hup = hup
-	code, err = start(ctx, o, newLogger(o, stderr))
-	if err != nil {
+	if err := start(ctx, c, hup, newLogger(c, stderr)); err != nil {
 		fmt.Fprintf(stderr, "gpu-pool-exporter: %v\n", err)
 		return exitCode(err)
 	}
-	return code
+	return exitOK
 }
 
 // start builds the exporter from its parts, in the order that fails
-// fastest, and serves until ctx is done. A start-up failure is returned as
-// an error; otherwise the exit code is serve's.
-func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
-	derived, err := derivedConfig(o) // a bad price file fails before anything starts
-	if err != nil {
-		return 0, err
+// fastest, and serves until ctx is done (nil) or something fails.
+func start(ctx context.Context, c *config, hup <-chan os.Signal, log zerolog.Logger) error {
+	if c.webConfig != nil {
+		defer c.webConfig.Close()
 	}
-	ls, err := listenAll(o)
+	ls, err := server.Listen(c.listen)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	defer ls.close()
-	src, err := nodeSources(o, log)
+	defer ls.Close()
+	src, err := nodeSources(c, log)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	// NVML is initialised once, by the sampler, in the background: the
 	// listeners above serve /healthz at once and /readyz says what the
 	// exporter waits for.
-	node, err := collector.Assemble(nodeConfig(o, derived, log), src)
+	node, err := collector.Assemble(nodeConfig(c, log), src)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer node.Close()
 
@@ -137,8 +135,8 @@ func start(ctx context.Context, o *options, log zerolog.Logger) (int, error) {
 	defer cancel()
 	node.Start(runCtx, &wg)
 	log.Info().Str("version", version.Version).Str("revision", version.GetRevision()).
-		Bool("simulated", o.simulate).Dur("interval", o.interval).Msg("starting gpu-pool-exporter")
-	return serve(runCtx, cancel, o, node.Exporter, ls, log), nil
+		Bool("simulated", c.simulate).Dur("interval", c.interval).Msg("starting gpu-pool-exporter")
+	return serve(runCtx, c, node.Exporter, ls, hup, log)
 }
 
 // stopWait bounds how long the exporter waits at exit for its background

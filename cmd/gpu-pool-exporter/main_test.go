@@ -292,6 +292,20 @@ func TestInputErrorsExit2(t *testing.T) {
 	}
 }
 
+// exporterBinary is the exporter built: make test builds it once for every
+// package (GPE_TEST_BINARY); alone, the test builds it.
+func exporterBinary(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("GPE_TEST_BINARY"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "gpu-pool-exporter")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // TestSetupFailureExits1 runs the built binary where the simulated node's
 // host tree cannot be written (TMPDIR is missing): the machine's failure,
 // not the user's, so the process exits 1 and not with the usage code 2.
@@ -300,14 +314,7 @@ func TestSetupFailureExits1(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	// make test builds the exporter once for every package (GPE_TEST_BINARY).
-	bin := os.Getenv("GPE_TEST_BINARY")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "gpu-pool-exporter")
-		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
-	}
+	bin := exporterBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--simulate", "--web.listen-address="+freeAddr(t))
@@ -567,7 +574,7 @@ func TestNodeSummaryFlags(t *testing.T) {
 		{[]string{"--collector.profile=full", "--collector.node_summary"}, true},
 	} {
 		t.Run(fmt.Sprint(tc.args), func(t *testing.T) {
-			o, code, err := parseFlags(tc.args, io.Discard, io.Discard)
+			o, code, err := parseConfig(tc.args, io.Discard, io.Discard)
 			if err != nil || code != exitOK {
 				t.Fatalf("%v: exit %d, %v", tc.args, code, err)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/alecthomas/kingpin/v2"
 	"github.com/prometheus/common/model"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/internal/promapi"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/rightsize"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 )
@@ -22,7 +23,7 @@ import (
 // rightsizeFlags are the flags recommend and report share besides
 // Prometheus': the window's end, the output format and the prices.
 type rightsizeFlags struct {
-	prom      promFlags
+	prom      *promapi.Flags
 	at        string
 	output    string
 	priceFile string
@@ -44,7 +45,7 @@ func newRightsizeApp(name, help string, stdout, stderr io.Writer, f *rightsizeFl
 	app.ErrorWriter(stderr)
 	app.Terminate(func(int) { app.done = true })
 	// Reading a week of recordings takes longer than fleet's instant figures.
-	addPromFlags(app.Application, &f.prom, "2m")
+	f.prom = promapi.AddFlags(app.Application, "2m")
 	app.Flag("at", "End of the window: RFC 3339 time or Unix seconds (default: now).").StringVar(&f.at)
 	app.Flag("output", "Output format: table, csv or json.").Short('o').Default("table").StringVar(&f.output)
 	app.Flag("idle.price-file", "YAML price list, as the exporter's (per GPU-hour by NVML model name, or by GKE accelerator name; see deploy/prices-gke-on-demand.yaml). Default: the exporters' configured prices (gpu_price_dollars_per_hour).").StringVar(&f.priceFile)
@@ -85,7 +86,7 @@ func (a *rightsizeApp) read(ctx context.Context, f *rightsizeFlags, flag, length
 	if err != nil {
 		return nil, rightsize.Prices{}, nil, a.fail(exitUsage, err)
 	}
-	o, err := f.observe(ctx, w)
+	o, err := f.observe(ctx, w, a.stderr)
 	if err != nil {
 		return nil, rightsize.Prices{}, nil, a.fail(exitFor(err), err)
 	}
@@ -149,26 +150,11 @@ func parseAt(s string) (time.Time, error) {
 
 // prices reads --idle.price-file and --idle.price, as the exporter does.
 func (f *rightsizeFlags) prices() (*fragmentation.PriceList, error) {
-	var list *fragmentation.PriceList
-	if f.priceFile != "" {
-		var err error
-		if list, err = fragmentation.LoadPriceList(f.priceFile); err != nil {
-			return nil, fmt.Errorf("--idle.price-file: %w", err)
-		}
-	}
 	extra, err := fragmentation.ParsePriceFlag(f.priceFlag)
 	if err != nil {
 		return nil, fmt.Errorf("--idle.price=%s: %w", f.priceFlag, err)
 	}
-	if len(extra) > 0 {
-		if list == nil {
-			list = &fragmentation.PriceList{PerGPUHour: map[string]float64{}}
-		}
-		for k, v := range extra {
-			list.PerGPUHour[k] = v
-		}
-	}
-	return list, nil
+	return loadPrices(f.priceFile, extra)
 }
 
 func (f *rightsizeFlags) checkOutput() error {
@@ -178,24 +164,17 @@ func (f *rightsizeFlags) checkOutput() error {
 	return nil
 }
 
-// observe reads the window from Prometheus; its errors are the machine's
-// or the data's (exit 1), explained.
-func (f *rightsizeFlags) observe(ctx context.Context, w rightsize.Window) (*rightsize.Observation, error) {
-	api, err := f.prom.client()
+// observe reads the window from Prometheus, its warnings to warnings; its
+// errors are the machine's or the data's (exit 1), explained.
+func (f *rightsizeFlags) observe(ctx context.Context, w rightsize.Window, warnings io.Writer) (*rightsize.Observation, error) {
+	c, err := f.prom.NewClient()
 	if err != nil {
 		return nil, usageError{err}
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.prom.timeout)
+	c.Warnings = warnings
+	ctx, cancel := f.prom.Context(ctx)
 	defer cancel()
-	o, err := rightsize.Observe(ctx, api, w)
-	if err != nil {
-		var we *rightsize.WindowError
-		if errors.As(err, &we) || errors.Is(err, rightsize.ErrNoRecordings) {
-			return nil, err
-		}
-		return nil, f.prom.explain(ctx, err)
-	}
-	return o, nil
+	return rightsize.Observe(ctx, c, w)
 }
 
 // usageError is an error in what the user wrote, found after parsing.

@@ -209,3 +209,67 @@ func TestWebConfigRotation(t *testing.T) {
 		t.Errorf("the old password after rotation: %d, want 401", code)
 	}
 }
+
+// exporter-toolkit serves the web config's headers (on refusals too) and
+// its HTTP/2 switch: with http2: false, TLS offers HTTP/1.1 alone.
+func TestWebConfigHeadersAndHTTP2Switch(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := writeCert(t, dir)
+	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), bcrypt.MinCost)
+	webConfig := filepath.Join(dir, "web.yml")
+	// Relative paths: the toolkit is given them resolved against this file.
+	if err := os.WriteFile(webConfig, []byte("tls_server_config:\n  cert_file: "+filepath.Base(certFile)+"\n  key_file: "+filepath.Base(keyFile)+
+		"\nhttp_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: deny\n    X-Content-Type-Options: nosniff\n"+
+		"basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startWithConfig(t, webConfig)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}, Timeout: 20 * time.Second}
+	for _, user := range []string{"prometheus", ""} {
+		req, _ := http.NewRequest("GET", "https://"+r.addr+"/metrics", nil)
+		if user != "" {
+			req.SetBasicAuth(user, "s3cret-scrape")
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := map[string]int{"prometheus": 200, "": 401}[user]; resp.StatusCode != want {
+			t.Errorf("user %q: %d, want %d", user, resp.StatusCode, want)
+		}
+		if resp.Header.Get("X-Frame-Options") != "deny" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("user %q: headers %v, want the web config's", user, resp.Header)
+		}
+		if resp.ProtoMajor != 1 {
+			t.Errorf("user %q: %s with http2: false", user, resp.Proto)
+		}
+	}
+}
+
+// Without TLS, the web config's headers are served all the same (by the
+// exporter: exporter-toolkit is not given the file then).
+func TestWebConfigHeadersWithoutTLS(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret-scrape"), bcrypt.MinCost)
+	webConfig := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(webConfig, []byte("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n"+
+		"basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startWithConfig(t, webConfig)
+	c := &http.Client{Timeout: 20 * time.Second}
+	for _, user := range []string{"prometheus", ""} {
+		req, _ := http.NewRequest("GET", "http://"+r.addr+"/metrics", nil)
+		if user != "" {
+			req.SetBasicAuth(user, "s3cret-scrape")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get("X-Frame-Options") != "sameorigin" {
+			t.Errorf("user %q: %d, headers %v, want the web config's X-Frame-Options", user, resp.StatusCode, resp.Header)
+		}
+	}
+}

@@ -15,90 +15,63 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/state"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
-func newLogger(o *options, w io.Writer) zerolog.Logger {
+// criTimeout is the deadline of every call to the container runtime.
+const criTimeout = 2 * time.Second
+
+func newLogger(c *config, w io.Writer) zerolog.Logger {
 	out := w
-	if o.logFormat == "console" {
+	if c.logFormat == "console" {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
 	}
-	lvl, _ := zerolog.ParseLevel(o.logLevel)
-	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
-}
-
-// derivedConfig reads the idle, price and fragmentation settings.
-func derivedConfig(o *options) (state.DerivedConfig, error) {
-	shapes, _ := fragmentation.ParseShapes(o.shapes) // checked in validate
-	dc := state.DerivedConfig{
-		Idle:   fragmentation.IdleConfig{Threshold: o.idleThreshold, Window: o.idleWindow},
-		Shapes: shapes,
-	}
-	var prices *fragmentation.PriceList
-	if o.priceFile != "" {
-		var err error
-		if prices, err = fragmentation.LoadPriceList(o.priceFile); err != nil {
-			return dc, inputError{fmt.Errorf("--idle.price-file: %w", err)}
-		}
-	}
-	extra, _ := fragmentation.ParsePriceFlag(o.priceFlag)
-	if len(extra) > 0 {
-		if prices == nil {
-			prices = &fragmentation.PriceList{PerGPUHour: map[string]float64{}}
-		}
-		for k, v := range extra {
-			prices.PerGPUHour[k] = v
-		}
-	}
-	dc.Prices = prices
-	return dc, nil
+	return zerolog.New(out).Level(c.logLevel).With().Timestamp().Logger()
 }
 
 // nodeSources are the node's sources: the driver's libraries, the kubelet
 // and the host, or with --simulate the simulation wing's stand-ins for them
 // (a flag the user set still names a real kubelet or host tree).
-func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
-	if !o.simulate {
-		lib, err := nvmlsampler.NewNVML(o.nvmlLibrary)
+func nodeSources(c *config, log zerolog.Logger) (collector.Sources, error) {
+	if !c.simulate {
+		lib, err := nvmlsampler.NewNVML(c.nvmlLibrary)
 		if errors.Is(err, nvmlsampler.ErrNoNVML) {
-			return collector.Sources{}, noNVMLError(o.nvmlLibrary)
+			return collector.Sources{}, noNVMLError(c.nvmlLibrary)
 		}
 		if err != nil {
 			return collector.Sources{}, err
 		}
-		kube, err := kubeClient(o)
+		kube, err := kubeClient(c)
 		if err != nil {
 			return collector.Sources{}, err
 		}
-		resolver, closeResolver, err := processResolver(o, o.procsRoot, o.procsLogDir, log)
+		resolver, closeResolver, err := processResolver(c, c.procsRoot, c.procsLogDir, log)
 		if err != nil {
 			return collector.Sources{}, err
 		}
-		return collector.Sources{NVML: lib, KubeletSocket: o.kubeletSocket, Kube: kube, Processes: resolver, Sysfs: o.sysfs, Close: closeResolver}, nil
+		return collector.Sources{NVML: lib, KubeletSocket: c.kubelet.Socket, Kube: kube, Processes: resolver, Sysfs: c.sysfs, Close: closeResolver}, nil
 	}
-	node, err := simulatedNode(o, log)
+	node, err := simulatedNode(c, log)
 	if err != nil {
 		return collector.Sources{}, err
 	}
 	// The pod labels and UIDs come from the API server a kubeconfig names,
 	// else from the simulated node's own.
-	podMeta := (o.compatPodLabels || o.compatPodUID) && o.kubeconfig == ""
-	stand, err := sim.Sources(node, sim.Options{Kubelet: o.kubeletEnabled && !o.kubeletSocketSet, FollowEvery: min(o.interval, time.Second), Sysfs: true,
-		APIServer: podMeta, NodeName: podMetaNode(o, node)})
+	podMeta := (c.compatPodLabels || c.compatPodUID) && c.kubeconfig == ""
+	stand, err := sim.Sources(node, sim.Options{Kubelet: c.kubeletEnabled && !c.kubeletSocketSet, FollowEvery: min(c.interval, time.Second), Sysfs: true,
+		APIServer: podMeta, NodeName: podMetaNode(c, node)})
 	if err != nil {
 		node.Close()
 		return collector.Sources{}, err
 	}
 	src := stand.Sources
 	if !podMeta {
-		if src.Kube, err = kubeClient(o); err != nil {
+		if src.Kube, err = kubeClient(c); err != nil {
 			stand.Sources.Close()
 			node.Close()
 			return collector.Sources{}, err
@@ -107,26 +80,26 @@ func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
 	if stand.Kubelet != nil {
 		log.Info().Str("socket", src.KubeletSocket).Msg("serving the simulated node's pods on a built-in fake kubelet")
 	} else {
-		src.KubeletSocket = o.kubeletSocket
+		src.KubeletSocket = c.kubelet.Socket
 	}
 	closeStand := src.Close
 	src.Close = func() { closeStand(); node.Close() }
 	// The simulated host's /proc and container logs unless the flags name
 	// others.
-	root, logDir := o.procsRoot, o.procsLogDir
-	if o.procsEnabled && !o.procsRootSet {
+	root, logDir := c.procsRoot, c.procsLogDir
+	if c.procsEnabled && !c.procsRootSet {
 		if root, err = node.HostProc(); err != nil {
 			src.Close()
 			return collector.Sources{}, err
 		}
 	}
-	if o.procsEnabled && !o.procsLogDirSet {
+	if c.procsEnabled && !c.procsLogDirSet {
 		if logDir, err = node.HostLogDir(); err != nil {
 			src.Close()
 			return collector.Sources{}, err
 		}
 	}
-	resolver, closeResolver, err := processResolver(o, root, logDir, log)
+	resolver, closeResolver, err := processResolver(c, root, logDir, log)
 	if err != nil {
 		src.Close()
 		return collector.Sources{}, err
@@ -140,15 +113,15 @@ func nodeSources(o *options, log zerolog.Logger) (collector.Sources, error) {
 // kubeClient is the API server's client for the pod labels and UIDs: from
 // --kubernetes.kubeconfig, else the pod's service account; nil when they
 // are not asked for.
-func kubeClient(o *options) (kubernetes.Interface, error) {
-	if !o.compatPodLabels && !o.compatPodUID {
+func kubeClient(c *config) (kubernetes.Interface, error) {
+	if !c.compatPodLabels && !c.compatPodUID {
 		return nil, nil
 	}
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig); err != nil {
-			return nil, inputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", o.kubeconfig, err)}
+	if c.kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", c.kubeconfig); err != nil {
+			return nil, inputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", c.kubeconfig, err)}
 		}
 	} else if cfg, err = rest.InClusterConfig(); err != nil {
 		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
@@ -159,29 +132,20 @@ func kubeClient(o *options) (kubernetes.Interface, error) {
 
 // podMetaNode is the node whose pods are watched: --node-name, or the
 // simulated node's own name.
-func podMetaNode(o *options, node *simnode.Node) string {
-	if o.nodeName != "" {
-		return o.nodeName
+func podMetaNode(c *config, node *simnode.Node) string {
+	if c.nodeName != "" {
+		return c.nodeName
 	}
 	return node.Scenario.Node.Name
 }
 
 // simulatedNode builds the simulated node of --simulate.scenario (the
 // built-in one without it).
-func simulatedNode(o *options, log zerolog.Logger) (*simnode.Node, error) {
-	sc := simnode.DefaultScenario()
-	if o.simulateFile != "" {
-		var err error
-		if sc, err = simnode.LoadScenario(o.simulateFile); err != nil {
-			return nil, inputError{err}
-		}
-	}
-	if o.simulateSeedSet || sc.Seed == 0 {
-		sc.Seed = o.simulateSeed
-	}
+func simulatedNode(c *config, log zerolog.Logger) (*simnode.Node, error) {
+	sc := c.scenario
 	node, err := simnode.New(sc)
 	if err != nil {
-		return nil, inputError{fmt.Errorf("--simulate.scenario=%s: %w", o.simulateFile, err)}
+		return nil, inputError{fmt.Errorf("--simulate.scenario=%s: %w", c.scenarioFile, err)}
 	}
 	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Str("flavour", sc.Node.Flavour).Msg("running on a SIMULATED GPU node; no real GPU is read")
 	return node, nil
@@ -216,13 +180,13 @@ func noNVMLError(path string) error {
 // cannot be read is an error; the defaults that cannot be read (no host
 // /proc mounted) turn accounting off with a warning, so a minimal
 // deployment still starts.
-func processResolver(o *options, root, logDir string, log zerolog.Logger) (*procs.Resolver, func(), error) {
+func processResolver(c *config, root, logDir string, log zerolog.Logger) (*procs.Resolver, func(), error) {
 	nothing := func() {}
-	if !o.procsEnabled {
+	if !c.procsEnabled {
 		return nil, nothing, nil
 	}
 	if err := procs.CheckProcRoot(root); err != nil {
-		if o.procsRootSet {
+		if c.procsRootSet {
 			return nil, nothing, inputError{fmt.Errorf("--procs.proc-root=%s: %w", root, err)}
 		}
 		log.Warn().Err(err).Msg("per-process accounting is off: per-container use of shared GPUs is unknown")
@@ -230,16 +194,16 @@ func processResolver(o *options, root, logDir string, log zerolog.Logger) (*proc
 	}
 	cfg := procs.Config{ProcRoot: root}
 	closeFn := nothing
-	if o.procsCRISocket != "" {
-		c, err := procs.NewCRI(o.procsCRISocket, criTimeout)
-		if err != nil { // the path passed validate: the failure is in setting up
-			return nil, nothing, fmt.Errorf("--procs.cri-socket=%s: %w", o.procsCRISocket, err)
+	if c.procsCRISocket != "" {
+		cri, err := procs.NewCRI(c.procsCRISocket, criTimeout)
+		if err != nil { // the path passed check: the failure is in setting up
+			return nil, nothing, fmt.Errorf("--procs.cri-socket=%s: %w", c.procsCRISocket, err)
 		}
-		cfg.Identities, closeFn = c, func() { c.Close() }
+		cfg.Identities, closeFn = cri, func() { cri.Close() }
 	} else {
 		ld, err := procs.NewLogDir(logDir)
 		if err != nil {
-			if o.procsLogDirSet {
+			if c.procsLogDirSet {
 				return nil, nothing, inputError{fmt.Errorf("--procs.container-log-dir=%s: %w", logDir, err)}
 			}
 			log.Warn().Err(err).Msg("containers cannot be named: the processes of pods count as outside pods")
@@ -247,37 +211,37 @@ func processResolver(o *options, root, logDir string, log zerolog.Logger) (*proc
 			cfg.Identities = ld
 		}
 	}
-	log.Info().Str("proc_root", root).Str("container_log_dir", logDir).Str("cri_socket", o.procsCRISocket).Msg("per-process accounting on")
+	log.Info().Str("proc_root", root).Str("container_log_dir", logDir).Str("cri_socket", c.procsCRISocket).Msg("per-process accounting on")
 	return procs.NewResolver(cfg), closeFn, nil
 }
 
 // nodeConfig is the configuration of every part of the exporter.
-func nodeConfig(o *options, derived state.DerivedConfig, log zerolog.Logger) collector.NodeConfig {
+func nodeConfig(c *config, log zerolog.Logger) collector.NodeConfig {
 	cfg := collector.NodeConfig{
 		Log: log,
-		Exporter: collector.Config{Interval: o.interval, RuntimeMetrics: true, Derived: derived, Groups: o.groups,
-			Status:           render.StatusInfo{Version: version.Version, Node: o.nodeName, Simulated: o.simulate},
-			NVMLRestartAfter: o.nvmlRestartAfter},
-		Sampler: nvmlsampler.SamplerConfig{DeviceTimeout: o.deviceTimeout, InitTimeout: o.nvmlInitTimeout},
-		XID:     o.groups.On(render.GroupXID) || o.compatDCGM,
+		Exporter: collector.Config{Interval: c.interval, RuntimeMetrics: true, Derived: c.derived, Groups: c.groups,
+			Status:           render.StatusInfo{Version: version.Version, Node: c.nodeName, Simulated: c.simulate},
+			NVMLRestartAfter: c.nvmlRestartAfter},
+		Sampler: nvmlsampler.SamplerConfig{DeviceTimeout: c.deviceTimeout, InitTimeout: c.nvmlInitTimeout},
+		XID:     c.groups.On(render.GroupXID) || c.compatDCGM,
 	}
-	if o.compatDCGM {
-		host := o.nodeName
+	if c.compatDCGM {
+		host := c.nodeName
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: o.compatHostnameLabel, VirtualGPUs: o.compatVirtualGPUs,
-			Counters: o.compatCounters, PodUID: o.compatPodUID, PodLabels: o.compatPodLabels}
-		if o.compatPodLabels || o.compatPodUID {
-			cfg.PodMeta = &podmap.MetaConfig{NodeName: host, Labels: o.compatPodLabels, LabelAllowlist: o.compatLabelRegexps}
+		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: c.compatHostnameLabel, VirtualGPUs: c.compatVirtualGPUs,
+			Counters: c.compatCounters, PodUID: c.compatPodUID, PodLabels: c.compatPodLabels}
+		if c.compatPodLabels || c.compatPodUID {
+			cfg.PodMeta = &podmap.MetaConfig{NodeName: host, Labels: c.compatPodLabels, LabelAllowlist: c.compatLabelRegexps}
 		}
 	}
-	if dcgm.Mode(o.dcgmMode) != dcgm.ModeOff {
-		cfg.DCGM = &dcgm.Config{Mode: dcgm.Mode(o.dcgmMode), HostEngine: o.dcgmHostEngine, Interval: o.interval}
+	if c.dcgmMode != dcgm.ModeOff {
+		cfg.DCGM = &dcgm.Config{Mode: c.dcgmMode, HostEngine: c.dcgmHostEngine, Interval: c.interval}
 	}
-	if o.kubeletEnabled {
-		cfg.Kubelet = &podmap.Config{RefreshInterval: o.kubeletRefresh, CallTimeout: o.kubeletTimeout,
-			MaxRecvMsgSize: int(o.kubeletMaxBytes), ExtraResourceNames: o.kubeletResources}
+	if c.kubeletEnabled {
+		k := c.kubelet // its socket is the sources' (a simulated node's may be its own fake kubelet's)
+		cfg.Kubelet = &k
 	}
 	return cfg
 }

@@ -3,6 +3,7 @@ package procs
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -37,10 +38,10 @@ type CRI struct {
 
 // NewCRI connects (lazily) to a CRI runtime socket.
 func NewCRI(socket string, timeout time.Duration) (*CRI, error) {
-	socket = strings.TrimPrefix(socket, "unix://")
-	if socket == "" {
-		return nil, fmt.Errorf("CRI socket path is empty: pass the runtime's socket, e.g. /run/containerd/containerd.sock")
+	if err := CheckCRISocket(socket); err != nil {
+		return nil, err
 	}
+	socket = strings.TrimPrefix(socket, "unix://")
 	if timeout <= 0 {
 		timeout = 2 * time.Second
 	}
@@ -50,6 +51,19 @@ func NewCRI(socket string, timeout time.Duration) (*CRI, error) {
 	}
 	return &CRI{conn: conn, client: criv1.NewRuntimeServiceClient(conn), timeout: timeout,
 		known: map[string]Identity{}, missing: map[string]int{}}, nil
+}
+
+// CheckCRISocket checks a runtime socket path as NewCRI does, without
+// building a client: it must be given, and be a valid unix target for gRPC.
+func CheckCRISocket(socket string) error {
+	socket = strings.TrimPrefix(socket, "unix://")
+	if socket == "" {
+		return fmt.Errorf("CRI socket path is empty: pass the runtime's socket, e.g. /run/containerd/containerd.sock")
+	}
+	if _, err := url.Parse("unix://" + socket); err != nil {
+		return fmt.Errorf("CRI socket %s: %w", socket, err)
+	}
+	return nil
 }
 
 // Close closes the connection.

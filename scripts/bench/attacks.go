@@ -211,7 +211,7 @@ type slowBodyResult struct {
 // beside them (default flags: 40 scrape slots).
 func measureSlowBodies(cfg config) (slowBodyResult, error) {
 	var r slowBodyResult
-	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) })
+	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) }, nil)
 	if err != nil {
 		return r, err
 	}
@@ -242,13 +242,7 @@ type probeResult struct {
 // scraper on the web port every 100 ms.
 func measureProbePort(cfg config) (probeResult, error) {
 	var r probeResult
-	probeAddr, err := freePort()
-	if err != nil {
-		return r, err
-	}
-	p, err := startExporter(cfg, []string{"--web.probe-address=" + probeAddr}, func(string) (*http.Request, error) {
-		return http.NewRequest("GET", "http://"+probeAddr+"/readyz", nil)
-	})
+	p, probeAddr, err := startWithProbe(cfg)
 	if err != nil {
 		return r, err
 	}
@@ -256,14 +250,42 @@ func measureProbePort(cfg config) (probeResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.attackFor)
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(1)
 	go func() { defer wg.Done(); r.bodies = slowBodies(ctx, probeAddr, "POST", "/healthz", cfg.probeConns) }()
 	sleepCtx(ctx, 500*time.Millisecond)
+	probeBoth(ctx, &wg, probeAddr, &r.healthz, &r.readyz)
+	r.scraper = poll(ctx, clientFrom("127.0.0.3", true, 10*time.Second), 100*time.Millisecond, func() *http.Request {
+		req, _ := http.NewRequest("GET", "http://"+p.addr+"/metrics", nil)
+		return req
+	})
+	wg.Wait()
+	return r, nil
+}
+
+// startWithProbe starts the exporter with a probe listener
+// (--web.probe-address) and returns it and the probe address.
+func startWithProbe(cfg config) (*exporterProc, string, error) {
+	probeAddr, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := startExporter(cfg, []string{"--web.probe-address=" + probeAddr}, func(string) (*http.Request, error) {
+		return http.NewRequest("GET", "http://"+probeAddr+"/readyz", nil)
+	}, nil)
+	return p, probeAddr, err
+}
+
+// probeBoth starts a prober from 127.0.0.2 asking /healthz and /readyz at
+// probeAddr every 100 ms on a new connection each (as the kubelet does, 1 s
+// timeout: its default), until ctx ends; wg is done for each when it has
+// set its figures.
+func probeBoth(ctx context.Context, wg *sync.WaitGroup, probeAddr string, healthz, readyz **clientStats) {
 	prober := clientFrom("127.0.0.2", false, time.Second)
 	for _, x := range []struct {
 		path string
 		out  **clientStats
-	}{{"/healthz", &r.healthz}, {"/readyz", &r.readyz}} {
+	}{{"/healthz", healthz}, {"/readyz", readyz}} {
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			*x.out = poll(ctx, prober, 100*time.Millisecond, func() *http.Request {
@@ -272,12 +294,6 @@ func measureProbePort(cfg config) (probeResult, error) {
 			})
 		}()
 	}
-	r.scraper = poll(ctx, clientFrom("127.0.0.3", true, 10*time.Second), 100*time.Millisecond, func() *http.Request {
-		req, _ := http.NewRequest("GET", "http://"+p.addr+"/metrics", nil)
-		return req
-	})
-	wg.Wait()
-	return r, nil
 }
 
 type manyAddrResult struct {
@@ -289,18 +305,38 @@ type manyAddrResult struct {
 	cpuCores                float64 // the exporter's CPU use during the flood
 }
 
+// floodAddress is the i-th address of the wrong-password flood: spread
+// over the /16 networks 127.1-250 of the loopback's 127.0.0.0/8, the
+// first 240 addresses of network 127.n.0.0/16 in 127.n.0.1-240, and so on.
+// The scrapers are 127.1.0.251 and .252: in the flood's own /24.
+func floodAddress(i int) string {
+	n := i / 250
+	return fmt.Sprintf("127.%d.%d.%d", 1+i%250, n/250, 1+n%250)
+}
+
+// Scrapers' addresses, in the network of the flood's first addresses.
+const (
+	loggedInScraper = "127.1.0.251"
+	firstLoginFrom  = "127.1.0.252"
+)
+
+// maxFloodAddresses: floodAddress's range (250 networks of 250 x 250).
+const maxFloodAddresses = 250 * 250 * 240
+
 // measureManyAddrAuth: basic auth (bcrypt cost 10); -auth-clients clients
-// spread over -auth-addrs loopback addresses (127.0.0.1 on) send wrong
-// passwords as fast as they are answered, while, from an address of their
-// own, a scraper logged in before the flood scrapes every 100 ms and, from
-// 2 s into the flood, a scraper that has not logged in yet logs in once a
-// second (each time as a user of the web config that has not logged in
-// before, so each login runs bcrypt).
+// send wrong passwords as fast as they are answered, each request from the
+// next of -auth-addrs loopback addresses (floodAddress) on a connection of
+// its own, while a scraper logged in before the flood scrapes every 100 ms
+// and, from 2 s into the flood, a scraper that has not logged in yet logs
+// in once a second (each time as a user of the web config that has not
+// logged in before, so each login runs bcrypt). Both scrapers come from
+// the flood's first /24.
 func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 	r := manyAddrResult{addrs: cfg.authAddrs, clients: cfg.authClients}
-	if cfg.authAddrs < 1 || cfg.authAddrs > 253 {
-		return r, fmt.Errorf("-auth-addrs=%d: want 1-253 (127.0.0.1-127.0.0.253; the scrapers use 127.0.0.254)", cfg.authAddrs)
+	if cfg.authAddrs < 1 || cfg.authAddrs > maxFloodAddresses {
+		return r, fmt.Errorf("-auth-addrs=%d: want 1-%d", cfg.authAddrs, maxFloodAddresses)
 	}
+	raiseFileLimit()
 	dir, err := os.MkdirTemp("", "bench-auth")
 	if err != nil {
 		return r, err
@@ -331,7 +367,7 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 	}
 	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, func(addr string) (*http.Request, error) {
 		return get(addr, "prometheus", "bench-secret"), nil // the scraper logs in before the flood
-	})
+	}, &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(loggedInScraper)}}).DialContext})
 	if err != nil {
 		return r, err
 	}
@@ -340,6 +376,7 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.attackFor)
 	defer cancel()
 	var wrong wrongPasswords
+	var next atomic.Int64 // the next flood address
 	var wg sync.WaitGroup
 	cpu0, _ := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
@@ -347,9 +384,13 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := clientFrom("127.0.0."+strconv.Itoa(1+w%cfg.authAddrs), true, 30*time.Second)
-			defer c.CloseIdleConnections()
-			wrong.send(ctx, c, p.addr, w)
+			dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+				from := floodAddress(int(next.Add(1)-1) % cfg.authAddrs)
+				d := &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+				return d.DialContext(ctx, network, addr)
+			}
+			c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
+			wrong.send(ctx, c, "http://"+p.addr, w)
 		}()
 	}
 	sleepCtx(ctx, 500*time.Millisecond)
@@ -357,16 +398,15 @@ func measureManyAddrAuth(cfg config) (manyAddrResult, error) {
 	scrapers.Add(1)
 	go func() {
 		defer scrapers.Done()
-		// The first login comes while the flood is under way: at its very
-		// start every attacking address is as new as the scraper's.
+		// The first login comes while the flood is under way.
 		sleepCtx(ctx, 1500*time.Millisecond)
 		n := 0
-		r.fresh = poll(ctx, clientFrom("127.0.0.254", false, 10*time.Second), time.Second, func() *http.Request {
+		r.fresh = poll(ctx, clientFrom(firstLoginFrom, false, 10*time.Second), time.Second, func() *http.Request {
 			n++
 			return get(p.addr, "fresh-"+strconv.Itoa((n-1)%fresh), "fresh-secret-"+strconv.Itoa((n-1)%fresh))
 		})
 	}()
-	r.scraper = poll(ctx, clientFrom("127.0.0.254", true, 10*time.Second), 100*time.Millisecond, func() *http.Request {
+	r.scraper = poll(ctx, clientFrom(loggedInScraper, true, 10*time.Second), 100*time.Millisecond, func() *http.Request {
 		return get(p.addr, "prometheus", "bench-secret")
 	})
 	scrapers.Wait()

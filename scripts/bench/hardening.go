@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -27,8 +28,9 @@ type exporterProc struct {
 }
 
 // startExporter starts the binary on a free port with args and waits until
-// readyURL (given the address) answers 200.
-func startExporter(cfg config, args []string, ready func(addr string) (*http.Request, error)) (*exporterProc, error) {
+// the request ready makes (given the address) is answered 200, over
+// transport (nil: the default one).
+func startExporter(cfg config, args []string, ready func(addr string) (*http.Request, error), transport *http.Transport) (*exporterProc, error) {
 	addr, err := freePort()
 	if err != nil {
 		return nil, err
@@ -42,6 +44,9 @@ func startExporter(cfg config, args []string, ready func(addr string) (*http.Req
 	}
 	go func() { p.exited <- p.cmd.Wait() }()
 	c := &http.Client{Timeout: 2 * time.Second}
+	if transport != nil {
+		c.Transport = transport
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		req, err := ready(addr)
@@ -110,7 +115,7 @@ type slowResult struct {
 func measureSlowConns(cfg config) (slowResult, error) {
 	var r slowResult
 	raiseFileLimit()
-	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) })
+	p, err := startExporter(cfg, nil, func(addr string) (*http.Request, error) { return http.NewRequest("GET", "http://"+addr+"/readyz", nil) }, nil)
 	if err != nil {
 		return r, err
 	}
@@ -200,11 +205,12 @@ type floodResult struct {
 	before, during           []time.Duration
 	floodRequests, refused   int64
 	unauthorized, floodError int64
+	cpuPerRequest            time.Duration // the exporter's CPU per flood request
 }
 
-// measureAuthFlood runs the exporter with basic auth (bcrypt cost 10) and
-// measures a scraper's latency alone, then beside cfg.floodClients clients
-// sending unique wrong passwords.
+// measureAuthFlood runs the exporter with basic auth (bcrypt cost 10; with
+// -flood-tls, over TLS) and measures a scraper's latency alone, then beside
+// cfg.floodClients clients sending unique wrong passwords.
 func measureAuthFlood(cfg config) (floodResult, error) {
 	r := floodResult{clients: cfg.floodClients}
 	dir, err := os.MkdirTemp("", "bench-auth")
@@ -216,23 +222,33 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	if err != nil {
 		return r, err
 	}
+	web, scheme, transport := "basic_auth_users:\n  prometheus: "+string(hash)+"\n", "http", func() *http.Transport { return &http.Transport{} }
+	if cfg.floodTLS {
+		certFile, keyFile, pool, err := tlsFiles(dir)
+		if err != nil {
+			return r, err
+		}
+		web += "tls_server_config:\n  cert_file: " + certFile + "\n  key_file: " + keyFile + "\n"
+		scheme = "https"
+		transport = func() *http.Transport { return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}} }
+	}
 	webCfg := filepath.Join(dir, "web.yml")
-	if err := os.WriteFile(webCfg, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(webCfg, []byte(web), 0o600); err != nil {
 		return r, err
 	}
 	authed := func(addr string) (*http.Request, error) {
-		req, err := http.NewRequest("GET", "http://"+addr+"/metrics", nil)
+		req, err := http.NewRequest("GET", scheme+"://"+addr+"/metrics", nil)
 		if err == nil {
 			req.SetBasicAuth("prometheus", "bench-secret")
 		}
 		return req, err
 	}
-	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed)
+	p, err := startExporter(cfg, []string{"--web.config.file=" + webCfg}, authed, transport())
 	if err != nil {
 		return r, err
 	}
 	defer p.stop()
-	scraper := &http.Client{Timeout: 30 * time.Second}
+	scraper := &http.Client{Timeout: 30 * time.Second, Transport: transport()}
 	scrape := func() (time.Duration, error) {
 		req, _ := authed(p.addr)
 		start := time.Now()
@@ -258,11 +274,12 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 	defer cancel()
 	var wg sync.WaitGroup
 	var wrong wrongPasswords
+	cpu0, _ := procCPU(p.cmd.Process.Pid)
 	for w := 0; w < cfg.floodClients; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			wrong.send(ctx, &http.Client{Timeout: 30 * time.Second}, p.addr, w)
+			wrong.send(ctx, &http.Client{Timeout: 30 * time.Second, Transport: transport()}, scheme+"://"+p.addr, w)
 		}()
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -277,7 +294,11 @@ func measureAuthFlood(cfg config) (floodResult, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	wg.Wait()
+	cpu1, _ := procCPU(p.cmd.Process.Pid)
 	r.floodRequests, r.refused, r.unauthorized, r.floodError = wrong.requests.Load(), wrong.throttled.Load(), wrong.unauthorized.Load(), wrong.errs.Load()
+	if r.floodRequests > 0 {
+		r.cpuPerRequest = (cpu1 - cpu0) / time.Duration(r.floodRequests)
+	}
 	return r, nil
 }
 
@@ -306,9 +327,13 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		if err != nil {
 			fatalf("auth flood: %v", err)
 		}
-		row(fmt.Sprintf("%d clients sending wrong passwords for %s (bcrypt cost 10)", f.clients, cfg.floodFor),
-			fmt.Sprintf("scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401)",
-				ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)), f.floodRequests, f.refused, f.unauthorized))
+		over := ""
+		if cfg.floodTLS {
+			over = ", over TLS"
+		}
+		row(fmt.Sprintf("%d clients sending wrong passwords for %s (bcrypt cost 10%s)", f.clients, cfg.floodFor, over),
+			fmt.Sprintf("scraper p50/p99 %s / %s ms alone, %s / %s ms beside the flood; %d flood requests, %d refused before bcrypt (429), %d checked (401); exporter CPU %s µs per flood request",
+				ms(pct(f.before, 50)), ms(pct(f.before, 99)), ms(pct(f.during, 50)), ms(pct(f.during, 99)), f.floodRequests, f.refused, f.unauthorized, us(f.cpuPerRequest)))
 	}
 	if cfg.runs["slow-body"] {
 		fmt.Fprintf(os.Stderr, "bench: %d slow request bodies ...\n", cfg.bodyConns)
@@ -346,16 +371,62 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		if err != nil {
 			fatalf("wrong passwords from many addresses: %v", err)
 		}
-		row(fmt.Sprintf("%d clients sending wrong passwords from %d addresses for %s (bcrypt cost 10)", a.clients, a.addrs, cfg.attackFor),
+		row(fmt.Sprintf("%d clients sending wrong passwords from %d addresses for %s (bcrypt cost 10), each request from the next address", a.clients, a.addrs, cfg.attackFor),
 			fmt.Sprintf("%d requests: %d checked (401), %d refused before bcrypt (429), %d refused with bcrypt busy (503), %d unanswered; exporter CPU %.2f cores; "+
 				"a scraper logged in before, every 100 ms: %s; a scraper logging in for the first time, every 1 s: %s",
 				a.requests, a.unauthorized, a.throttled, a.busy, a.errs, a.cpuCores, a.scraper, a.fresh))
-		if n := a.scraper.failed(); n > 0 {
-			fails = append(fails, fmt.Sprintf("%d of %d logged-in scrapes lost beside wrong passwords from %d addresses", n, n+len(a.scraper.lat), a.addrs))
+		fails = append(fails, atLeast(a.scraper, "logged-in scrapes", fmt.Sprintf("wrong passwords from %d addresses", a.addrs))...)
+		fails = append(fails, atLeast(a.fresh, "first logins", fmt.Sprintf("wrong passwords from %d addresses", a.addrs))...)
+		if slowest := pct(a.fresh.lat, 100); slowest >= firstLoginLimit {
+			fails = append(fails, fmt.Sprintf("a first login beside wrong passwords from %d addresses took %s ms, want under %s", a.addrs, ms(slowest), firstLoginLimit))
 		}
-		if n := a.fresh.failed(); n > 0 {
-			fails = append(fails, fmt.Sprintf("%d of %d first logins lost beside wrong passwords from %d addresses", n, n+len(a.fresh.lat), a.addrs))
+	}
+	for _, run := range []struct {
+		name string
+		auth bool
+	}{{"h2-auth", true}, {"h2-tls", false}} {
+		if !cfg.runs[run.name] {
+			continue
 		}
+		fmt.Fprintf(os.Stderr, "bench: %s: %d HTTP/2 connections x %d streams at window 0 ...\n", run.name, cfg.h2Conns, cfg.h2Streams)
+		h, err := measureH2Stall(cfg, run.auth)
+		if err != nil {
+			fatalf("%s: %v", run.name, err)
+		}
+		against, scraper := "TLS", "a scraper over HTTP/2"
+		if run.auth {
+			against, scraper = "TLS and basic auth, without credentials", "a scraper with the password, over HTTP/2"
+		}
+		row(fmt.Sprintf("%s: %d TLS HTTP/2 connections x %d streams for /metrics held at window 0, against %s, for %s", run.name, cfg.h2Conns, cfg.h2Streams, against, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d streams opened, %d answered, %d reset; exporter RSS %.1f MiB idle, %.1f MiB max (limit %d MiB); %s every 100 ms: %s",
+				h.attack.conns.Load(), h.attack.streams.Load(), h.attack.ended.Load(), h.attack.resets.Load(),
+				float64(h.rssIdle)/(1<<20), float64(h.rssMax)/(1<<20), cfg.memLimit, scraper, h.scraper))
+		fails = append(fails, underLimit(cfg, h.rssMax, run.name)...)
+		fails = append(fails, atLeast(h.scraper, "scrapes", run.name)...)
+	}
+	if cfg.runs["probe-pipeline"] {
+		fmt.Fprintf(os.Stderr, "bench: %d connections pipelining to the probe port ...\n", cfg.probePipeConns)
+		p, err := measureProbePipeline(cfg)
+		if err != nil {
+			fatalf("probe pipeline: %v", err)
+		}
+		row(fmt.Sprintf("%d connections pipelining %d `GET /healthz` each to the probe port, never reading, for %s", cfg.probePipeConns, cfg.probePipeRequests, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d requests sent; exporter RSS max %.1f MiB; a prober every 100 ms (new connection, 1 s timeout): /healthz %s; /readyz %s",
+				p.attack.conns.Load(), p.attack.requests.Load(), float64(p.rssMax)/(1<<20), p.healthz, p.readyz))
+		fails = append(fails, atLeast(p.healthz, "/healthz probes", "probe-pipeline")...)
+		fails = append(fails, atLeast(p.readyz, "/readyz probes", "probe-pipeline")...)
+	}
+	if cfg.runs["slow-readers"] {
+		fmt.Fprintf(os.Stderr, "bench: %d slow readers pipelining /metrics ...\n", cfg.slowReaders)
+		s, err := measureSlowReaders(cfg)
+		if err != nil {
+			fatalf("slow readers: %v", err)
+		}
+		row(fmt.Sprintf("%d connections pipelining %d `GET /metrics` each, reading 1 KiB every 100 ms, for %s", cfg.slowReaders, cfg.slowReaderRequests, cfg.attackFor),
+			fmt.Sprintf("%d connections, %d requests sent; exporter RSS max %.1f MiB; a scraper every 100 ms: %s",
+				s.attack.conns.Load(), s.attack.requests.Load(), float64(s.rssMax)/(1<<20), s.scraper))
+		fails = append(fails, underLimit(cfg, s.rssMax, "slow-readers")...)
+		fails = append(fails, atLeast(s.scraper, "scrapes", "slow-readers")...)
 	}
 	if len(rows) == 0 {
 		return fails
@@ -369,17 +440,41 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 	return fails
 }
 
+// Beside an attack that holds answers, a well-behaved client must get
+// minAnswered of its requests answered; a first login must take under
+// firstLoginLimit.
+const (
+	minAnswered     = 0.95
+	firstLoginLimit = 2 * time.Second
+)
+
+// atLeast fails a run whose client got less than minAnswered answered.
+func atLeast(s *clientStats, what, run string) []string {
+	if n := len(s.lat) + s.failed(); n == 0 || answered(s) < minAnswered {
+		return []string{fmt.Sprintf("%s: %d of %d %s answered, want at least %.0f%%", run, len(s.lat), n, what, 100*minAnswered)}
+	}
+	return nil
+}
+
+// underLimit fails a run whose exporter's RSS passed the memory limit.
+func underLimit(cfg config, rss int64, run string) []string {
+	if rss > cfg.memLimit<<20 {
+		return []string{fmt.Sprintf("%s: RSS %.1f MiB, above the %d MiB limit", run, float64(rss)/(1<<20), cfg.memLimit)}
+	}
+	return nil
+}
+
 // wrongPasswords counts what clients logging in with wrong passwords got.
 type wrongPasswords struct {
 	requests, unauthorized, throttled, busy, errs atomic.Int64
 }
 
-// send logs in as prometheus from c with a new wrong password each time
+// send logs in as prometheus at base (scheme://host:port) from c with a new wrong password each time
 // (worker w's), until ctx ends; a failed request waits 100ms before the
 // next, so that a refusing exporter is not met with a spin.
-func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, addr string, w int) {
+func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, base string, w int) {
 	for i := 0; ctx.Err() == nil; i++ {
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/metrics", nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
 		req.SetBasicAuth("prometheus", fmt.Sprintf("wrong-%d-%d", w, i))
 		resp, err := c.Do(req)
 		if err != nil {

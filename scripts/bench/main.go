@@ -14,15 +14,23 @@
 //   - its RSS (VmRSS, max over the run), and bytes and series per scrape;
 //
 // and then, on the built-in node, hostile-client runs (hardening.go,
-// attacks.go): peak RSS under -slow-conns slowloris connections (failing
-// above -mem-limit-mib) with a scraper beside them; a scraper's latency
-// beside -flood-clients clients sending wrong passwords from one address;
-// and, each for -attack-for, with a scraper's latency beside them (failing
-// when a scrape or probe is lost): -body-conns clients sending request
-// bodies a byte a second to /metrics, -probe-conns doing so to the probe
-// port while a prober polls it, and -auth-clients clients sending wrong
-// passwords from -auth-addrs addresses beside a logged-in scraper and one
-// that logs in for the first time. -runs chooses which parts run.
+// attacks.go, stalls.go): peak RSS under -slow-conns slowloris connections
+// (failing above -mem-limit-mib) with a scraper beside them; a scraper's
+// latency beside -flood-clients clients sending wrong passwords from one
+// address; and, each for -attack-for, with a well-behaved client beside
+// them: -body-conns clients sending request bodies a byte a second to
+// /metrics, -probe-conns doing so to the probe port while a prober polls it
+// (these fail when a scrape or probe is lost); -auth-clients clients sending
+// wrong passwords from -auth-addrs addresses beside a logged-in scraper and
+// one that logs in for the first time; -h2-conns TLS HTTP/2 connections
+// holding -h2-streams streams each at flow-control window 0, with basic auth
+// and without credentials (h2-auth) and with TLS alone (h2-tls);
+// -probe-pipeline-conns connections pipelining /healthz to the probe port
+// and never reading; and -slow-readers connections pipelining /metrics and
+// reading a trickle. These fail when the well-behaved client gets less than
+// 95% answered, a first login takes 2 s or more, or (h2-auth, h2-tls,
+// slow-readers) the RSS passes -mem-limit-mib. -runs chooses which parts
+// run.
 //
 // Usage:
 //
@@ -79,18 +87,25 @@ type config struct {
 	memLimit      int64
 	floodClients  int
 	floodFor      time.Duration
+	floodTLS      bool
 	skipHardening bool
 
-	attackFor   time.Duration
-	bodyConns   int
-	probeConns  int
-	authAddrs   int
-	authClients int
-	runs        map[string]bool
+	attackFor          time.Duration
+	bodyConns          int
+	probeConns         int
+	authAddrs          int
+	authClients        int
+	h2Conns            int
+	h2Streams          int
+	probePipeConns     int
+	probePipeRequests  int
+	slowReaders        int
+	slowReaderRequests int
+	runs               map[string]bool
 }
 
 // benchRuns are the parts of the bench, in the order they run.
-var benchRuns = []string{"load", "slow-conns", "auth-flood", "slow-body", "probe-port", "auth-addrs"}
+var benchRuns = []string{"load", "slow-conns", "auth-flood", "slow-body", "probe-port", "auth-addrs", "h2-auth", "h2-tls", "probe-pipeline", "slow-readers"}
 
 // result is one table row.
 type result struct {
@@ -122,12 +137,19 @@ func main() {
 	flag.Int64Var(&cfg.memLimit, "mem-limit-mib", 100, "the chart's memory limit: the slow-connection run fails above it")
 	flag.IntVar(&cfg.floodClients, "flood-clients", 128, "clients sending wrong passwords in the auth-flood run")
 	flag.DurationVar(&cfg.floodFor, "flood-for", 10*time.Second, "how long the wrong-password flood lasts")
+	flag.BoolVar(&cfg.floodTLS, "flood-tls", false, "run the wrong-password flood (auth-flood) over TLS")
 	flag.BoolVar(&cfg.skipHardening, "skip-hardening", false, "skip the hostile-client runs (all but load)")
-	flag.DurationVar(&cfg.attackFor, "attack-for", 10*time.Second, "how long each of the slow-body, probe-port and auth-addrs runs lasts")
+	flag.DurationVar(&cfg.attackFor, "attack-for", 10*time.Second, "how long each of the slow-body, probe-port, auth-addrs, h2-auth, h2-tls, probe-pipeline and slow-readers runs lasts")
 	flag.IntVar(&cfg.bodyConns, "body-conns", 40, "clients sending GET /metrics with a body at a byte a second in the slow-body run")
 	flag.IntVar(&cfg.probeConns, "probe-conns", 40, "clients sending POST /healthz with a body at a byte a second to the probe port in the probe-port run")
-	flag.IntVar(&cfg.authAddrs, "auth-addrs", 253, "loopback addresses (127.0.0.1 on, at most 253) the wrong passwords come from in the auth-addrs run")
-	flag.IntVar(&cfg.authClients, "auth-clients", 400, "clients sending wrong passwords, spread over -auth-addrs, in the auth-addrs run")
+	flag.IntVar(&cfg.authAddrs, "auth-addrs", 60000, "loopback addresses (in 250 /16 networks of 127.0.0.0/8) the wrong passwords come from in the auth-addrs run, each request from the next")
+	flag.IntVar(&cfg.authClients, "auth-clients", 400, "clients sending wrong passwords in the auth-addrs run")
+	flag.IntVar(&cfg.h2Conns, "h2-conns", 300, "TLS HTTP/2 connections holding streams at window 0 in the h2-auth and h2-tls runs")
+	flag.IntVar(&cfg.h2Streams, "h2-streams", 8, "streams each of them keeps open")
+	flag.IntVar(&cfg.probePipeConns, "probe-pipeline-conns", 32, "connections pipelining /healthz to the probe port, never reading, in the probe-pipeline run")
+	flag.IntVar(&cfg.probePipeRequests, "probe-pipeline-requests", 40000, "requests each of them pipelines")
+	flag.IntVar(&cfg.slowReaders, "slow-readers", 300, "connections pipelining /metrics and reading 1 KiB every 100 ms in the slow-readers run")
+	flag.IntVar(&cfg.slowReaderRequests, "slow-reader-requests", 300, "requests each of them pipelines")
 	runs := flag.String("runs", strings.Join(benchRuns, ","), "comma-separated parts to run: "+strings.Join(benchRuns, ", "))
 	serve := flag.String("serve-static", "", "internal: serve this file's bytes at -listen (the static floor)")
 	listen := flag.String("listen", "", "internal: address for -serve-static")

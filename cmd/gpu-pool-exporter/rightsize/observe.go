@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
 )
 
@@ -110,9 +109,15 @@ type Observation struct {
 // ErrNoRecordings is returned where the rules are not recorded where the commands query.
 var ErrNoRecordings = errors.New("no recordings of gpu-pool-exporter's rules in Prometheus")
 
+// Querier runs instant queries whose answers are vectors; its errors say
+// what went wrong and what to do (promapi.Client).
+type Querier interface {
+	VectorAt(ctx context.Context, expr string, at time.Time) (model.Vector, error)
+}
+
 // querier runs instant queries at one time.
 type querier struct {
-	api v1.API
+	api Querier
 	at  time.Time
 }
 
@@ -121,15 +126,7 @@ func (q querier) vector(ctx context.Context, expr string) (model.Vector, error) 
 }
 
 func (q querier) vectorAt(ctx context.Context, expr string, at time.Time) (model.Vector, error) {
-	v, _, _, err := q.api.Query(ctx, expr, at)
-	if err != nil {
-		return nil, fmt.Errorf("query %s: %w", expr, err)
-	}
-	vec, ok := v.(model.Vector)
-	if !ok {
-		return nil, fmt.Errorf("query %s: the answer is a %s, want a vector", expr, v.Type())
-	}
-	return vec, nil
+	return q.api.VectorAt(ctx, expr, at)
 }
 
 // label reads a label; the holder's namespace is exported_namespace under
@@ -150,7 +147,7 @@ func holdingKey(m model.Metric) [7]string {
 func promDuration(d time.Duration) string { return model.Duration(d).String() }
 
 // Observe reads the window from Prometheus.
-func Observe(ctx context.Context, api v1.API, w Window) (*Observation, error) {
+func Observe(ctx context.Context, api Querier, w Window) (*Observation, error) {
 	q := querier{api: api, at: w.End}
 	if err := checkCoverage(ctx, q, w); err != nil {
 		return nil, err

@@ -1,0 +1,382 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// testClock is a tracker's clock that moves only when told.
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) add(d time.Duration) { c.ns.Add(int64(d)) }
+func newTestClock() *testClock           { c := &testClock{}; c.ns.Store(time.Unix(1e9, 0).UnixNano()); return c }
+
+// acceptFrom is a tracker (budget bytes; 0: the default) on a clock that
+// moves only when told, with one listener capped at limit, accepting in
+// the background, and a dial that connects from a loopback address and
+// returns the accepted connection.
+func acceptFrom(t *testing.T, limit int, budget int64) (*tracker, func(ip string) *trackedConn, *testClock) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(budget)
+	clock := newTestClock()
+	tr.now = clock.now
+	ll := tr.listen(l, limit, false)
+	t.Cleanup(func() { ll.Close() })
+	accepted := make(chan *trackedConn, 64)
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c.(*trackedConn)
+		}
+	}()
+	return tr, func(ip string) *trackedConn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case tc := <-accepted:
+			return tc
+		case <-time.After(30 * time.Second): // liveness bound only
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}, clock
+}
+
+// open: c still counts at its tracker (not shed, not closed).
+func open(tr *tracker, c *trackedConn) bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	_, ok := tr.conns[c]
+	return ok
+}
+
+// The connection cap: slow clients that never finish a request hold at
+// most the cap of connections; more from the same address are closed at
+// once (they would only push out their own); a scraper from another
+// address gets in (a slow client gives way) and keeps its connection while
+// the slow clients keep coming, from their address or from others.
+func TestConnectionCap(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(0)
+	srv := newHTTPServer(guard(tr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })), zerolog.Nop())
+	const limit = 8
+	ll := tr.listen(l, limit, false)
+	go func() { _ = srv.Serve(ll) }()
+	defer srv.Close()
+
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	slowFrom := func(ip string) net.Conn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")) // never finished
+		slow = append(slow, c)
+		return c
+	}
+	for i := 0; i < 5*limit; i++ {
+		slowFrom("127.0.0.1")
+	}
+	waitUntil(t, "the slow clients past the cap to be refused", func() bool { return tr.stats().refused >= 4*limit })
+	open, peak := ll.stats()
+	if peak > limit || open > limit {
+		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
+	}
+	if c := slow[len(slow)-1]; !closedByServer(c) {
+		t.Errorf("a slow client past the cap from the address holding it was not closed")
+	}
+	// A scraper from another address gets in: a slow client gives way.
+	scraperDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	sc, err := scraperDialer.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	waitUntil(t, "the scraper's connection to be accepted", func() bool { return tr.stats().shed == 1 })
+	// More slow clients, from the same address and from a few others:
+	// those from others push out the address holding the most, not the
+	// scraper.
+	for i := 0; i < limit/2; i++ {
+		for j := 0; j < 4; j++ {
+			slowFrom("127.0.0.1")
+		}
+		slowFrom(fmt.Sprintf("127.0.1.%d", i+1))
+	}
+	waitUntil(t, "the slow clients from other addresses to be accepted", func() bool { return tr.stats().shed >= 1+limit/2 })
+	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
+		t.Errorf("the scraper from its own address lost its connection to the slow ones: %q", b)
+	}
+	// New scrapes get through while the slow clients keep coming.
+	scraper := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DialContext: scraperDialer.DialContext, DisableKeepAlives: true}}
+	for i := 0; i < 3; i++ {
+		slowFrom("127.0.0.1")
+		slowFrom(fmt.Sprintf("127.0.2.%d", i+1))
+		code, body := get(t, scraper, "http://"+l.Addr().String()+"/", "", "")
+		if code != 200 || body != "ok" {
+			t.Errorf("scrape %d beside %d slow clients: %d %q", i, len(slow), code, body)
+		}
+	}
+	if _, peak := ll.stats(); peak > limit {
+		t.Errorf("peak %d connections, cap %d", peak, limit)
+	}
+}
+
+// closedByServer reports whether the server closed c (EOF or reset) within
+// a liveness bound.
+func closedByServer(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
+}
+
+// At the connection cap, a connection whose login was refused gives way
+// first, even with a request in flight, before the scraper's idle
+// keep-alive: a flood of wrong passwords from more clients than the cap
+// closes its own connections.
+func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 2, 0)
+	scraper := dial("127.0.0.2") // a keep-alive between scrapes
+	flood := dial("127.0.0.1")
+	tr.startRequest(flood, requestBytes, false) // waiting for its wrong password to be checked
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	markLogin(req.WithContext(withConn(req.Context(), flood)), false)
+	dial("127.0.0.3") // at the cap
+	if open(tr, scraper) == false || open(tr, flood) {
+		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", open(tr, scraper), open(tr, flood))
+	}
+}
+
+// A connection the HTTP server half-closes (after a 431, or a request body
+// it refuses) leaves the cap and the budget at once, not after the 500 ms
+// net/http then waits before closing: header floods cannot fill the cap.
+func TestHalfClosedConnectionLeavesTheCap(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 8, 0)
+	c := dial("127.0.0.1")
+	if !open(tr, c) {
+		t.Fatal("accepted connection not counted")
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if open(tr, c) || tr.stats().used != 0 {
+		t.Errorf("half-closed connection still counted (open %v, %d bytes charged)", open(tr, c), tr.stats().used)
+	}
+
+	// Through net/http: headers over MaxHeaderBytes get 431 and the
+	// connection half-closed; when the client sees the end of the answer,
+	// the cap has the place back.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr = newTracker(0)
+	ll := tr.listen(l, 8, false)
+	srv := newHTTPServer(guard(tr, http.NotFoundHandler()), zerolog.Nop())
+	go func() { _ = srv.Serve(ll) }()
+	defer srv.Close()
+	for i := 0; i < 8; i++ {
+		hc, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hc.Close()
+		fmt.Fprintf(hc, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("a", 80<<10))
+		_ = hc.SetReadDeadline(time.Now().Add(30 * time.Second)) // a guard against a hang
+		b, _ := io.ReadAll(hc)
+		if !strings.HasPrefix(string(b), "HTTP/1.1 431") {
+			t.Fatalf("oversized headers: %.80q, want 431", b)
+		}
+	}
+	if open, _ := ll.stats(); open != 0 {
+		t.Errorf("%d of 8 connections answered 431 and half-closed still counted at the cap", open)
+	}
+}
+
+// The shed order: a connection whose login was refused, then one with no
+// request being served, then (basic auth being on) one being served
+// without credentials; one with credentials goes only to make room for
+// another with credentials.
+func TestShedOrder(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 0, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	idle := dial("127.0.0.3")
+	refusedLogin := dial("127.0.0.4")
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), refusedLogin)), false)
+	serving := dial("127.0.0.5")
+	tr.startRequest(serving, requestBytes, false)
+	clock.add(requestGrace) // idle has had its time to send a request
+	shed := func(want *trackedConn) bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return tr.shedOneLocked(nil, want, tr.now())
+	}
+	newcomer := &trackedConn{addr: "127.0.0.9"}
+	for _, gone := range []*trackedConn{refusedLogin, idle, serving} {
+		if !shed(newcomer) || open(tr, gone) || !open(tr, scraper) {
+			t.Fatalf("shed order: %s still open %v, scraper open %v", gone.addr, open(tr, gone), open(tr, scraper))
+		}
+	}
+	if shed(newcomer) || !open(tr, scraper) {
+		t.Error("a connection with credentials shed for one without")
+	}
+	if !shed(&trackedConn{addr: "127.0.0.10", authed: true}) || open(tr, scraper) {
+		t.Error("a connection with credentials not shed for another with credentials")
+	}
+}
+
+// With basic auth, a login being checked has requestGrace before a
+// newcomer without credentials may push its connection out: at a cap full
+// of such logins the newcomer is refused; past the grace the login that
+// has waited longest goes.
+func TestLoginsBeingCheckedGetTheirGrace(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 2, 0)
+	tr.auth.Store(true)
+	first := dial("127.0.0.2") // a scraper's first login, waiting for bcrypt
+	tr.startRequest(first, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	other := dial("127.0.0.3")
+	tr.startRequest(other, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	refused := tr.stats().refused
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.4")}}).Dial("tcp", first.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !closedByServer(c) || tr.stats().refused != refused+1 || !open(tr, first) || !open(tr, other) {
+		t.Errorf("a newcomer without credentials at a cap of logins being checked within their grace: refused %v; first login open %v, other open %v; want the newcomer refused",
+			tr.stats().refused > refused, open(tr, first), open(tr, other))
+	}
+	clock.add(requestGrace)
+	dial("127.0.0.5")
+	if open(tr, first) || !open(tr, other) {
+		t.Errorf("past the grace: the login waiting longest open %v, the other open %v; want the former shed", open(tr, first), open(tr, other))
+	}
+}
+
+// An address whose credentials were accepted lately is trusted: its new
+// connection counts as having credentials, so at a cap full of logins
+// being checked it gets in (a scraper reconnecting during a flood of
+// logins) where another newcomer is refused; a refused login on it ends
+// that, and so does trustFor without an accepted login.
+func TestTrustedAddressReconnects(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 2, 0)
+	tr.auth.Store(true)
+	login := func(c *trackedConn, ok bool) {
+		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), ok)
+	}
+	first := dial("127.0.0.2")
+	login(first, true)
+	first.Close() // the scraper's keep-alive connection ends
+	a := dial("127.0.0.3")
+	tr.startRequest(a, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	b := dial("127.0.0.4")
+	tr.startRequest(b, requestBytes, false)
+	clock.add(10 * time.Millisecond)
+	reconnect := dial("127.0.0.2") // at the cap of logins being checked
+	if !open(tr, reconnect) || open(tr, a) || !open(tr, b) {
+		t.Errorf("trusted address's new connection open %v; oldest login being checked open %v (want shed), newer open %v", open(tr, reconnect), open(tr, a), open(tr, b))
+	}
+	login(reconnect, false)
+	dial("127.0.0.5")
+	if open(tr, reconnect) {
+		t.Error("a connection of a trusted address whose login was refused was not shed first")
+	}
+	clock.add(trustFor)
+	b.Close()
+	if c := dial("127.0.0.2"); c.trusted {
+		t.Errorf("an address trusted %s after its last accepted login", trustFor)
+	}
+}
+
+// The memory budget: a request without credentials that finds no room
+// (nothing to shed but the connections of its own address) is refused;
+// one on a connection with credentials is served.
+func TestMemoryBudget(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 0, 3*connBytes)
+	scraper := dial("127.0.0.2")
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	a, b := dial("127.0.0.3"), dial("127.0.0.3")
+	if tr.startRequest(a, requestBytes, false) {
+		t.Error("a request without credentials served over the budget")
+	}
+	if !open(tr, b) || !open(tr, scraper) {
+		t.Error("a request without credentials pushed out its own address's connection, or one with credentials")
+	}
+	if !tr.startRequest(scraper, requestBytes, false) {
+		t.Error("a request with credentials refused over the budget")
+	}
+	if open(tr, a) && open(tr, b) {
+		t.Error("the request with credentials did not make room: both connections without credentials still open")
+	}
+	if used := tr.stats().used; used > tr.budget {
+		t.Errorf("%d bytes charged, budget %d", used, tr.budget)
+	}
+}
+
+// Progress: writes that wait with none of them done for stallGrace make no
+// progress; a write that ends restarts the clock.
+func TestProgress(t *testing.T) {
+	var p progress
+	t0 := time.Unix(1e9, 0)
+	if p.stalled(t0.Add(time.Hour)) {
+		t.Error("stalled with no write")
+	}
+	p.start(t0)
+	if p.stalled(t0.Add(stallGrace / 2)) {
+		t.Error("stalled within the grace")
+	}
+	if !p.stalled(t0.Add(stallGrace)) {
+		t.Error("not stalled after the grace with no write done")
+	}
+	p.start(t0.Add(stallGrace)) // another write beside it: the clock goes on
+	p.done(t0.Add(2*stallGrace), 100)
+	if p.stalled(t0.Add(2*stallGrace + stallGrace/2)) {
+		t.Error("stalled right after a write ended")
+	}
+	if !p.stalled(t0.Add(3 * stallGrace)) {
+		t.Error("the write still waiting: not stalled a grace after the last progress")
+	}
+	p.done(t0.Add(3*stallGrace), 0)
+	if p.stalled(t0.Add(time.Hour)) {
+		t.Error("stalled with no write waiting")
+	}
+}

@@ -1,0 +1,84 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+// Past --web.max-requests answers being prepared at once, a scrape gets 503
+// at once; the slot comes back when the handler starts writing.
+func TestMaxRequestsAnswers503(t *testing.T) {
+	entered := make(chan struct{}, 8)
+	release := make(chan struct{})
+	h := LimitScrapes(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		entered <- struct{}{}
+		<-release
+		fmt.Fprint(w, strings.Repeat("x", 3*writeChunk))
+	}), 2)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _ := get(t, srv.Client(), srv.URL, "", "")
+			codes <- code
+		}()
+	}
+	<-entered
+	<-entered
+	for i := 0; i < 3; i++ {
+		code, body := get(t, srv.Client(), srv.URL, "", "")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "too many concurrent scrapes") {
+			t.Errorf("scrape %d with both slots taken: %d %q", i, code, body)
+		}
+	}
+	close(release)
+	wg.Wait()
+	for i := 0; i < 2; i++ {
+		if code := <-codes; code != 200 {
+			t.Errorf("a scrape that held a slot got %d", code)
+		}
+	}
+	if code, _ := get(t, srv.Client(), srv.URL, "", ""); code != 200 {
+		t.Errorf("after the slots came back: %d", code)
+	}
+}
+
+// The HTTP server's own error lines (a TLS handshake that fails, as any
+// client can cause) follow the log level: none at error, info or warn; at
+// debug a bounded number, with a count of those left out.
+func TestServerErrorLogFollowsLevel(t *testing.T) {
+	for _, tc := range []struct {
+		level   zerolog.Level
+		atMost  int
+		atLeast int
+	}{
+		{zerolog.ErrorLevel, 0, 0},
+		{zerolog.InfoLevel, 0, 0},
+		{zerolog.DebugLevel, serverErrorBurst + 10, 1},
+	} {
+		t.Run(tc.level.String(), func(t *testing.T) {
+			var buf syncBuffer
+			srv := newHTTPServer(http.NotFoundHandler(), zerolog.New(&buf).Level(tc.level))
+			for i := 0; i < 1000; i++ {
+				srv.ErrorLog.Printf("http: TLS handshake error from 10.0.0.%d:4000: EOF", i%250)
+			}
+			lines := strings.Count(buf.String(), "\n")
+			if lines > tc.atMost || lines < tc.atLeast {
+				t.Fatalf("1000 server errors made %d log lines at %s, want %d to %d:\n%.500s", lines, tc.level, tc.atLeast, tc.atMost, buf.String())
+			}
+			if lines > 0 && !strings.Contains(buf.String(), `"level":"debug"`) {
+				t.Errorf("not at debug level: %.300s", buf.String())
+			}
+		})
+	}
+}
