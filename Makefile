@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/prometheus/common/version.Version=$(VERSION) -X github.com/prometheus/common/version.Revision=$(REVISION)
 
-.PHONY: test test-matrix test-thanos tools vet lint build run bench bench-rules generate
+.PHONY: test test-matrix test-thanos test-apiserver tools vet lint build run bench bench-rules generate
 
 # Test binaries run at once. Most packages spend their time waiting on
 # processes they started (the exporter, promtool, Prometheus, helm), not on
@@ -46,8 +46,10 @@ lint: tools
 
 ## generate: every generated file and copy (GMP rules, shard/global layers, promtool tests from real pages, dashboards, the Helm
 ## chart's files/ and the kustomize rule objects), in that order; a second run changes nothing.
-## `make test` fails while one is stale (scripts/generate's test).
+## `make test` fails while one is stale (scripts/generate's test). With DCGM_SRC and DCGM_EXPORTER_SRC (checkouts of
+## NVIDIA/DCGM and NVIDIA/dcgm-exporter at the tags scripts/dcgmfields.sh names) it also rewrites the DCGM field table.
 generate:
+	./scripts/dcgmfields.sh
 	go run ./scripts/generate
 
 build:
@@ -89,3 +91,10 @@ bench-rules:
 ## Thanos (scripts/thanos.sh, 10-50 minutes and a Go toolchain download); later runs take about 3 minutes.
 test-thanos:
 	@thanos="$$(./scripts/thanos.sh)" && THANOS="$$thanos" go test -count=1 -v -timeout 20m -run TestGlobalRulesOnThanos ./alerts/thanos/
+
+## test-apiserver: the pod metadata watch (pod UIDs and labels for --compat.dcgm-exporter.kubernetes-enable-pod-*)
+## against a real kube-apiserver and etcd on loopback, and the exporter's pages with them. Not part of `make test`:
+## the first run builds both from their module source into .tools/ (scripts/apiserver.sh, about 25 minutes on two
+## busy cores); later runs take about a minute.
+test-apiserver:
+	@tools="$$(./scripts/apiserver.sh)" && APISERVER_TOOLS="$$tools" go test -count=1 -v -timeout 15m ./podmap/apiserver/

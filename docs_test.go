@@ -324,10 +324,6 @@ func TestDocsMetricFamilies(t *testing.T) {
 			t.Errorf("%s is served on the simulated node now; remove it from absentOnSimulatedNode", name)
 		}
 	}
-	// DCGM_FI_DEV_VGPU_LICENSE_STATUS is documented as not served.
-	if registered["DCGM_FI_DEV_VGPU_LICENSE_STATUS"] {
-		t.Errorf("DCGM_FI_DEV_VGPU_LICENSE_STATUS is served; docs/migration-dcgm-exporter.md says it is not")
-	}
 
 	// Names in prose and tables anywhere: a family, a prefix of families, or
 	// a label.

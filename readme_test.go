@@ -352,6 +352,11 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 			by = "needs a Prometheus with the rules' recordings; alerts/rightsizing runs recommend and report on a backfilled week, alerts/e2e on the simulated node"
 		case b.file == "docs/rightsizing.md" && b.lang == "text":
 			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked example with what recommend prints on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"
+		case b.file == "docs/migration-dcgm-exporter.md" && b.lang == "yaml" && strings.Contains(b.text, "nvidia-dcgm-exporter"):
+			by = "alerts/e2e reads this block into the scrape config of its honor_labels: true job and runs dcgm-exporter's dashboard pinned to job=\"nvidia-dcgm-exporter\""
+		case b.file == "docs/pod-mapping.md" && b.lang == "yaml" && strings.Contains(b.text, "kube_pod_labels"):
+			checkPodLabelsRule(t, b)
+			by = "this test: promtool runs the group on pods of two apps and two kube-state-metrics replicas"
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"
@@ -626,6 +631,67 @@ func checkRuleFiles(t *testing.T, b block) {
 				t.Errorf("%s: rule file %s is not one alerts/ ships", b.where(), f)
 			}
 		}
+	}
+}
+
+// podLabelsRuleTest is a promtool test of docs/pod-mapping.md's recording
+// rule: train-0 and train-1 of app train, chat-0 of app chat, and
+// kube_pod_labels from two kube-state-metrics replicas, which must not
+// count twice.
+const podLabelsRuleTest = `rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'gpu_container_memory_used_bytes{namespace="ml", pod="train-0", container="c", node="n1", uuid="GPU-a", gpu="0", gpu_instance=""}'
+        values: '1000x5'
+      - series: 'gpu_container_memory_used_bytes{namespace="ml", pod="train-1", container="c", node="n1", uuid="GPU-b", gpu="1", gpu_instance=""}'
+        values: '500x5'
+      - series: 'gpu_container_memory_used_bytes{namespace="web", pod="chat-0", container="c", node="n2", uuid="GPU-c", gpu="0", gpu_instance=""}'
+        values: '200x5'
+      - series: 'kube_pod_labels{namespace="ml", pod="train-0", label_app_kubernetes_io_name="train", instance="ksm-0"}'
+        values: '1x5'
+      - series: 'kube_pod_labels{namespace="ml", pod="train-0", label_app_kubernetes_io_name="train", instance="ksm-1"}'
+        values: '1x5'
+      - series: 'kube_pod_labels{namespace="ml", pod="train-1", label_app_kubernetes_io_name="train", instance="ksm-0"}'
+        values: '1x5'
+      - series: 'kube_pod_labels{namespace="web", pod="chat-0", label_app_kubernetes_io_name="chat", instance="ksm-0"}'
+        values: '1x5'
+      - series: 'kube_pod_labels{namespace="web", pod="idle-0", label_app_kubernetes_io_name="idle", instance="ksm-0"}'
+        values: '1x5'
+    promql_expr_test:
+      - expr: label_app_kubernetes_io_name:gpu_container_memory_used_bytes:sum
+        eval_time: 3m
+        exp_samples:
+          - labels: 'label_app_kubernetes_io_name:gpu_container_memory_used_bytes:sum{label_app_kubernetes_io_name="train"}'
+            value: 1500
+          - labels: 'label_app_kubernetes_io_name:gpu_container_memory_used_bytes:sum{label_app_kubernetes_io_name="chat"}'
+            value: 200
+`
+
+// checkPodLabelsRule runs docs/pod-mapping.md's recording rule in promtool
+// (Debian's, Prometheus 2.42) against podLabelsRuleTest.
+func checkPodLabelsRule(t *testing.T, b block) {
+	t.Helper()
+	pt, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s: promtool not on PATH", b.where())
+		}
+		t.Logf("%s: promtool not on PATH: the rule is not run", b.where())
+		return
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.yml"), []byte(b.text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "test.yml"), []byte(podLabelsRuleTest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(pt, "test", "rules", "test.yml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("%s: promtool test rules: %v\n%s", b.where(), err, out)
 	}
 }
 

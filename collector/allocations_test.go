@@ -51,9 +51,9 @@ func TestAllocationsOnSimulatedNode(t *testing.T) {
 		"6/ inference/chat-api-0/server",
 		"6/ inference/chat-api-1/server",
 		"6/ inference/chat-api-2/server",
-		"7/0 ml-training/finetune-small/trainer",
-		"7/1 inference/embeddings-0/server",
-		"7/2 research/dev-shell-bob/shell",
+		"7/2 ml-training/finetune-small/trainer",
+		"7/3 inference/embeddings-0/server",
+		"7/9 research/dev-shell-bob/shell",
 	}, "\n")
 	if got != want {
 		t.Errorf("holders:\n%s\nwant:\n%s", got, want)
@@ -83,7 +83,7 @@ func TestAllocationsOnSimulatedNode(t *testing.T) {
 	if s := series(p, "gpu_container_memory_used_bytes", `gpu="6"`); len(s) != 0 {
 		t.Errorf("a shared GPU's memory is credited to containers: %v", s)
 	}
-	if s := series(p, "gpu_container_memory_used_bytes", `pod="finetune-small"`, `gpu_instance="0"`, `mig_profile="3g.40gb"`); len(s) != 1 {
+	if s := series(p, "gpu_container_memory_used_bytes", `pod="finetune-small"`, `gpu_instance="2"`, `mig_profile="3g.40gb"`); len(s) != 1 {
 		t.Errorf("MIG holder lacks its memory series: %v", s)
 	}
 	if s := series(p, "gpu_container_utilization_ratio", `pod="llm-pretrain-0"`); len(s) != 2 {
@@ -115,7 +115,7 @@ func TestGKEFlavourMapsToSamePods(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"nvidia3", "nvidia5/vgpu1", "nvidia4/gi0"} { // GPU 0 is nvidia3, GPU 6 nvidia5, GPU 7 nvidia4
+	for _, want := range []string{"nvidia3", "nvidia5/vgpu1", "nvidia4/gi2"} { // GPU 0 is nvidia3, GPU 6 nvidia5, GPU 7 nvidia4
 		if !strings.Contains(ids, want) {
 			t.Errorf("GKE device IDs %q lack %s", ids, want)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
@@ -30,6 +31,8 @@ type Sources struct {
 	XIDEvents xid.EventSource
 	// KubeletSocket is the kubelet's PodResources socket.
 	KubeletSocket string
+	// Kube is the API server's client, for the pod metadata (nil: none).
+	Kube kubernetes.Interface
 	// Processes names the containers of the processes NVML lists; nil: no
 	// per-process accounting.
 	Processes *procs.Resolver
@@ -63,6 +66,9 @@ type NodeConfig struct {
 	// Kubelet, when set, maps devices to pods through the PodResources API
 	// at Sources.KubeletSocket.
 	Kubelet *podmap.Config
+	// PodMeta, when set, watches this node's pods on the API server
+	// (Sources.Kube) for their UIDs and labels.
+	PodMeta *podmap.MetaConfig
 	// Stepped: nothing runs in the background; the caller drives every part
 	// through Node.Step on its own clock (alerts/pages, tests).
 	Stepped bool
@@ -73,9 +79,10 @@ type NodeConfig struct {
 type Node struct {
 	Exporter *Exporter
 	Sampler  *nvmlsampler.Sampler
-	XID      *xid.Reader    // nil when XID events are not counted
-	DCGM     *dcgm.Sampler  // nil when DCGM is off
-	Pods     *podmap.Client // nil when pod mapping is off
+	XID      *xid.Reader         // nil when XID events are not counted
+	DCGM     *dcgm.Sampler       // nil when DCGM is off
+	Pods     *podmap.Client      // nil when pod mapping is off
+	PodMeta  *podmap.MetaWatcher // nil when pod metadata is off
 
 	cfg     NodeConfig
 	src     Sources
@@ -160,6 +167,27 @@ func Assemble(cfg NodeConfig, src Sources) (n *Node, err error) {
 		}
 		ecfg.Pods = n.Pods
 	}
+	if cfg.PodMeta != nil {
+		mcfg := *cfg.PodMeta
+		if mcfg.Client == nil {
+			mcfg.Client = src.Kube
+		}
+		mcfg.Logger = cfg.Log.With().Str("component", "podmeta").Logger()
+		if n.PodMeta, err = podmap.NewMetaWatcher(mcfg); err != nil {
+			return nil, err
+		}
+		ecfg.PodMeta = n.PodMeta
+	}
+	if ecfg.PodMapWait == 0 {
+		switch {
+		case n.Pods != nil:
+			// One refresh: List and GetAllocatableResources, each bounded
+			// by the kubelet's call timeout.
+			ecfg.PodMapWait = 2 * n.Pods.Config().CallTimeout
+		case n.PodMeta != nil:
+			ecfg.PodMapWait = podmap.DefaultCallTimeout
+		}
+	}
 	if n.Exporter, err = New(ecfg, n.Sampler); err != nil {
 		return nil, err
 	}
@@ -180,6 +208,9 @@ func (n *Node) Start(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	if n.Pods != nil {
 		wg.Go(func() { n.Pods.Run(ctx) })
+	}
+	if n.PodMeta != nil {
+		wg.Go(func() { n.PodMeta.Run(ctx) })
 	}
 	wg.Go(func() { n.Exporter.Run(ctx) })
 }

@@ -397,7 +397,9 @@ pods:
 			if _, err := tn.e.Registry().Gather(); err != nil {
 				t.Fatalf("registry refused the page: %v", err)
 			}
-			got := series(tn.e.Page(), "DCGM_FI_DEV_FB_USED", `GPU_I_PROFILE="3g.40gb"`)
+			// A field that is not per-process (FB_USED and GPU_UTIL are, and
+			// without process accounting keep only the device's series).
+			got := series(tn.e.Page(), "DCGM_FI_DEV_GPU_TEMP", `GPU_I_PROFILE="3g.40gb"`)
 			if len(got) != tc.want {
 				t.Errorf("3g.40gb: %d series, want %d: %v", len(got), tc.want, got)
 			}
@@ -407,5 +409,32 @@ pods:
 				}
 			}
 		})
+	}
+}
+
+// A device no container holds has no namespace, pod or container label at
+// all, as dcgm-exporter's: sent empty, they would remove the target's own
+// under honor_labels: true (alerts/e2e checks that on a real Prometheus).
+func TestCompatFreeDeviceHasNoHolderLabels(t *testing.T) {
+	p := compatNode(t, nil).Page()
+	free := 0
+	for _, l := range strings.Split(string(p.Plain), "\n") {
+		if !strings.HasPrefix(l, "DCGM_FI_DEV_GPU_TEMP{") {
+			continue
+		}
+		if strings.Contains(l, `=""`) {
+			t.Errorf("a label sent empty: %s", l)
+		}
+		if !strings.Contains(l, "pod=") {
+			free++
+			for _, name := range []string{"namespace=", "container="} {
+				if strings.Contains(l, name) {
+					t.Errorf("a free device's series has %s: %s", name, l)
+				}
+			}
+		}
+	}
+	if free == 0 {
+		t.Fatal("no free device on the simulated node's page")
 	}
 }

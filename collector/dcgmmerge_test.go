@@ -25,7 +25,7 @@ func TestDCGMProfilingPerGPUAndMIG(t *testing.T) {
 		if n := len(series(p, m, `gpu_instance=""`)); n != 8 {
 			t.Errorf("%s: %d whole-GPU series, want 8", m, n)
 		}
-		for _, gi := range []string{"0", "1", "2", "3"} {
+		for _, gi := range []string{"2", "3", "9", "10"} { // GPU 7's instances, numbered by placement
 			if n := len(series(p, m, `gpu="7"`, `gpu_instance="`+gi+`"`)); n != 1 {
 				t.Errorf("%s: MIG instance %s has %d series, want 1", m, gi, n)
 			}
@@ -141,20 +141,20 @@ pods:
 	tn := newTestExporter(t, withScenario(sc), withKubelet(), withGroups(fullGroups()),
 		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}),
 		withDCGM(nil, splitGPUInstanceActivity))
-	gi0 := `gpu_instance="0"`
+	gi1 := `gpu_instance="1"` // the 3g.40gb at 0:4
 	waitFor(t, "DCGM values on both compute instances", func() bool {
 		p := tn.step(t, 0)
-		return len(series(p, "gpu_sm_active_ratio", gi0)) == 2 && len(series(p, "gpu_pcie_transmit_bytes_total", `gpu_instance=""`)) == 1
+		return len(series(p, "gpu_sm_active_ratio", gi1)) == 2 && len(series(p, "gpu_pcie_transmit_bytes_total", `gpu_instance=""`)) == 1
 	})
 	var p *collector.Page
 	for range 5 {
 		p = tn.step(t, 20*time.Second)
 	}
 	for ci, want := range map[string]float64{"0": 0.9, "1": 0} {
-		if v := num(t, p, "gpu_sm_active_ratio", gi0, `compute_instance="`+ci+`"`); !near(v, want) {
+		if v := num(t, p, "gpu_sm_active_ratio", gi1, `compute_instance="`+ci+`"`); !near(v, want) {
 			t.Errorf("compute instance %s: SM active %v, want %v (its own, not its GPU instance's)", ci, v, want)
 		}
-		if s := series(p, "gpu_dram_active_ratio", gi0, `compute_instance="`+ci+`"`); len(s) != 0 {
+		if s := series(p, "gpu_dram_active_ratio", gi1, `compute_instance="`+ci+`"`); len(s) != 0 {
 			t.Errorf("compute instance %s serves its GPU instance's DRAM ratio: %v", ci, s)
 		}
 	}
@@ -165,10 +165,10 @@ pods:
 		t.Errorf("the busy holder's gpu_allocation_idle = %s, want 0", v)
 	}
 	// The whole GPU and the undivided 1g.10gb keep what they had.
-	if v := num(t, p, "gpu_sm_active_ratio", `gpu_instance="1"`); !near(v, 0.3) {
+	if v := num(t, p, "gpu_sm_active_ratio", `gpu_instance="11"`); !near(v, 0.3) {
 		t.Errorf("1g.10gb SM active %v, want 0.3", v)
 	}
-	if s := series(p, "gpu_dram_active_ratio", `gpu_instance="1"`); len(s) != 1 {
+	if s := series(p, "gpu_dram_active_ratio", `gpu_instance="11"`); len(s) != 1 {
 		t.Errorf("1g.10gb lost its DRAM ratio: %v", s)
 	}
 	for _, m := range []string{"gpu_pcie_transmit_bytes_total", "gpu_pcie_receive_bytes_total", "gpu_nvlink_transmit_bytes_total"} {
@@ -187,8 +187,8 @@ pods:
 	}
 }
 
-// splitGPUInstanceActivity sets a fake DCGM for a GPU whose GPU instance 0
-// is split into a busy compute instance 0 and an idle compute instance 1.
+// splitGPUInstanceActivity sets a fake DCGM for a GPU whose GPU instance 1
+// (a 3g.40gb at 0:4) is split into a busy compute instance 0 and an idle compute instance 1.
 // The fake runs on real time (the DCGM sampler does) while the node's
 // clock stands still between steps, and its profiling back-end answers
 // byte rates for the GPU instance too.
@@ -198,11 +198,11 @@ func splitGPUInstanceActivity(f *fakedcgm.Fake, n *simnode.Node) {
 		switch {
 		case gi < 0:
 			return 0.2, true
-		case gi == 0 && ci == 0:
+		case gi == 1 && ci == 0:
 			return 0.9, true
-		case gi == 0 && ci == 1:
+		case gi == 1 && ci == 1:
 			return 0, true
-		case gi == 0:
+		case gi == 1:
 			return 0.45, true // the GPU instance: the mean of the two
 		}
 		return 0.3, true
@@ -223,13 +223,13 @@ gpus:
 	tn := newTestExporter(t, withScenario(sc), withRealTime(), withGroups(fullGroups()), withDCGM(nil, splitGPUInstanceActivity),
 		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n"} }))
 	p := tn.until(t, "DCGM values", func(p *collector.Page) bool {
-		return len(series(p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`)) == 1
+		return len(series(p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="1"`)) == 1
 	})
-	if v := num(t, p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="0"`); !near(v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45)) {
-		t.Errorf("GPU instance 0 engine activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45))
+	if v := num(t, p, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", `GPU_I_ID="1"`); !near(v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45)) {
+		t.Errorf("GPU instance 1 engine activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.GraphicsActive, 0.45))
 	}
-	if v := num(t, p, "DCGM_FI_PROF_DRAM_ACTIVE", `GPU_I_ID="0"`); !near(v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45)) {
-		t.Errorf("GPU instance 0 DRAM activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45))
+	if v := num(t, p, "DCGM_FI_PROF_DRAM_ACTIVE", `GPU_I_ID="1"`); !near(v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45)) {
+		t.Errorf("GPU instance 1 DRAM activity %v, want the GPU instance's %v", v, fakedcgm.SimValue(dcgm.DRAMActive, 0.45))
 	}
 }
 

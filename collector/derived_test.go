@@ -35,7 +35,7 @@ func TestFragmentationOnSimulatedNode(t *testing.T) {
 	// time-slicing replicas is free, so the next gpu.shared pod can use that
 	// memory.
 	var want float64
-	for _, dev := range [][2]string{{"0", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"4", ""}, {"7", "0"}, {"7", "1"}, {"7", "2"}} {
+	for _, dev := range [][2]string{{"0", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"4", ""}, {"7", "2"}, {"7", "3"}, {"7", "9"}} { // GPU 7's held instances, by GPU instance ID
 		m := []string{`gpu="` + dev[0] + `"`, `gpu_instance="` + dev[1] + `"`}
 		want += num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_reserved_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
 	}
@@ -154,7 +154,7 @@ func TestIdleAllocationFlipsAfterWindow(t *testing.T) {
 	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="4"`); v != 7 {
 		t.Errorf("GPU 4 price %v, want 7", v)
 	}
-	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="7"`, `gpu_instance="0"`); !near(v, 3) {
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="7"`, `gpu_instance="2"`); !near(v, 3) {
 		t.Errorf("3g.40gb price %v, want 7*3/7 = 3", v)
 	}
 }
@@ -201,7 +201,7 @@ gpus:
 	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="0"`, `gpu_instance="0"`); !near(v, 7) {
 		t.Errorf("7g.40gb price %v, want 7 (the whole GPU)", v)
 	}
-	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="1"`, `gpu_instance="1"`); !near(v, 3) {
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu="1"`, `gpu_instance="2"`); !near(v, 3) {
 		t.Errorf("3g.20gb price %v, want 3 (3 of 7 compute slices)", v)
 	}
 	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 0 {
@@ -255,14 +255,14 @@ pods:
 	pn := newDerivedNode(t, sc, state.DerivedConfig{Prices: prices})
 	p := pn.step(t, time.Second)
 	for _, ci := range []string{"0", "1"} {
-		if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="0"`, `compute_instance="`+ci+`"`); !near(v, 1.5) {
+		if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="1"`, `compute_instance="`+ci+`"`); !near(v, 1.5) {
 			t.Errorf("compute instance %s of the 3g.40gb: price %v, want 1.5 (half of 3/7 of $7)", ci, v)
 		}
 	}
-	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="1"`); !near(v, 1) {
+	if v := num(t, p, "gpu_price_dollars_per_hour", `gpu_instance="11"`); !near(v, 1) {
 		t.Errorf("1g.10gb price %v, want 1", v)
 	}
-	m := []string{`gpu_instance="0"`, `compute_instance="0"`}
+	m := []string{`gpu_instance="1"`, `compute_instance="0"`}
 	free := num(t, p, "gpu_memory_total_bytes", m...) - num(t, p, "gpu_memory_used_bytes", m...)
 	if got := num(t, p, "gpu_memory_stranded_bytes"); !near(got, free) {
 		t.Errorf("stranded %v, want %v: the GPU instance's free memory once", got, free)
@@ -276,7 +276,7 @@ pods:
 	if v := num(t, p, "gpu_mig_free_slices", `gpu="0"`); v != 3 {
 		t.Errorf("free slices %v, want 3 (7 less 3g and 1g)", v)
 	}
-	if v := value(t, p, "gpu_mig_info", `compute_instance="1"`, `gpu_instance="0"`); v != "1" {
+	if v := value(t, p, "gpu_mig_info", `compute_instance="1"`, `gpu_instance="1"`); v != "1" {
 		t.Errorf("second compute instance missing from gpu_mig_info")
 	}
 	if !strings.Contains(string(p.Plain), `mig_profile="1c.3g.40gb"`) {

@@ -38,6 +38,15 @@ type Config struct {
 	Now func() time.Time
 	// Pods, when set, maps devices to the pods holding them.
 	Pods state.PodSource
+	// PodMeta, when set, gives the holders' pod UIDs and labels (the API
+	// server's, from a cache).
+	PodMeta state.PodMetaSource
+	// PodMapWait bounds how long Run's first sample waits for the pod
+	// source's first answer and the pod metadata's first list (each that
+	// says, as podmap.Client and podmap.MetaWatcher do, when that came), so
+	// that the first page names the holders with all their labels; past it
+	// the page is served, and /readyz ready, without them. 0 does not wait.
+	PodMapWait time.Duration
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
 	// DCGM, when set, adds DCGM's profiling fields and health watches.
@@ -88,6 +97,15 @@ type Exporter struct {
 
 	renderMu  sync.Mutex // one sample joined and rendered at a time
 	renderErr atomic.Pointer[renderResult]
+	// waitingPodMap: Run waits for the first pod map before its first
+	// sample.
+	waitingPodMap atomic.Bool
+}
+
+// firstPodMap is a pod source that says when its first answer (or failure)
+// came.
+type firstPodMap interface {
+	FirstRefresh() <-chan struct{}
 }
 
 type renderResult struct{ err error }
@@ -103,7 +121,7 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, XID: cfg.XID, DCGM: cfg.DCGM,
+	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, PodMeta: cfg.PodMeta, XID: cfg.XID, DCGM: cfg.DCGM,
 		Processes: cfg.Processes, Derived: cfg.Derived})
 	if err != nil {
 		return nil, err
@@ -122,8 +140,12 @@ func (e *Exporter) Registry() *prometheus.Registry { return e.render.Registry() 
 // Page returns the latest rendered page, or nil before the first sample.
 func (e *Exporter) Page() *Page { return e.page.Load() }
 
-// Run samples every interval until ctx is done.
+// Run samples every interval until ctx is done. The first sample waits for
+// the first pod map, up to PodMapWait.
 func (e *Exporter) Run(ctx context.Context) {
+	if !e.waitFirstPodMap(ctx) {
+		return
+	}
 	t := time.NewTicker(e.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -134,6 +156,39 @@ func (e *Exporter) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// waitFirstPodMap waits, up to PodMapWait, for the pod source's first
+// answer and the pod metadata's first list: a first page without them
+// would serve every allocated device without its holder (or its pod's
+// labels), short-lived series that the next page replaces. It reports false
+// when ctx ended first.
+func (e *Exporter) waitFirstPodMap(ctx context.Context) bool {
+	var firsts []<-chan struct{}
+	for _, src := range []any{e.cfg.Pods, e.cfg.PodMeta} {
+		if f, ok := src.(firstPodMap); ok {
+			firsts = append(firsts, f.FirstRefresh())
+		}
+	}
+	if len(firsts) == 0 || e.cfg.PodMapWait <= 0 {
+		return true
+	}
+	e.waitingPodMap.Store(true)
+	defer e.waitingPodMap.Store(false)
+	t := time.NewTimer(e.cfg.PodMapWait)
+	defer t.Stop()
+	for _, first := range firsts {
+		select {
+		case <-first:
+		case <-t.C:
+			e.cfg.Log.Warn().Dur("waited", e.cfg.PodMapWait).
+				Msg("the kubelet (or the API server, for pod UIDs and labels) has not answered since the start: serving devices without what it gives until it does (the landing page says why)")
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // SampleOnce takes one sample, joins it into a state, renders that and
@@ -161,6 +216,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 func (e *Exporter) Ready() (bool, string) {
 	p := e.page.Load()
 	if p == nil {
+		if e.waitingPodMap.Load() {
+			return false, fmt.Sprintf("waiting for the kubelet's first pod map before the first sample (up to %s)", e.cfg.PodMapWait)
+		}
 		return false, "no sample yet"
 	}
 	if r := e.renderErr.Load(); r != nil && r.err != nil {

@@ -167,9 +167,9 @@ gpus:
 	want := `
 # HELP gpu_mig_info Static facts about a MIG instance; value 1.
 # TYPE gpu_mig_info gauge
-gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="0",mig_profile="4g.20gb",mig_uuid="` + st.GPUs[1].MIG[0].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
-gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="1",mig_profile="2g.10gb",mig_uuid="` + st.GPUs[1].MIG[1].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
-gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="2",mig_profile="1g.5gb",mig_uuid="` + st.GPUs[1].MIG[2].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
+gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="1",mig_profile="4g.20gb",mig_uuid="` + st.GPUs[1].MIG[0].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
+gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="5",mig_profile="2g.10gb",mig_uuid="` + st.GPUs[1].MIG[1].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
+gpu_mig_info{compute_instance="0",gpu="1",gpu_instance="13",mig_profile="1g.5gb",mig_uuid="` + st.GPUs[1].MIG[2].MIGUUID + `",uuid="` + st.GPUs[1].UUID + `"} 1
 `
 	if err := testutil.GatherAndCompare(e.Registry(), strings.NewReader(want), "gpu_mig_info"); err != nil {
 		t.Error(err)

@@ -863,7 +863,7 @@ func TestFaultsKeepDevicesAndCounters(t *testing.T) {
 	fn.lib.loseAfter(3, 2)
 	for i := 0; i < 4; i++ {
 		mfs = step(fmt.Sprintf("GPU 3 lost, sample %d", i+1))
-		for _, gi := range []string{"", "0", "1"} {
+		for _, gi := range []string{"", "1", "11"} { // the whole GPU, its 3g.40gb at 0:4 and its 1g.10gb at 4:1
 			if s := fltFind(mfs, "gpu_up", map[string]string{"gpu": "3", "gpu_instance": gi}); len(s) != 1 || fltValue(s[0]) != 0 {
 				t.Errorf("MIG GPU lost, sample %d: gpu_up{gpu=3,gpu_instance=%q} is %v, want one series at 0", i+1, gi, s)
 			}
@@ -878,7 +878,7 @@ func TestFaultsKeepDevicesAndCounters(t *testing.T) {
 	}
 	fn.lib.recoverGPU()
 	mfs = step("GPU 3 back")
-	for _, gi := range []string{"", "0", "1"} {
+	for _, gi := range []string{"", "1", "11"} { // the whole GPU, its 3g.40gb at 0:4 and its 1g.10gb at 4:1
 		if gpuUp(mfs, "3", gi) != 1 {
 			t.Errorf("GPU 3 (gpu_instance %q) did not report up in the first sample after it came back", gi)
 		}

@@ -28,7 +28,7 @@ func newPodNodeWithDCGM(t *testing.T, dcgmOn bool) func() *collector.Page {
 	}
 	return func() *collector.Page {
 		return tn.until(t, "DCGM values", func(p *collector.Page) bool {
-			return !dcgmOn || len(series(p, "gpu_sm_active_ratio", `gpu="7"`, `gpu_instance="0"`)) > 0
+			return !dcgmOn || len(series(p, "gpu_sm_active_ratio", `gpu="7"`, `gpu_instance="2"`)) > 0
 		})
 	}
 }

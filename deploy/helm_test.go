@@ -168,6 +168,56 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		// A counters file from the values, in a ConfigMap of the chart's:
+		// mounted, named by the flag, and the compatibility scrape shape.
+		name:    "gpu-operator-dcgm-exporter-counters",
+		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-compat-counters.yaml"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			checkCountersFile(t, m, release+"-dcgm-exporter-counters", "dcgm-metrics.csv")
+			var found bool
+			for _, cm := range m.configMaps {
+				if cm.Name != release+"-dcgm-exporter-counters" {
+					continue
+				}
+				found = true
+				if !strings.Contains(cm.Data["dcgm-metrics.csv"], "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter,") {
+					t.Errorf("%s: the ConfigMap holds %q, not the values' counters file", m.name, cm.Data["dcgm-metrics.csv"])
+				}
+			}
+			if !found {
+				t.Errorf("%s: no ConfigMap %s-dcgm-exporter-counters", m.name, release)
+			}
+		},
+	},
+	{
+		// The GPU Operator's own ConfigMap (dcgmExporter.config.name).
+		name:    "gpu-operator-dcgm-exporter-counters-existing",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"exporter.compatCounters.existingConfigMap=custom-dcgm-metrics"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			checkCountersFile(t, m, "custom-dcgm-metrics", "dcgm-metrics.csv")
+		},
+	},
+	{
+		// Pod labels and UIDs: the flags, the token and a ClusterRole to
+		// read pods (checkPodReader checks its rules in every case).
+		name:    "gpu-operator-dcgm-exporter-pod-labels",
+		values:  []string{chartDir + "/values-gpu-operator.yaml"},
+		sets:    []string{"exporter.compatKubernetes.enablePodLabels=true", "exporter.compatKubernetes.enablePodUID=true", "exporter.compatKubernetes.podLabelAllowlistRegex[0]=^app[.]kubernetes[.]io/"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-labels", "--compat.dcgm-exporter.kubernetes-enable-pod-uid", `--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app[.]kubernetes[.]io/`} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: exporter args %v lack %s", m.name, args, want)
+				}
+			}
+			wantCount(t, m, "ClusterRole", len(m.clusterRoles), 1)
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,
@@ -180,6 +230,71 @@ var helmCases = []helmCase{
 		profile: gke,
 		check:   checkSecured,
 	},
+}
+
+// checkPodReader: with pod labels or UIDs the exporter's service account
+// may get, list and watch pods and nothing else (a ClusterRole bound to it;
+// podmap/apiserver runs the watch with exactly these rules on a real API
+// server) and its token is mounted; without them there is no ClusterRole.
+func checkPodReader(t *testing.T, m *manifests) {
+	t.Helper()
+	ds := m.daemonSet(t)
+	podMeta := slices.ContainsFunc(ds.Spec.Template.Spec.Containers[0].Args, func(a string) bool {
+		return strings.HasPrefix(a, "--compat.dcgm-exporter.kubernetes-enable-pod-")
+	})
+	if !podMeta {
+		if len(m.clusterRoles)+len(m.clusterBindings) != 0 {
+			t.Errorf("%s: a ClusterRole without pod labels or UIDs: the exporter calls no API", m.name)
+		}
+		return
+	}
+	if a := ds.Spec.Template.Spec.AutomountServiceAccountToken; a == nil || !*a {
+		t.Errorf("%s: pod labels or UIDs without the service account token mounted", m.name)
+	}
+	if len(m.clusterRoles) != 1 || len(m.clusterBindings) != 1 {
+		t.Fatalf("%s: %d ClusterRoles and %d bindings, want one of each", m.name, len(m.clusterRoles), len(m.clusterBindings))
+	}
+	rules := m.clusterRoles[0].Rules
+	if len(rules) != 1 || !slices.Equal(rules[0].APIGroups, []string{""}) || !slices.Equal(rules[0].Resources, []string{"pods"}) || !slices.Equal(rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Errorf("%s: ClusterRole rules %+v, want get, list and watch on pods alone", m.name, rules)
+	}
+	b := m.clusterBindings[0]
+	if b.RoleRef.Name != m.clusterRoles[0].Name || len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != ds.Spec.Template.Spec.ServiceAccountName || b.Subjects[0].Namespace != namespace {
+		t.Errorf("%s: ClusterRoleBinding %+v does not bind the ClusterRole to the exporter's service account", m.name, b)
+	}
+}
+
+// checkCountersFile: the counters file's ConfigMap is mounted, the flag
+// names the file in it, and the DCGM_FI_* families are served and scraped
+// as with --compat.dcgm-exporter.
+func checkCountersFile(t *testing.T, m *manifests, configMap, key string) {
+	t.Helper()
+	pod := m.daemonSet(t).Spec.Template.Spec
+	c := pod.Containers[0]
+	for _, want := range []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.collectors=/etc/gpu-pool-exporter/dcgm-exporter/" + key} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("%s: exporter args %v lack %s", m.name, c.Args, want)
+		}
+	}
+	mounted := false
+	for _, vm := range c.VolumeMounts {
+		if vm.MountPath != "/etc/gpu-pool-exporter/dcgm-exporter" {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == vm.Name && v.ConfigMap != nil && v.ConfigMap.Name == configMap && len(v.ConfigMap.Items) == 1 && v.ConfigMap.Items[0].Key == key {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("%s: ConfigMap %s (key %s) is not mounted at /etc/gpu-pool-exporter/dcgm-exporter", m.name, configMap, key)
+	}
+	for _, e := range m.serviceMonitors[0].Spec.Endpoints {
+		if e.HonorLabels || !restoresHolderLabels(e.MetricRelabelConfigs) {
+			t.Errorf("%s: ServiceMonitor honorLabels %v: want the compatibility scrape shape", m.name, e.HonorLabels)
+		}
+	}
 }
 
 // wantLayers: a sharded setup's two rule objects, node level then global.
@@ -231,6 +346,7 @@ func TestHelmChart(t *testing.T) {
 			if len(m.roles)+len(m.roleBindings) != 0 && len(m.podMonitorings) == 0 {
 				t.Errorf("%s: RBAC rendered without GMP: the exporter itself needs none", m.name)
 			}
+			checkPodReader(t, m)
 			if tc.check != nil {
 				tc.check(t, m)
 			}
@@ -251,6 +367,7 @@ func TestHelmChartRejects(t *testing.T) {
 		{"basic auth without a password", []string{"web.basicAuth.enabled=true"}, "web.basicAuth.password"},
 		{"two scrape objects", []string{"serviceMonitor.enabled=true", "podMonitor.enabled=true"}, "not both"},
 		{"privileged without escalation", []string{"securityContext.privileged=true"}, "allowPrivilegeEscalation"},
+		{"two counters files", []string{"exporter.compatCounters.customMetrics=DCGM_FI_DEV_GPU_TEMP\\,gauge\\,t", "exporter.compatCounters.existingConfigMap=x"}, "not both"},
 		{"credentials in another namespace", []string{"web.basicAuth.enabled=true", "web.basicAuth.password=x", "serviceMonitor.enabled=true", "serviceMonitor.namespace=monitoring"}, "release namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -272,7 +389,7 @@ func checkNamespaced(t *testing.T, m *manifests) {
 	t.Helper()
 	for key, doc := range m.raw {
 		tm := metaOf(t, doc)
-		clusterScoped := tm.Kind == "ClusterRules" || tm.Kind == "GlobalRules" || tm.Kind == "Namespace"
+		clusterScoped := tm.Kind == "ClusterRules" || tm.Kind == "GlobalRules" || tm.Kind == "Namespace" || tm.Kind == "ClusterRole" || tm.Kind == "ClusterRoleBinding"
 		switch {
 		case clusterScoped && tm.Metadata.Namespace != "":
 			t.Errorf("%s: cluster-scoped %s has namespace %q", m.name, key, tm.Metadata.Namespace)

@@ -98,6 +98,8 @@ type manifests struct {
 	daemonSets      []appsv1.DaemonSet
 	roles           []rbacv1.Role
 	roleBindings    []rbacv1.RoleBinding
+	clusterRoles    []rbacv1.ClusterRole
+	clusterBindings []rbacv1.ClusterRoleBinding
 	serviceMonitors []monitoringv1.ServiceMonitor
 	podMonitors     []monitoringv1.PodMonitor
 	promRules       []monitoringv1.PrometheusRule
@@ -173,6 +175,10 @@ func decodeManifests(t *testing.T, name string, stream []byte) *manifests {
 			target = appendNew(&m.roles)
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
 			target = appendNew(&m.roleBindings)
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			target = appendNew(&m.clusterRoles)
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			target = appendNew(&m.clusterBindings)
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			target = appendNew(&m.serviceMonitors)
 		case "monitoring.coreos.com/v1 PodMonitor":

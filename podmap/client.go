@@ -107,6 +107,10 @@ type Client struct {
 	lister       podresourcesv1.PodResourcesListerClient
 	loggedUnimpl bool
 	everUp       bool
+
+	// first is closed when the first refresh has ended, answered or failed.
+	first     chan struct{}
+	firstOnce sync.Once
 }
 
 // NewClient checks cfg, fills in defaults and returns a client. It does not
@@ -120,6 +124,7 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg:    cfg,
 		socket: cfg.Socket,
 		match:  newResourceMatcher(cfg.ExtraResourceNames, cfg.ExtraDRADrivers),
+		first:  make(chan struct{}),
 	}
 	c.snap.Store(&Snapshot{})
 	return c, nil
@@ -201,6 +206,11 @@ func (cfg Config) withDefaults() (Config, error) {
 // Config returns the client's configuration with defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
+// FirstRefresh is closed once the first refresh has ended, with the
+// kubelet's answer or its failure in the snapshot: the exporter's first
+// page waits for it, so that it names the holders.
+func (c *Client) FirstRefresh() <-chan struct{} { return c.first }
+
 // Snapshot returns the latest snapshot. It never blocks and never calls the
 // kubelet. Before the first refresh it is an empty snapshot with Up false.
 func (c *Client) Snapshot() *Snapshot { return c.snap.Load() }
@@ -262,6 +272,7 @@ func (c *Client) Refresh(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return err
 		}
+		defer c.firstOnce.Do(func() { close(c.first) })
 		_ = c.closeLocked()
 		next := *prev
 		next.Up = false
@@ -278,6 +289,7 @@ func (c *Client) Refresh(ctx context.Context) error {
 		return err
 	}
 
+	defer c.firstOnce.Do(func() { close(c.first) })
 	now := time.Now
 	if c.cfg.Now != nil {
 		now = c.cfg.Now

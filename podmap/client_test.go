@@ -640,3 +640,30 @@ func BenchmarkRefresh(b *testing.B) {
 		b.Fatalf("holdings %d allocatable %v", len(s.Holdings), s.Allocatable)
 	}
 }
+
+// FirstRefresh closes once the first refresh has ended, failed too, with
+// its result already in the snapshot, and not before.
+func TestFirstRefresh(t *testing.T) {
+	c, err := NewClient(Config{Socket: filepath.Join(t.TempDir(), "none.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-c.FirstRefresh():
+		t.Fatal("closed before any refresh")
+	default:
+	}
+	if err := c.Refresh(context.Background()); err == nil {
+		t.Fatal("a refresh without a kubelet succeeded")
+	}
+	select {
+	case <-c.FirstRefresh():
+	default:
+		t.Fatal("not closed after the first refresh failed")
+	}
+	if s := c.Snapshot(); s.Errors != 1 || s.Err == nil {
+		t.Errorf("snapshot after the first refresh: Errors=%d Err=%v", s.Errors, s.Err)
+	}
+	_ = c.Refresh(context.Background()) // closed once: no panic
+}

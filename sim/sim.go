@@ -17,11 +17,18 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
@@ -46,6 +53,11 @@ type Options struct {
 	Sysfs bool
 	// Now is the process resolver's clock (nil: time.Now).
 	Now func() time.Time
+	// APIServer serves the node's pods (UIDs, labels) from a fake API
+	// server client, as running on node NodeName; kept up to date with the
+	// fake kubelet (FollowEvery, Sync).
+	APIServer bool
+	NodeName  string
 }
 
 // Stand is a simulated node's stand-ins as the exporter's sources.
@@ -54,6 +66,9 @@ type Stand struct {
 	Sources collector.Sources
 	// Kubelet is the fake kubelet (nil without Options.Kubelet).
 	Kubelet *fakekubelet.Server
+	// API is the fake API server client (nil without Options.APIServer).
+	API      *fake.Clientset
+	nodeName string
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -91,6 +106,11 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 		}
 		s.Sources.Processes = r
 	}
+	if opt.APIServer {
+		s.API, s.nodeName = fake.NewClientset(), opt.NodeName
+		s.Sources.Kube = s.API
+		s.syncAPI()
+	}
 	if opt.Kubelet {
 		// Not t.TempDir or a deep path: a unix socket path must stay under
 		// about 100 bytes.
@@ -99,14 +119,15 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 			return nil, err
 		}
 		s.Kubelet = fakekubelet.New(filepath.Join(dir, "kubelet.sock"))
+		s.Kubelet.SetDelay(time.Duration(node.Scenario.Node.KubeletLatency))
 		s.Sync()
 		if err := s.Kubelet.Start(); err != nil {
 			return nil, fmt.Errorf("fake kubelet: %w", err)
 		}
 		s.Sources.KubeletSocket = s.Kubelet.Socket()
-		if opt.FollowEvery > 0 {
-			s.wg.Go(func() { s.follow(opt.FollowEvery) })
-		}
+	}
+	if opt.FollowEvery > 0 && (s.Kubelet != nil || s.API != nil) {
+		s.wg.Go(func() { s.follow(opt.FollowEvery) })
 	}
 	ok = true
 	return s, nil
@@ -130,11 +151,37 @@ func HostResolver(node *simnode.Node, now func() time.Time) (*procs.Resolver, er
 	return procs.NewResolver(procs.Config{ProcRoot: root, Identities: ids, Now: now}), nil
 }
 
-// Sync brings the fake kubelet up to the node's present.
+// Sync brings the fake kubelet and API server up to the node's present.
 func (s *Stand) Sync() {
 	if s.Kubelet != nil {
 		s.Kubelet.SetPods(s.Node.KubeletPods())
 		s.Kubelet.SetAllocatable(s.Node.KubeletAllocatable())
+	}
+	s.syncAPI()
+}
+
+// syncAPI creates the pods that started and deletes those that stopped.
+func (s *Stand) syncAPI() {
+	if s.API == nil {
+		return
+	}
+	ctx := context.Background()
+	pods := s.API.CoreV1().Pods(metav1.NamespaceAll)
+	have, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	now := map[types.UID]bool{}
+	for _, p := range s.Node.APIPods(s.nodeName) {
+		now[p.UID] = true
+		if !slices.ContainsFunc(have.Items, func(h corev1.Pod) bool { return h.UID == p.UID }) {
+			_, _ = s.API.CoreV1().Pods(p.Namespace).Create(ctx, &p, metav1.CreateOptions{})
+		}
+	}
+	for _, h := range have.Items {
+		if !now[h.UID] {
+			_ = s.API.CoreV1().Pods(h.Namespace).Delete(ctx, h.Name, metav1.DeleteOptions{})
+		}
 	}
 }
 

@@ -16,12 +16,23 @@
 // that has data for the default node must have data for the lean one, and
 // expectedAlerts must fire for it too.
 //
+// The default exporter serves dcgm-exporter's families from a user's own
+// counters file (dcgm-exporter's default list with the double-bit ECC total
+// turned on). Prometheus scrapes them twice: as dcgm-exporter's chart does
+// (honor_labels false, job gpu-pool-exporter) and with honor_labels true,
+// relabeled to dcgm-exporter's job as docs/migration-dcgm-exporter.md says
+// (job nvidia-dcgm-exporter, DCGM_FI_* only). dcgm-exporter's dashboard runs
+// on each, pinned to its job, and a user's alert on
+// DCGM_FI_DEV_ECC_DBE_VOL_TOTAL fires on each, naming the holder as that
+// scrape names it. The test logs the Prometheus version it ran on.
+//
 // It needs the prometheus server binary: on PATH or /usr/bin/prometheus
 // (Debian's `apt-get install -y prometheus`). Without it the test is skipped,
 // unless CI is set: then it fails.
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -56,6 +67,45 @@ var expectedAlerts = []string{
 	"GPUDevicePluginCapacityLoss", // kubelet allocatable 0, GPUs healthy
 	"GPUAllocationIdle",           // research/notebook-0 idles on GPU 2
 	"GPUReplacementRecommended",   // GPU 6's banks run short of spare rows
+	"GPUUncorrectableECCErrors",   // GPU 0 counts double-bit ECC errors
+}
+
+// userAlerts are a dcgm-exporter user's own alerts on the counters file's
+// families (userRules), which must fire for both scrapes of the default
+// node, and which alone besides expectedAlerts may fire.
+var userAlerts = []string{"DCGMDoubleBitECCErrors"}
+
+// userRules are a dcgm-exporter user's own rules: an alert on a family the
+// default counters leave out and the user's file lists.
+const userRules = `groups:
+  - name: dcgm-exporter-user
+    rules:
+      - alert: DCGMDoubleBitECCErrors
+        expr: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0
+        labels:
+          severity: critical
+`
+
+// The two scrapes of the default exporter's DCGM_FI_* families: as
+// dcgm-exporter's chart scrapes (honor_labels false: holders in
+// exported_*), and with honor_labels true under dcgm-exporter's job name.
+var dcgmScrapes = []dcgmScrape{
+	{job: "gpu-pool-exporter", holder: "exported_"},
+	{job: dcgmExporterJob, holder: "", honorLabels: true},
+}
+
+// dcgmExporterJob is the job of the GPU Operator's dcgm-exporter Service.
+const dcgmExporterJob = "nvidia-dcgm-exporter"
+
+// dcgmScrape is one scrape of the DCGM_FI_* families: its job and the
+// prefix of the holder labels it gives them.
+type dcgmScrape struct {
+	job, holder string
+	honorLabels bool
+}
+
+func (s dcgmScrape) String() string {
+	return fmt.Sprintf("job %s (honor_labels %v)", s.job, s.honorLabels)
 }
 
 // nodeName is the node label the scrape config gives the exporter's series;
@@ -143,13 +193,14 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 			t.Logf("exporter has no %s flag; not passing %s", name, f)
 		}
 	}
+	args = append(args, "--compat.dcgm-exporter.collectors="+userCounters(t, root, tmp))
 	startProcess(t, ctx, filepath.Join(tmp, "exporter.log"), gpe, args...)
 	// The same node on the lean profile, without dcgm-exporter's names.
 	leanAddr := freeAddr(t)
 	var leanArgs []string
 	for _, a := range args {
 		switch {
-		case a == "--compat.dcgm-exporter":
+		case a == "--compat.dcgm-exporter", strings.HasPrefix(a, "--compat.dcgm-exporter."):
 		case strings.HasPrefix(a, "--web.listen-address="):
 			leanArgs = append(leanArgs, "--web.listen-address="+leanAddr)
 		case strings.HasPrefix(a, "--node-name="):
@@ -187,12 +238,16 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(tmp, "rules.yml"), []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(tmp, "user-rules.yml"), []byte(userRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	promAddr := freeAddr(t)
 	config := fmt.Sprintf(`global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
 rule_files:
+  - %s
   - %s
 scrape_configs:
   - job_name: gpu-pool-exporter
@@ -230,7 +285,7 @@ scrape_configs:
         replacement: ""
     static_configs:
       - targets: [%q]
-        labels:
+        labels: &x7k2p
           node: %q
           namespace: gpu-pool-exporter
           pod: gpu-pool-exporter-x7k2p
@@ -241,11 +296,27 @@ scrape_configs:
           namespace: gpu-pool-exporter
           pod: gpu-pool-exporter-l3an5
           container: exporter
+  - job_name: dcgm-exporter-honor-labels
+    # As a ServiceMonitor with honorLabels: true: the holder labels the
+    # DCGM_FI_* series carry replace the target's namespace/pod/container.
+    # Only DCGM_FI_* are kept (the shipped rules read gpu_* from the job
+    # above), given dcgm-exporter's job by docs/migration-dcgm-exporter.md's
+    # relabeling.
+    honor_labels: true
+    metric_relabel_configs:
+      - source_labels: [__name__]
+        regex: "DCGM_FI_.*"
+        action: keep
+%s
+    static_configs:
+      - targets: [%q]
+        labels: *x7k2p
   - job_name: kube-state-metrics
     honor_labels: true
     static_configs:
       - targets: [%q]
-`, filepath.Join(tmp, "rules.yml"), exporterAddr, nodeName, leanAddr, leanNodeName, strings.TrimPrefix(ksm.URL, "http://"))
+`, filepath.Join(tmp, "rules.yml"), filepath.Join(tmp, "user-rules.yml"), exporterAddr, nodeName, leanAddr, leanNodeName,
+		docsJobRelabeling(t, root), exporterAddr, strings.TrimPrefix(ksm.URL, "http://"))
 	configFile := filepath.Join(tmp, "prometheus.yml")
 	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -258,16 +329,28 @@ scrape_configs:
 	)
 	prom := "http://" + promAddr
 	waitHTTP(t, prom+"/-/ready", startTimeout, promLog)
+	var build struct {
+		Data struct {
+			Version string `json:"version"`
+		} `json:"data"`
+	}
+	if err := getJSON(prom+"/api/v1/status/buildinfo", &build); err != nil {
+		t.Fatalf("/api/v1/status/buildinfo: %v", err)
+	}
+	t.Logf("Prometheus %s (%s)", build.Data.Version, promBin)
 
 	// 4. The expected alerts fire, and no other.
 	deadline := time.Now().Add(alertTimeout)
 	var firing, leanFiring []string
 	for {
 		firing, leanFiring = firingAlerts(t, prom), firingAlerts(t, prom, leanNodeName)
-		if containsAll(firing, expectedAlerts) && containsAll(leanFiring, expectedAlerts) || time.Now().After(deadline) {
+		if containsAll(firing, expectedAlerts) && containsAll(leanFiring, expectedAlerts) && userAlertsFiring(prom) == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Second)
+	}
+	if err := userAlertsFiring(prom); err != nil {
+		t.Errorf("after %s: %v", alertTimeout, err)
 	}
 	if !containsAll(firing, expectedAlerts) {
 		t.Errorf("after %s, firing: %v; want %v firing", alertTimeout, firing, expectedAlerts)
@@ -280,7 +363,7 @@ scrape_configs:
 	time.Sleep(3 * time.Second)
 	firing = firingAlerts(t, prom)
 	for _, a := range firing {
-		if !slices.Contains(expectedAlerts, a) {
+		if !slices.Contains(expectedAlerts, a) && !slices.Contains(userAlerts, a) {
 			t.Errorf("alert %s fires but scenario.yaml should not cause it", a)
 		}
 	}
@@ -291,9 +374,12 @@ scrape_configs:
 	// 6. Every rule reads on the lean node what it reads on the default.
 	checkLeanRules(t, prom)
 
-	// 7. So does every query of dcgm-exporter's own dashboard, and every
-	// family of its default counter list is there with its type.
-	checkDCGMExporterDashboard(t, prom)
+	// 7. So does every query of dcgm-exporter's own dashboard, on each
+	// scrape, and every family of its default counter list is there with
+	// its type.
+	for _, sc := range dcgmScrapes {
+		checkDCGMExporterDashboard(t, prom, sc)
+	}
 
 	// 8. The zone recordings agree with the nodes' own series, and `fleet`
 	// prints what the recordings hold.
@@ -597,14 +683,13 @@ type dcgmExporter struct {
 
 // notServed are the default counters gpu-pool-exporter does not serve, and why.
 var notServed = map[string]string{
-	"DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU guests only; the exporter runs on the host",
-	"DCGM_FI_DRIVER_VERSION":          "a label on every family, as dcgm-exporter serves it",
+	"DCGM_FI_DRIVER_VERSION": "a label on every family, as dcgm-exporter serves it",
 }
 
 // labelValuesRE is Grafana's label_values(metric, label) variable query.
 var labelValuesRE = regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)$`)
 
-func checkDCGMExporterDashboard(t *testing.T, prom string) {
+func checkDCGMExporterDashboard(t *testing.T, prom string, sc dcgmScrape) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("testdata", "dcgm-exporter.json"))
 	if err != nil {
@@ -629,7 +714,7 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 		var r struct {
 			Data []map[string]string `json:"data"`
 		}
-		if err := getJSON(prom+"/api/v1/series?match[]="+url.QueryEscape(m[1]), &r); err != nil {
+		if err := getJSON(prom+"/api/v1/series?match[]="+url.QueryEscape(m[1]+`{job="`+sc.job+`"}`), &r); err != nil {
 			t.Errorf("dcgm-exporter variable %s: %v", v.Name, err)
 			continue
 		}
@@ -660,29 +745,42 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			t.Errorf("dcgm-exporter panel %q: unknown variable in %s", p.Title, expr)
 			continue
 		}
+		expr = scopeToJob(t, expr, sc.job)
 		n, err := queryCount(prom, expr)
 		switch {
 		case err != nil:
-			t.Errorf("dcgm-exporter panel %q: %v\n%s", p.Title, err, expr)
+			t.Errorf("%s: dcgm-exporter panel %q: %v\n%s", sc, p.Title, err, expr)
 		case n == 0:
-			t.Errorf("dcgm-exporter panel %q returns no data: %s", p.Title, expr)
+			t.Errorf("%s: dcgm-exporter panel %q returns no data: %s", sc, p.Title, expr)
 		}
 	}
 	// Scraped as dcgm-exporter is (honor_labels false): the holder is in
 	// exported_pod, the exporter pod in pod; gpu_* keep their own pod.
-	for expr, want := range map[string]bool{
+	// With honor_labels true the holder is in pod, and a device nobody
+	// holds keeps the target's own namespace and pod.
+	want := map[string]bool{
 		`DCGM_FI_DEV_GPU_TEMP{exported_pod="train-0", pod="gpu-pool-exporter-x7k2p"}`: true,
 		// GPU 3, lost to XID 79 and held by nobody, keeps its XID series.
 		`DCGM_FI_DEV_XID_ERRORS{gpu="3", err_code="79", err_msg="GPU has fallen off the bus", exported_pod="", pod="gpu-pool-exporter-x7k2p"} == 79`: true,
 		`gpu_allocation_info{pod="train-0"}`:           true,
 		`gpu_allocation_info{exported_pod!=""}`:        false,
 		`{__name__=~"gpu_.*", exported_namespace!=""}`: false,
-	} {
-		if n, err := queryCount(prom, expr); err != nil || (n > 0) != want {
-			t.Errorf("%s: %d series (%v), want some: %v", expr, n, err, want)
+	}
+	if sc.honorLabels {
+		want = map[string]bool{
+			`DCGM_FI_DEV_GPU_TEMP{namespace="ml-training", pod="train-0", container="trainer"}`:                                                                        true,
+			`DCGM_FI_DEV_XID_ERRORS{gpu="3", err_code="79", err_msg="GPU has fallen off the bus", namespace="gpu-pool-exporter", pod="gpu-pool-exporter-x7k2p"} == 79`: true,
+			`DCGM_FI_DEV_GPU_TEMP{exported_pod!=""}`:                  false,
+			`{job="` + sc.job + `", __name__!~"DCGM_FI_.*|ALERTS.*"}`: false,
 		}
 	}
-	checkDCGMExporterValues(t, prom, d, values)
+	for expr, want := range want {
+		expr = scopeToJob(t, expr, sc.job)
+		if n, err := queryCount(prom, expr); err != nil || (n > 0) != want {
+			t.Errorf("%s: %s: %d series (%v), want some: %v", sc, expr, n, err, want)
+		}
+	}
+	checkDCGMExporterValues(t, prom, d, values, sc)
 	// Every default counter is served under its name, with its type.
 	var meta struct {
 		Data map[string][]struct {
@@ -702,7 +800,7 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			t.Logf("%s not served as a family: %s", f.Field, why)
 			continue
 		}
-		n, err := queryCount(prom, f.Field)
+		n, err := queryCount(prom, f.Field+`{job="`+sc.job+`"}`)
 		if f.Field == "DCGM_FI_DEV_FB_RESERVED" {
 			// From NVML's memory info v2 (R510+), as gpu_memory_reserved_bytes.
 			if ours, _ := queryCount(prom, "gpu_memory_reserved_bytes"); ours == 0 && n == 0 {
@@ -711,7 +809,7 @@ func checkDCGMExporterDashboard(t *testing.T, prom string) {
 			}
 		}
 		if err != nil || n == 0 {
-			t.Errorf("default counter %s: %d series (%v)", f.Field, n, err)
+			t.Errorf("%s: default counter %s: %d series (%v)", sc, f.Field, n, err)
 			continue
 		}
 		if ms := meta.Data[f.Field]; len(ms) == 0 || ms[0].Type != f.Type {
@@ -743,27 +841,32 @@ var dcgmPanelNative = map[string]struct {
 // values, keyed by the label named.
 var exportedDashboard = []struct {
 	title, compat, native, compatKey, nativeKey string
+	// exportedOnly: the query needs the holders apart from the target's
+	// own labels (with honor_labels true a device nobody holds keeps the
+	// target's namespace).
+	exportedOnly bool
 }{
 	{"GPUs per namespace",
 		`count by (exported_namespace) (DCGM_FI_DEV_FB_USED{exported_namespace!=""})`,
 		`count by (namespace) (count by (namespace, uuid, gpu_instance) (gpu_allocation_info{instance=~"$instance"}))`,
-		"exported_namespace", "namespace"},
+		"exported_namespace", "namespace", true},
 	{"VRAM used by train-0 (MiB)",
 		`sum by (exported_pod) (DCGM_FI_DEV_FB_USED{exported_pod="train-0"})`,
 		`sum by (pod) (floor(gpu_memory_used_bytes{instance=~"$instance", gpu_instance=""} / 2^20) * on (uuid) group_left (pod) gpu_allocation_info{instance=~"$instance", pod="train-0"})`,
-		"exported_pod", "pod"},
+		"exported_pod", "pod", false},
 	{"Average utilization of ml-training (%)",
 		`avg by (exported_namespace) (DCGM_FI_DEV_GPU_UTIL{exported_namespace="ml-training"})`,
 		`100 * avg by (namespace) (gpu_utilization_ratio{instance=~"$instance"} * on (uuid) group_left (namespace) gpu_allocation_info{instance=~"$instance", namespace="ml-training"})`,
-		"exported_namespace", "namespace"},
+		"exported_namespace", "namespace", false},
 }
 
 // checkDCGMExporterValues runs dcgm-exporter's dashboard panels (on the
 // whole GPUs that answer: a MIG GPU's board values repeat per instance, as
-// dcgm-exporter's do) and the exported_* dashboard's queries, and compares
+// dcgm-exporter's do) and the holder dashboard's queries, and compares
 // each value with our own families' at the same instant (one scrape holds
-// both).
-func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values map[string]string) {
+// both); on the other scrape, which keeps no gpu_* family, it compares
+// which GPUs and holders the answers name.
+func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values map[string]string, sc dcgmScrape) {
 	t.Helper()
 	at := strconv.FormatFloat(float64(time.Now().Add(-2*time.Second).UnixMilli())/1000, 'f', 3, 64)
 	subst := func(expr string) string {
@@ -771,7 +874,13 @@ func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values m
 		return strings.ReplaceAll(expr, "$gpu", "0|1|2|4|5|6")
 	}
 	compare := func(what, compat, native, ck, nk string, tol float64) {
-		a, err := queryByLabel(prom, subst(compat), ck, at)
+		what = sc.String() + ": " + what
+		if sc.job != "gpu-pool-exporter" {
+			// Another scrape than our families', at another moment:
+			// the same series (GPUs, holders), their values unchecked.
+			tol = math.Inf(1)
+		}
+		a, err := queryByLabel(prom, scopeToJob(t, subst(compat), sc.job), ck, at)
 		if err != nil {
 			t.Errorf("%s: %v", what, err)
 			return
@@ -800,11 +909,15 @@ func checkDCGMExporterValues(t *testing.T, prom string, d dcgmExporter, values m
 		compare("dcgm-exporter panel "+p.Title, p.Expr, n.native, "gpu", "gpu", n.tol)
 	}
 	for _, q := range exportedDashboard {
-		compare("exported_* panel "+q.title, q.compat, q.native, q.compatKey, q.nativeKey, 1e-9)
+		if q.exportedOnly && sc.holder != "exported_" {
+			continue
+		}
+		compat := strings.ReplaceAll(q.compat, "exported_", sc.holder)
+		compare("holder panel "+q.title, compat, q.native, strings.ReplaceAll(q.compatKey, "exported_", sc.holder), q.nativeKey, 1e-9)
 	}
 	// DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is the current rate: it falls as
 	// well as rises (kept from falling it would only climb).
-	if n, err := queryCount(prom, `resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[1m]) > 0`); err != nil || n == 0 {
+	if n, err := queryCount(prom, `resets(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{job="`+sc.job+`"}[1m]) > 0`); err != nil || n == 0 {
 		t.Errorf("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL never fell in a minute (%d series, %v): it ratchets", n, err)
 	}
 }
@@ -836,3 +949,77 @@ var (
 	tailFile     = proctest.TailFile
 	getJSON      = proctest.GetJSON
 )
+
+// scopeToJob adds job="<job>" to every DCGM_FI_* selector of expr: the
+// same families come from two scrapes (dcgmScrapes), and a dashboard pinned
+// to one job reads that scrape's alone.
+func scopeToJob(t *testing.T, expr, job string) string {
+	t.Helper()
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		if vs, ok := n.(*parser.VectorSelector); ok && strings.HasPrefix(vs.Name, "DCGM_FI_") {
+			vs.LabelMatchers = append(vs.LabelMatchers, labels.MustNewMatcher(labels.MatchEqual, "job", job))
+		}
+		return nil
+	})
+	return e.String()
+}
+
+// userCounters writes a dcgm-exporter user's own counters file: the
+// default list dcgm-exporter ships (deploy/dcgm-exporter) with the
+// double-bit volatile ECC total turned on.
+func userCounters(t *testing.T, root, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "dcgm-exporter", "default-counters.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = "# DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,"
+	if !bytes.Contains(b, []byte(line)) {
+		t.Fatalf("deploy/dcgm-exporter/default-counters.csv has no %q line to turn on", line)
+	}
+	path := filepath.Join(dir, "my-counters.csv")
+	if err := os.WriteFile(path, bytes.Replace(b, []byte(line), []byte(line[2:]), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// docsJobRelabeling is docs/migration-dcgm-exporter.md's relabeling to
+// dcgm-exporter's job, as items of this test's metric_relabel_configs.
+func docsJobRelabeling(t *testing.T, root string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "docs", "migration-dcgm-exporter.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		head, items, ok := strings.Cut(block, "\n")
+		if !ok || head != "metric_relabel_configs:" || !strings.Contains(items, dcgmExporterJob) {
+			continue
+		}
+		var out []string
+		for _, l := range strings.Split(strings.TrimRight(items, "\n"), "\n") {
+			out = append(out, "    "+l)
+		}
+		return strings.Join(out, "\n")
+	}
+	t.Fatal("docs/migration-dcgm-exporter.md has no metric_relabel_configs block naming " + dcgmExporterJob)
+	return ""
+}
+
+// userAlertsFiring reports which user alert does not fire as each scrape
+// names the holder: DCGMDoubleBitECCErrors on GPU 0, held by train-0.
+func userAlertsFiring(prom string) error {
+	for _, sc := range dcgmScrapes {
+		expr := `ALERTS{alertname="DCGMDoubleBitECCErrors", alertstate="firing", gpu="0", job="` + sc.job + `", ` + sc.holder + `pod="train-0"}`
+		if n, err := queryCount(prom, expr); err != nil || n != 1 {
+			return fmt.Errorf("%s: %s: %d series (%v), want 1", sc, expr, n, err)
+		}
+	}
+	return nil
+}

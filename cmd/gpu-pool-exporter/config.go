@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -95,6 +96,19 @@ type config struct {
 	// families (CompatConfig).
 	compatHostnameLabel string
 	compatVirtualGPUs   bool
+	// compatCollectors is dcgm-exporter's counters file (-f), parsed into
+	// compatCounters by check.
+	compatCollectors string
+	compatCounters   *render.CompatCounters
+	// compatPodLabels and compatPodUID add the holders' pod labels and UID
+	// from the API server (--kubernetes.kubeconfig, else in-cluster), as
+	// dcgm-exporter's --kubernetes-enable-pod-*; compatLabelAllowlist is
+	// parsed into compatLabelRegexps by check.
+	compatPodLabels      bool
+	compatPodUID         bool
+	compatLabelAllowlist []string
+	compatLabelRegexps   []*regexp.Regexp
+	kubeconfig           string
 }
 
 // groupFlag is one --[no-]collector.<group> flag and whether it was given.
@@ -125,7 +139,7 @@ const (
 // once the exporter starts building, a failure is the machine's. Nothing is
 // built here to be thrown away.
 func (c *config) check() error {
-	for _, check := range []func() error{c.checkSampling, c.checkSimulation, c.checkWeb, c.checkIdle, c.resolveGroups, c.checkDCGM, c.checkKubelet, c.checkProcs} {
+	for _, check := range []func() error{c.checkSampling, c.checkSimulation, c.checkWeb, c.checkIdle, c.resolveGroups, c.checkDCGM, c.checkKubelet, c.checkProcs, c.checkCompat} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -353,5 +367,35 @@ func (c *config) checkProcs() error {
 	if err := procs.CheckCRISocket(c.procsCRISocket); err != nil {
 		return inputError{fmt.Errorf("--procs.cri-socket=%s: %v", c.procsCRISocket, err)}
 	}
+	return nil
+}
+
+// checkCompat reads the counters file, which implies the compatibility
+// families: a field it does not know, a bad type or a malformed line is the
+// user's to fix (exit 2), named with its line. The pod labels and UID are
+// the compatibility families' and need this node's name.
+func (c *config) checkCompat() error {
+	if c.compatPodLabels || c.compatPodUID {
+		if !c.compatDCGM && c.compatCollectors == "" {
+			return inputError{errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid label the DCGM_FI_* families: they need --compat.dcgm-exporter (the native families take pod labels from kube-state-metrics' kube_pod_labels in PromQL: docs/pod-mapping.md)")}
+		}
+		if c.nodeName == "" && !c.simulate {
+			return inputError{errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid watch this node's pods only: give --node-name (the chart sets NODE_NAME from spec.nodeName)")}
+		}
+		res, err := podmap.ParseLabelAllowlist(c.compatLabelAllowlist)
+		if err != nil {
+			return inputError{fmt.Errorf("--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex: %w", err)}
+		}
+		c.compatLabelRegexps = res
+	}
+	if c.compatCollectors == "" {
+		return nil
+	}
+	c.compatDCGM = true
+	cs, err := render.LoadCompatCounters(c.compatCollectors)
+	if err != nil {
+		return inputError{fmt.Errorf("--compat.dcgm-exporter.collectors (DCGM_EXPORTER_COLLECTORS): %w", err)}
+	}
+	c.compatCounters = cs
 	return nil
 }

@@ -165,8 +165,18 @@ func addCollectorFlags(app *kingpin.Application, c *config) {
 		BoolVar(&c.compatDCGM)
 	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (every released dcgm-exporter) or hostname (its main branch since May 2026).").
 		Default(render.HostnameLabelReleased).EnumVar(&c.compatHostnameLabel, render.HostnameLabels...)
-	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter's --kubernetes-virtual-gpus (KUBERNETES_VIRTUAL_GPUS): a GPU shared by several containers (time-slicing, MPS) gets one series per container, each with the same device values. Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
-		BoolVar(&c.compatVirtualGPUs)
+	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter 4.5+'s --kubernetes-virtual-gpus (env KUBERNETES_VIRTUAL_GPUS as there): a held device gets one series per holder and replica (vgpu label), and DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL one for the device without holder labels plus one per holder with its pod's own figures from per-process accounting (pod_uid label; without accounting, the device's alone). Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
+		Envar("KUBERNETES_VIRTUAL_GPUS").BoolVar(&c.compatVirtualGPUs)
+	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line). Implies --compat.dcgm-exporter. Default: dcgm-exporter's own default-counters.csv.").
+		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&c.compatCollectors)
+	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-labels", "As dcgm-exporter's --kubernetes-enable-pod-labels (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS): the holder's pod labels on its DCGM_FI_* series, each key with characters outside [a-zA-Z0-9_] made '_', from a watch of this node's pods on the API server (needs --node-name and RBAC to get, list and watch pods).").
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS").BoolVar(&c.compatPodLabels)
+	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-uid", "As dcgm-exporter's --kubernetes-enable-pod-uid (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID): the holder's pod UID (pod_uid) on its DCGM_FI_* series, from the same watch.").
+		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID").BoolVar(&c.compatPodUID)
+	app.Flag("compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex", "As dcgm-exporter's --kubernetes-pod-label-allowlist-regex (env DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX): only pod labels whose key one of these regular expressions matches (comma-separated, repeatable; unanchored); none: every label.").
+		Envar("DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX").StringsVar(&c.compatLabelAllowlist)
+	app.Flag("kubernetes.kubeconfig", "Kubeconfig of the API server for the pod labels and UIDs (env KUBECONFIG); empty: the pod's in-cluster service account.").
+		Envar("KUBECONFIG").Default("").StringVar(&c.kubeconfig)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.

@@ -70,7 +70,13 @@ func TestNoFlagIsIgnored(t *testing.T) {
 		"procs.proc-root":                     {with: []string{"--procs.enabled"}, args: []string{"--procs.proc-root=" + dir}},
 		"procs.container-log-dir":             {with: []string{"--procs.enabled"}, args: []string{"--procs.container-log-dir=" + dir}},
 		"procs.cri-socket":                    {with: []string{"--procs.enabled"}, args: []string{"--procs.cri-socket=" + filepath.Join(dir, "containerd.sock")}},
-		"compat.dcgm-exporter.kubernetes-virtual-gpus": {with: []string{"--compat.dcgm-exporter"}},
+		"compat.dcgm-exporter.kubernetes-virtual-gpus":      {with: []string{"--compat.dcgm-exporter"}},
+		"compat.dcgm-exporter.collectors":                   {args: []string{"--compat.dcgm-exporter.collectors=../../deploy/dcgm-exporter/dcp-metrics-included.csv"}},
+		"compat.dcgm-exporter.kubernetes-enable-pod-labels": {with: []string{"--compat.dcgm-exporter", "--node-name=n"}},
+		"compat.dcgm-exporter.kubernetes-enable-pod-uid":    {with: []string{"--compat.dcgm-exporter", "--node-name=n"}},
+		"compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex": {with: []string{"--compat.dcgm-exporter", "--node-name=n", "--compat.dcgm-exporter.kubernetes-enable-pod-labels"},
+			args: []string{"--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app$"}},
+		"kubernetes.kubeconfig": {args: []string{"--kubernetes.kubeconfig=" + filepath.Join(dir, "kubeconfig")}},
 	}
 	parse := func(t *testing.T, args []string) *config {
 		t.Helper()

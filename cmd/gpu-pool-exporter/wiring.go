@@ -9,12 +9,16 @@ import (
 
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -42,22 +46,37 @@ func nodeSources(c *config, log zerolog.Logger) (collector.Sources, error) {
 		if err != nil {
 			return collector.Sources{}, err
 		}
+		kube, err := kubeClient(c)
+		if err != nil {
+			return collector.Sources{}, err
+		}
 		resolver, closeResolver, err := processResolver(c, c.procsRoot, c.procsLogDir, log)
 		if err != nil {
 			return collector.Sources{}, err
 		}
-		return collector.Sources{NVML: lib, KubeletSocket: c.kubelet.Socket, Processes: resolver, Sysfs: c.sysfs, Close: closeResolver}, nil
+		return collector.Sources{NVML: lib, KubeletSocket: c.kubelet.Socket, Kube: kube, Processes: resolver, Sysfs: c.sysfs, Close: closeResolver}, nil
 	}
 	node, err := simulatedNode(c, log)
 	if err != nil {
 		return collector.Sources{}, err
 	}
-	stand, err := sim.Sources(node, sim.Options{Kubelet: c.kubeletEnabled && !c.kubeletSocketSet, FollowEvery: min(c.interval, time.Second), Sysfs: true})
+	// The pod labels and UIDs come from the API server a kubeconfig names,
+	// else from the simulated node's own.
+	podMeta := (c.compatPodLabels || c.compatPodUID) && c.kubeconfig == ""
+	stand, err := sim.Sources(node, sim.Options{Kubelet: c.kubeletEnabled && !c.kubeletSocketSet, FollowEvery: min(c.interval, time.Second), Sysfs: true,
+		APIServer: podMeta, NodeName: podMetaNode(c, node)})
 	if err != nil {
 		node.Close()
 		return collector.Sources{}, err
 	}
 	src := stand.Sources
+	if !podMeta {
+		if src.Kube, err = kubeClient(c); err != nil {
+			stand.Sources.Close()
+			node.Close()
+			return collector.Sources{}, err
+		}
+	}
 	if stand.Kubelet != nil {
 		log.Info().Str("socket", src.KubeletSocket).Msg("serving the simulated node's pods on a built-in fake kubelet")
 	} else {
@@ -89,6 +108,35 @@ func nodeSources(c *config, log zerolog.Logger) (collector.Sources, error) {
 	closeSim := src.Close
 	src.Close = func() { closeResolver(); closeSim() }
 	return src, nil
+}
+
+// kubeClient is the API server's client for the pod labels and UIDs: from
+// --kubernetes.kubeconfig, else the pod's service account; nil when they
+// are not asked for.
+func kubeClient(c *config) (kubernetes.Interface, error) {
+	if !c.compatPodLabels && !c.compatPodUID {
+		return nil, nil
+	}
+	var cfg *rest.Config
+	var err error
+	if c.kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", c.kubeconfig); err != nil {
+			return nil, inputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", c.kubeconfig, err)}
+		}
+	} else if cfg, err = rest.InClusterConfig(); err != nil {
+		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
+	}
+	cfg.UserAgent = "gpu-pool-exporter/" + version.Version
+	return kubernetes.NewForConfig(cfg)
+}
+
+// podMetaNode is the node whose pods are watched: --node-name, or the
+// simulated node's own name.
+func podMetaNode(c *config, node *simnode.Node) string {
+	if c.nodeName != "" {
+		return c.nodeName
+	}
+	return node.Scenario.Node.Name
 }
 
 // simulatedNode builds the simulated node of --simulate.scenario (the
@@ -182,7 +230,11 @@ func nodeConfig(c *config, log zerolog.Logger) collector.NodeConfig {
 		if host == "" {
 			host, _ = os.Hostname()
 		}
-		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: c.compatHostnameLabel, VirtualGPUs: c.compatVirtualGPUs}
+		cfg.Exporter.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: c.compatHostnameLabel, VirtualGPUs: c.compatVirtualGPUs,
+			Counters: c.compatCounters, PodUID: c.compatPodUID, PodLabels: c.compatPodLabels}
+		if c.compatPodLabels || c.compatPodUID {
+			cfg.PodMeta = &podmap.MetaConfig{NodeName: host, Labels: c.compatPodLabels, LabelAllowlist: c.compatLabelRegexps}
+		}
 	}
 	if c.dcgmMode != dcgm.ModeOff {
 		cfg.DCGM = &dcgm.Config{Mode: c.dcgmMode, HostEngine: c.dcgmHostEngine, Interval: c.interval}

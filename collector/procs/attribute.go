@@ -8,8 +8,14 @@ type Use struct {
 	MemoryBytes float64
 	// MemoryKnown is false if any process's memory was unknown.
 	MemoryKnown bool
-	SM          float64
-	SMKnown     bool
+	// MemoryMiB is each process's memory in whole MiB, summed: DCGM's
+	// per-process figures (dcgm-exporter's per-pod DCGM_FI_DEV_FB_USED)
+	// count it so.
+	MemoryMiB float64
+	SM        float64
+	SMKnown   bool
+	// PodUID is the pod UID the processes' cgroup paths name ("" for none).
+	PodUID string
 }
 
 func (u *Use) add(p sample.GPUProcess) {
@@ -18,6 +24,7 @@ func (u *Use) add(p sample.GPUProcess) {
 		u.MemoryKnown = false
 	}
 	u.MemoryBytes += float64(p.MemoryBytes)
+	u.MemoryMiB += float64(p.MemoryBytes >> 20)
 	u.SM += p.SM
 	if u.SM > 1 {
 		u.SM = 1 // time-slices of one device add up to at most all of it
@@ -63,6 +70,9 @@ func Attribute(d *sample.DeviceProcesses, owners map[uint32]Owner) DeviceUse {
 			u.ByContainer[o.Identity] = cu
 		}
 		cu.add(p)
+		if cu.PodUID == "" {
+			cu.PodUID = o.Cgroup.PodUID
+		}
 	}
 	return u
 }

@@ -245,19 +245,21 @@ func TestAttribute(t *testing.T) {
 	a := procs.Identity{Namespace: "inference", Pod: "chat-api-0", Container: "server"}
 	b := procs.Identity{Namespace: "inference", Pod: "chat-api-1", Container: "server"}
 	owners := map[uint32]procs.Owner{
-		10: {Found: true, Identity: a}, 11: {Found: true, Identity: a},
+		10: {Found: true, Identity: a, Cgroup: procs.CgroupRef{PodUID: "uid-a"}}, 11: {Found: true, Identity: a, Cgroup: procs.CgroupRef{PodUID: "uid-a"}},
 		20: {Found: true, Identity: b},
 		30: {Found: true}, // host process
 	}
 	d := &sample.DeviceProcesses{Known: true, SMKnown: true, Processes: []sample.GPUProcess{
-		{PID: 10, MemoryBytes: 1 << 30, MemoryKnown: true, SM: 0.25},
-		{PID: 11, MemoryBytes: 2 << 30, MemoryKnown: true, SM: 0.5},
+		// Not whole MiB: each process's whole MiB are summed (3072), as
+		// DCGM counts, not the sum's (3073).
+		{PID: 10, MemoryBytes: 1<<30 + 512<<10, MemoryKnown: true, SM: 0.25},
+		{PID: 11, MemoryBytes: 2<<30 + 768<<10, MemoryKnown: true, SM: 0.5},
 		{PID: 20, MemoryBytes: 4 << 30, MemoryKnown: true, SM: 0.1},
 		{PID: 30, MemoryBytes: 512 << 20, MemoryKnown: true},
 		{PID: 40, MemoryBytes: 256 << 20, MemoryKnown: true}, // exited before it was looked up
 	}}
 	u := procs.Attribute(d, owners)
-	if got := *u.ByContainer[a]; got != (procs.Use{Processes: 2, MemoryBytes: 3 << 30, MemoryKnown: true, SM: 0.75, SMKnown: true}) {
+	if got := *u.ByContainer[a]; got != (procs.Use{Processes: 2, MemoryBytes: 3<<30 + 1280<<10, MemoryMiB: 3072, MemoryKnown: true, SM: 0.75, SMKnown: true, PodUID: "uid-a"}) {
 		t.Errorf("container a: %+v", got)
 	}
 	if got := *u.ByContainer[b]; got.MemoryBytes != 4<<30 || got.SM != 0.1 {

@@ -32,6 +32,9 @@ func buildStatus(st *state.State, info StatusInfo, podMap, processes bool) *stat
 		n.PodMap = "on"
 		if st.Allocations == nil || !st.Allocations.Up {
 			n.PodMap = "down"
+			if st.Allocations != nil && st.Allocations.Down != "" {
+				n.PodMap = "down: " + st.Allocations.Down
+			}
 		}
 	}
 	if processes && st.Usage != nil {

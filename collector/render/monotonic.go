@@ -95,19 +95,17 @@ func (m *monotonic) seriesKey(name string, labels []*dto.LabelPair) string {
 	return m.key.String()
 }
 
-// notCounts are the families typed counter whose value is not a count: a
-// name another tool defines gives them the counter type, but their value
-// goes up and down. Protected, they would ratchet up by every fall.
-var notCounts = map[string]bool{}
-
-func init() {
-	for _, f := range compatFamilies {
-		if f.notCount {
-			notCounts[f.name] = true
-		}
-	}
-}
-
 // CounterProtected says whether the counter family name is kept from
-// falling: every counter family but those whose value is not a count.
-func CounterProtected(name string) bool { return !notCounts[name] }
+// falling: every counter family but a DCGM field's (named as a counters
+// file may name it) whose value is not a count: a counters file may type
+// it counter (dcgm-exporter's types DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL so),
+// but its value goes up and down, and protected it would ratchet up by
+// every fall.
+func CounterProtected(name string) bool {
+	fn, ok := dcgmFieldNames[name]
+	if !ok {
+		return true
+	}
+	f, ok := compatFields[fn.id]
+	return ok && f.count
+}

@@ -71,7 +71,7 @@ func New(cfg Config) (*Renderer, error) {
 		if l := cfg.Compat.HostnameLabel; l != "" && !slices.Contains(HostnameLabels, l) {
 			return nil, fmt.Errorf("dcgm-exporter host name label %q: want one of %v", l, HostnameLabels)
 		}
-		r.compat = newCompatRenderer(*cfg.Compat)
+		r.compat = newCompatRenderer(*cfg.Compat, cfg.Log)
 	}
 	r.collector = &stateCollector{groups: cfg.Groups, compat: r.compat}
 	r.reg.MustRegister(r.collector)

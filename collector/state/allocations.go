@@ -14,6 +14,35 @@ type PodSource interface {
 	Snapshot() *podmap.Snapshot
 }
 
+// PodMetaSource gives a pod's UID and labels from a cache of the API
+// server's, without calling it.
+type PodMetaSource interface {
+	Lookup(namespace, name string) (podmap.PodMeta, bool)
+}
+
+// PodRef names a pod.
+type PodRef struct {
+	Namespace, Pod string
+}
+
+// holdersMeta are the UIDs and labels of the pods that hold a device, as
+// the source's cache has them (a pod it does not know yet is left out).
+func holdersMeta(src PodMetaSource, a *Allocations) map[PodRef]podmap.PodMeta {
+	out := map[PodRef]podmap.PodMeta{}
+	for _, hs := range a.ByDevice {
+		for _, h := range hs {
+			ref := PodRef{h.Namespace, h.Pod}
+			if _, done := out[ref]; done {
+				continue
+			}
+			if m, ok := src.Lookup(h.Namespace, h.Pod); ok {
+				out[ref] = m
+			}
+		}
+	}
+	return out
+}
+
 // staleAllocations: when the kubelet has not answered for this long, the
 // last known holders are dropped rather than shown as current.
 const staleAllocations = 5 * time.Minute
@@ -26,6 +55,9 @@ type Holder struct {
 // Allocations is who holds what, resolved against one sample's devices.
 type Allocations struct {
 	Up bool
+	// Down says why the pod map is down ("" when Up): the kubelet's last
+	// failure, or that it has not answered yet.
+	Down string
 	// Known: the kubelet answered within staleAllocations, so who holds what
 	// is known. Otherwise (no pod source, socket missing, kubelet down for
 	// longer) the gauges that depend on it are left out rather than showing
@@ -94,6 +126,13 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, units []sam
 		return a
 	}
 	a.Up, a.Duration = snap.Up, snap.RefreshDuration
+	switch {
+	case snap.Up:
+	case snap.Err != nil:
+		a.Down = snap.Err.Error()
+	default:
+		a.Down = "the kubelet has not answered yet"
+	}
 	if snap.Time.IsZero() || now.Sub(snap.Time) > staleAllocations {
 		return a
 	}

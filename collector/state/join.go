@@ -22,6 +22,9 @@ type Config struct {
 	Now func() time.Time
 	// Pods, when set, maps devices to the pods holding them.
 	Pods PodSource
+	// PodMeta, when set, gives the holders' pod UIDs and labels from the
+	// API server.
+	PodMeta PodMetaSource
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
 	// DCGM, when set, adds DCGM's profiling fields and health watches.
@@ -118,6 +121,9 @@ func (j *Joiner) Join(ctx context.Context, s *sample.NodeSample, now time.Time) 
 	if j.cfg.Pods != nil {
 		st.Allocations = resolveAllocations(j.cfg.Pods.Snapshot(), s, st.Units, now, j.unmatched)
 		st.Collectors = append(st.Collectors, CollectorStatus{Name: "podmap", Up: st.Allocations.Up, Duration: st.Allocations.Duration})
+	}
+	if j.cfg.PodMeta != nil {
+		st.PodMeta = holdersMeta(j.cfg.PodMeta, st.Allocations)
 	}
 	if j.cfg.Processes != nil {
 		st.Usage = attributeProcesses(ctx, j.cfg.Processes, st.Units, st.Allocations)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
 // CollectorStatus is the health of one part of the exporter in one sample.
@@ -23,8 +24,11 @@ type State struct {
 	// listed once per sample for every part that goes over them.
 	Units       []sample.Unit
 	Allocations *Allocations
-	XIDs        []xid.Count
-	XIDLast     []xid.DeviceLast
+	// PodMeta are the UIDs and labels of the pods holding devices, from the
+	// API server; nil when not asked for.
+	PodMeta map[PodRef]podmap.PodMeta
+	XIDs    []xid.Count
+	XIDLast []xid.DeviceLast
 	// XIDOn: an XID reader runs (XIDUp: its set works). XIDCoverage says
 	// which GPUs are registered for events (nil where the source cannot
 	// tell); XIDUncoveredSeconds is how long no event set was open.

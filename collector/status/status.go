@@ -25,7 +25,8 @@ type Node struct {
 	// (not configured) or why it does not.
 	Processes string `json:"process_accounting"`
 	// PodMap says whether the kubelet's pod map is current: "on", "off" or
-	// "down".
+	// "down: " and why (the kubelet's failure, or that it has not answered
+	// since the start: the page then names no holder).
 	PodMap string `json:"pod_map"`
 	// NVML says whether NVML is usable: "ok", or why not (waiting for
 	// nvmlInit, the driver went away).

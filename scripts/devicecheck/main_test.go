@@ -42,7 +42,7 @@ func TestParseHeaderAndMIG(t *testing.T) {
 		t.Errorf("CUDA %q", v)
 	}
 	m, _ := os.ReadFile("testdata/nvidia-smi-mig-lgi.txt")
-	if got := parseMIGInstances(m); !slices.Equal(got["1"], []string{"1g.10gb/2", "3g.40gb/1"}) || len(got) != 1 {
+	if got := parseMIGInstances(m); !slices.Equal(got["1"], []string{"1g.10gb/11", "3g.40gb/1"}) || len(got) != 1 {
 		t.Errorf("MIG %v", got)
 	}
 }
@@ -114,7 +114,7 @@ func TestAgainstFakeDriverAndFakeSMI(t *testing.T) {
 		if code != exitOK {
 			t.Errorf("exit %d, want 0", code)
 		}
-		if r := rowOf(out, "1", "mig instances"); !strings.HasSuffix(strings.TrimSpace(r), "ok") || !strings.Contains(r, "1g.10gb/2 3g.40gb/1") {
+		if r := rowOf(out, "1", "mig instances"); !strings.HasSuffix(strings.TrimSpace(r), "ok") || !strings.Contains(r, "1g.10gb/11 3g.40gb/1") {
 			t.Errorf("MIG row %q", r)
 		}
 		if r := rowOf(out, "1", "utilization.gpu"); !strings.HasSuffix(strings.TrimSpace(r), "-") {

@@ -334,8 +334,9 @@ func TestRealBinaryOnEveryDriverBranch(t *testing.T) {
 			if len(missing) > 0 {
 				t.Errorf("%s does not serve %s", br, strings.Join(missing, ", "))
 			}
-			// MIG instances: 3g.40gb as GPU instance 1, 2g.20gb as 2.
-			if v, _ := sample(f, "gpu_memory_used_bytes", map[string]string{"gpu": "2", "gpu_instance": "2", "mig_profile": "2g.20gb"}); v != 3<<30 {
+			// MIG instances: 3g.40gb at 0:4 as GPU instance 1, 2g.20gb at
+			// 4:2 as 5 (numbered by placement, as the driver does).
+			if v, _ := sample(f, "gpu_memory_used_bytes", map[string]string{"gpu": "2", "gpu_instance": "5", "mig_profile": "2g.20gb"}); v != 3<<30 {
 				t.Errorf("gpu_memory_used_bytes of MIG 2g.20gb = %v, want %v", v, 3<<30)
 			}
 			if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "2", "gpu_instance": "1", "mig_profile": "3g.40gb"}); !ok {

@@ -356,7 +356,7 @@ func TestMIGHandleGoesStaleOnReconfiguration(t *testing.T) {
 		t.Errorf("MIG handle of an empty slot: %v, want NOT_FOUND", ret)
 	}
 
-	// -cgi -C: a new instance, with the same GPU instance ID, in the slot.
+	// -cgi -C: a new instance in the slot, numbered by its placement.
 	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -369,8 +369,8 @@ func TestMIGHandleGoesStaleOnReconfiguration(t *testing.T) {
 	if uuid == oldUUID || uuid != g.MIG.Devices[0].UUID {
 		t.Errorf("new instance's UUID %s (old %s), want %s", uuid, oldUUID, g.MIG.Devices[0].UUID)
 	}
-	if gi := must[int](t, "GI")(cur.GetGpuInstanceId()); gi != 1 {
-		t.Errorf("new instance in GPU instance %d, want 1 (the ID is reused)", gi)
+	if gi := must[int](t, "GI")(cur.GetGpuInstanceId()); gi != 3 {
+		t.Errorf("new instance in GPU instance %d, want 3 (a 2g.20gb at 0:2)", gi)
 	}
 	if _, ret := old.GetUUID(); ret != nvml.ERROR_INVALID_ARGUMENT {
 		t.Errorf("old handle after the new one was issued: %v, want INVALID_ARGUMENT", ret)

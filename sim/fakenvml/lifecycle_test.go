@@ -692,12 +692,22 @@ func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
 		}
 	}
 
-	t.Run("destroy, then create", func(t *testing.T) {
-		for _, id := range []int{1, 2} {
+	// removeAll destroys every GPU instance of the GPU.
+	removeAll := func() {
+		t.Helper()
+		var ids []int
+		for _, gi := range g.MIG.GPUInstances {
+			ids = append(ids, gi.ID)
+		}
+		for _, id := range ids {
 			if err := g.RemoveGPUInstance(id); err != nil {
 				t.Fatal(err)
 			}
 		}
+	}
+
+	t.Run("destroy, then create", func(t *testing.T) {
+		removeAll()
 		onlyNew(change(), nil)
 		for _, p := range []int{nvml.GPU_INSTANCE_PROFILE_2_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE, nvml.GPU_INSTANCE_PROFILE_1_SLICE} {
 			if _, err := g.AddGPUInstance(p, 1); err != nil {
@@ -706,8 +716,8 @@ func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
 		}
 		f := change()
 		onlyNew(f, uuids())
-		if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "1", "gpu_instance": "1", "mig_profile": "2g.20gb"}); !ok {
-			t.Error("no gpu_memory_total_bytes for the new 2g.20gb in GPU instance 1 (the ID of a destroyed 3g.40gb)")
+		if _, ok := sample(f, "gpu_memory_total_bytes", map[string]string{"gpu": "1", "gpu_instance": "3", "mig_profile": "2g.20gb"}); !ok {
+			t.Error("no gpu_memory_total_bytes for the new 2g.20gb in GPU instance 3 (at 0:2, inside a destroyed 3g.40gb's 0:4)")
 		}
 		if v := value(f, "gpu_mig_free_slices", map[string]string{"gpu": "1"}); v != 3 {
 			t.Errorf("gpu_mig_free_slices = %v, want 3 (7 less 2g + 1g + 1g)", v)
@@ -715,11 +725,7 @@ func TestRealBinaryFollowsMIGReconfiguration(t *testing.T) {
 	})
 
 	t.Run("in one step", func(t *testing.T) {
-		for _, id := range []int{1, 2, 3} {
-			if err := g.RemoveGPUInstance(id); err != nil {
-				t.Fatal(err)
-			}
-		}
+		removeAll()
 		if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_4_SLICE, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -786,7 +792,9 @@ func TestRealBinaryKeepsMIGXIDCountsWithTheirDevice(t *testing.T) {
 	if err := g.RemoveGPUInstance(gi); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_2_SLICE, 1); err != nil {
+	// A 4g.40gb at 0:4, the destroyed 3g.40gb's placement: the driver
+	// gives it the same GPU instance ID.
+	if _, err := g.AddGPUInstance(nvml.GPU_INSTANCE_PROFILE_4_SLICE, 1); err != nil {
 		t.Fatal(err)
 	}
 	d := g.MIG.Devices[0]
@@ -794,15 +802,15 @@ func TestRealBinaryKeepsMIGXIDCountsWithTheirDevice(t *testing.T) {
 		t.Fatalf("the new instance is GI %d CI %d %s; the test needs the old IDs and a new UUID", d.GPUInstance, d.ComputeInstance, d.UUID)
 	}
 	writeNode(t, node, path)
-	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUUIDs(f)[d.UUID] }, "the new 2g.20gb on the page")
+	f := e.waitFor(func(f map[string]*dto.MetricFamily) bool { return migUUIDs(f)[d.UUID] }, "the new 4g.40gb on the page")
 	if v, ok := sample(f, "gpu_mig_xid_errors_total", with("xid", "13")); ok {
-		t.Errorf("the destroyed 3g.40gb's XID 13 (%v) is served under the new 2g.20gb's IDs", v)
+		t.Errorf("the destroyed 3g.40gb's XID 13 (%v) is served under the new 4g.40gb's IDs", v)
 	}
 	node.Events = append(node.Events, xidOn(43))
 	writeNode(t, node, path)
 	f = e.waitFor(func(f map[string]*dto.MetricFamily) bool {
 		return value(f, "gpu_mig_xid_errors_total", with("xid", "43")) == 1
-	}, "XID 43 counted on the 2g.20gb")
+	}, "XID 43 counted on the 4g.40gb")
 	for _, m := range f["gpu_mig_xid_errors_total"].GetMetric() {
 		labels := labelMap(m)
 		if labels["xid"] == "13" {

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
 )
 
 // EnvNode is the environment variable that names the node file.
@@ -209,6 +211,9 @@ type MIG struct {
 	// instance re-created after RemoveGPUInstance gets a new UUID, as
 	// with the driver.
 	created int
+	// geo numbers the GPU instances by placement, as the driver does (nil:
+	// the lowest free ID from 1).
+	geo *miggeometry.Model
 }
 
 // GPUInstanceProfile is a profile's info and where it can be placed.

@@ -72,7 +72,7 @@ func FromModel(cfg gpus.Config, index int) GPU {
 // migFromGeometry is a model's MIG profiles as the table lists them, MIG
 // disabled.
 func migFromGeometry(geo *miggeometry.Model) *MIG {
-	m := &MIG{Profiles: map[int]GPUInstanceProfile{}, MaxDevices: geo.MaxInstances}
+	m := &MIG{Profiles: map[int]GPUInstanceProfile{}, MaxDevices: geo.MaxInstances, geo: geo}
 	for _, p := range geo.Profiles {
 		info := nvml.GpuInstanceProfileInfo{Id: uint32(p.ID), SliceCount: uint32(p.Compute), InstanceCount: uint32(p.Count),
 			MultiprocessorCount: uint32(p.Compute * 16), CopyEngineCount: uint32(p.Compute), MemorySizeMB: p.MemoryMiB}
@@ -132,14 +132,7 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 	if place == nil {
 		return nil, fmt.Errorf("%s: no free placement for %s", g.Name, p.Name)
 	}
-	ids := map[int]bool{}
-	for _, gi := range g.MIG.GPUInstances {
-		ids[gi.ID] = true
-	}
-	id := 1
-	for ids[id] {
-		id++
-	}
+	id := g.MIG.instanceID(*place)
 	gi := GPUInstance{ID: id, ProfileID: p.Info.Id, Placement: *place, ComputeProfiles: map[int]ComputeInstanceProfile{}}
 	per := p.Info.SliceCount / uint32(max(1, computeInstances))
 	ciIndex := map[uint32]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
@@ -175,6 +168,24 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 	// Real MIG GPUs answer no utilisation on the parent.
 	g.Utilization = nil
 	return &g.MIG.GPUInstances[len(g.MIG.GPUInstances)-1], nil
+}
+
+// instanceID is the ID of a new GPU instance at place: the driver's, from
+// the placement, on a board of the geometry table; otherwise the lowest
+// free ID from 1.
+func (m *MIG) instanceID(place nvml.GpuInstancePlacement) int {
+	if m.geo != nil {
+		return m.geo.GPUInstanceID(miggeometry.Placement{Start: int(place.Start), Size: int(place.Size)})
+	}
+	ids := map[int]bool{}
+	for _, gi := range m.GPUInstances {
+		ids[gi.ID] = true
+	}
+	id := 1
+	for ids[id] {
+		id++
+	}
+	return id
 }
 
 // RemoveGPUInstance destroys a GPU instance, its compute instances and

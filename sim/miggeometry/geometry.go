@@ -150,9 +150,46 @@ func (m *Model) ProfileNames() []string {
 
 // file is mig-geometry.yaml.
 type file struct {
-	Sources map[string]string `yaml:"sources"`
-	Tables  map[string]*Table `yaml:"tables"`
-	Models  []Model           `yaml:"models"`
+	Sources        map[string]string `yaml:"sources"`
+	Tables         map[string]*Table `yaml:"tables"`
+	Models         []Model           `yaml:"models"`
+	GPUInstanceIDs GPUInstanceIDs    `yaml:"gpuInstanceIDs"`
+}
+
+// GPUInstanceIDs are the GPU instance IDs captured on real boards, which
+// Model.GPUInstanceID must give.
+type GPUInstanceIDs struct {
+	Cite     []string    `yaml:"cite"`
+	Captures []IDCapture `yaml:"captures"`
+}
+
+// IDCapture is one GPU instance as nvidia-smi mig -lgi (or -cgi) printed
+// it: the board's model, the profile, its placement and its ID.
+type IDCapture struct {
+	Model     string `yaml:"model"`
+	Profile   string `yaml:"profile"`
+	Placement [2]int `yaml:"placement"`
+	ID        int    `yaml:"id"`
+	Source    string `yaml:"source"`
+	Driver    string `yaml:"driver"`
+}
+
+// GPUInstanceID is the ID the driver gives a GPU instance at placement p
+// (mig-geometry.yaml's gpuInstanceIDs): the board's memory slices halved,
+// quartered..., numbered level by level from the whole board, so a
+// placement of size s at start is (memorySlices/s - 1) + start/s. The whole
+// board is 0 and no other instance is: IDs do not count creations.
+func (m *Model) GPUInstanceID(p Placement) int {
+	if p.Size <= 0 || p.Size >= m.MemorySlices {
+		return 0
+	}
+	return m.MemorySlices/p.Size - 1 + p.Start/p.Size
+}
+
+// IDCaptures are the GPU instance IDs captured on real boards.
+func IDCaptures() []IDCapture {
+	All()
+	return parsed.GPUInstanceIDs.Captures
 }
 
 var (

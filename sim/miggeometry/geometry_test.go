@@ -3,6 +3,7 @@ package miggeometry
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,6 +131,7 @@ tables:
 models:
   - {model: X, nvmlNames: [NVIDIA X], cite: [doc], framebuffer: {MiB: 9000, driver: 580.65.06, source: doc},
      computeSlices: 4, memorySlices: 4, maxInstances: 4, table: t}
+gpuInstanceIDs: {cite: [doc], captures: [{model: X, profile: 1g.x, placement: [1,1], id: 4, source: cap-new, driver: 580.105.08}]}
 `
 
 // shareViolations lists the figures of m's table, captured or derived, that
@@ -195,6 +197,10 @@ func citationProblems(f file) []string {
 			last, lastDriver = v, c.Driver
 		}
 	}
+	cite("gpuInstanceIDs", f.GPUInstanceIDs.Cite)
+	for i, c := range f.GPUInstanceIDs.Captures {
+		figure(fmt.Sprintf("gpuInstanceIDs capture %d", i), c.Source, c.Driver)
+	}
 	for _, m := range f.Models {
 		cite("model "+m.Model, m.Cite)
 		figure("model "+m.Model+" framebuffer", m.Framebuffer.Source, m.Framebuffer.Driver)
@@ -231,4 +237,48 @@ func less(a, b []int) bool {
 		}
 	}
 	return len(a) < len(b)
+}
+
+// GPU instance IDs: every capture's ID is the rule's, and on every board
+// each placement of every profile has an ID no placement of another size
+// or start shares, the whole board's 0 and no other.
+func TestGPUInstanceIDs(t *testing.T) {
+	caps := IDCaptures()
+	if len(caps) == 0 {
+		t.Fatal("no GPU instance ID captures")
+	}
+	for _, c := range caps {
+		m, ok := ByModel(c.Model)
+		if !ok {
+			t.Errorf("capture of unknown model %s", c.Model)
+			continue
+		}
+		p, ok := m.ProfileByName(c.Profile)
+		if !ok || !slices.Contains(p.Places, c.Placement) {
+			t.Errorf("%s: %s has no placement %v", c.Model, c.Profile, c.Placement)
+			continue
+		}
+		if got := m.GPUInstanceID(Placement{Start: c.Placement[0], Size: c.Placement[1]}); got != c.ID {
+			t.Errorf("%s %s at %d:%d: ID %d, captured %d (%s)", c.Model, c.Profile, c.Placement[0], c.Placement[1], got, c.ID, c.Source)
+		}
+	}
+	for _, m := range All() {
+		owner := map[int]Placement{}
+		for _, p := range m.Profiles {
+			for _, pl := range p.Placements() {
+				if m.MemorySlices%pl.Size != 0 || pl.Start%pl.Size != 0 {
+					t.Errorf("%s %s: placement %d:%d is not a node of the halving tree", m.Model, p.Name, pl.Start, pl.Size)
+					continue
+				}
+				id := m.GPUInstanceID(pl)
+				if o, ok := owner[id]; ok && o != pl {
+					t.Errorf("%s: placements %v and %v both get ID %d", m.Model, o, pl, id)
+				}
+				owner[id] = pl
+				if (id == 0) != (pl.Size == m.MemorySlices) {
+					t.Errorf("%s %s at %d:%d: ID %d", m.Model, p.Name, pl.Start, pl.Size, id)
+				}
+			}
+		}
+	}
 }

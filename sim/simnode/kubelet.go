@@ -1,9 +1,14 @@
 package simnode
 
 import (
+	"maps"
 	"sort"
 	"strconv"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 )
@@ -112,6 +117,24 @@ func (n *Node) KubeletAllocatable() map[string][]string {
 			}
 			limit -= len(out[r])
 		}
+	}
+	return out
+}
+
+// APIPods are the pods that exist now as the API server serves them: name,
+// namespace, UID (the one in their containers' cgroup paths), labels and
+// the node they run on.
+func (n *Node) APIPods(nodeName string) []corev1.Pod {
+	t := n.elapsed()
+	var out []corev1.Pod
+	for _, p := range n.Scenario.Pods {
+		if t < time.Duration(p.Start) || (p.Stop != 0 && t >= time.Duration(p.Stop)) {
+			continue
+		}
+		out = append(out, corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: types.UID(podUID(n.Scenario.Seed, p.Namespace, p.Name)), Labels: maps.Clone(p.Labels)},
+			Spec:       corev1.PodSpec{NodeName: nodeName},
+		})
 	}
 	return out
 }

@@ -68,16 +68,22 @@ type NodeSpec struct {
 	// consumer boards and some vGPU guests do: ecc (ECC counters, remapped
 	// rows), power (power, energy, power limit), events (NVML event sets).
 	Unsupported []string `yaml:"unsupported"`
+	// KubeletLatency is how long the built-in fake kubelet takes to answer
+	// each PodResources call, as a busy kubelet on a big node does.
+	KubeletLatency Duration `yaml:"kubeletLatency"`
 }
 
 // PodSpec is a pod on the node. It exists from Start (default: the node's
 // start) until Stop (default: forever).
 type PodSpec struct {
-	Namespace  string          `yaml:"namespace"`
-	Name       string          `yaml:"name"`
-	Start      Duration        `yaml:"start"`
-	Stop       Duration        `yaml:"stop"`
-	Containers []ContainerSpec `yaml:"containers"`
+	Namespace string `yaml:"namespace"`
+	Name      string `yaml:"name"`
+	// Labels are the pod's labels, as the API server serves them (the
+	// kubelet's PodResources API has none).
+	Labels     map[string]string `yaml:"labels"`
+	Start      Duration          `yaml:"start"`
+	Stop       Duration          `yaml:"stop"`
+	Containers []ContainerSpec   `yaml:"containers"`
 }
 
 // ContainerSpec is a container and the devices it holds.
@@ -442,6 +448,7 @@ hostProcesses:
 pods:
   - namespace: ml-training
     name: llm-pretrain-0
+    labels: {app.kubernetes.io/name: llm-pretrain, team: foundation-models}
     containers:
       - name: trainer
         devices: [{gpu: 0}, {gpu: 1}]
@@ -457,6 +464,7 @@ pods:
         devices: [{gpu: 4}]
   - namespace: inference
     name: chat-api-0
+    labels: {app.kubernetes.io/name: chat-api, team: serving}
     containers:
       - name: server
         devices: [{gpu: 6, replica: 0}]

@@ -481,9 +481,9 @@ func (d *Device) enableMIG(specs []MIGSpec) error {
 	d.migMode = nvml.DEVICE_MIG_ENABLE
 	_, _ = d.mock.SetMigModeFunc(nvml.DEVICE_MIG_ENABLE)
 	for i, p := range plans {
-		// GPU instance IDs are given in creation order from 0, as the mock
-		// driver did before the geometry table replaced it.
-		gi := i
+		// The driver numbers a GPU instance by its placement
+		// (miggeometry's gpuInstanceIDs), not in creation order.
+		gi := d.geo.GPUInstanceID(miggeometry.Placement{Start: int(p.placement.Start), Size: int(p.placement.Size)})
 		n := max(1, specs[i].ComputeInstances)
 		for ci := 0; ci < n; ci++ {
 			slot := len(d.migs)

@@ -95,6 +95,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if and .Values.exporter.compatCounters.customMetrics .Values.exporter.compatCounters.existingConfigMap }}
+{{- fail "set exporter.compatCounters.customMetrics or exporter.compatCounters.existingConfigMap, not both: each names the counters file" }}
+{{- end }}
+{{- if and (or .Values.exporter.compatCounters.customMetrics .Values.exporter.compatCounters.existingConfigMap) (not .Values.exporter.compatCounters.key) }}
+{{- fail "exporter.compatCounters.key names the counters file in its ConfigMap: it must not be empty" }}
+{{- end }}
 {{- if and .Values.securityContext.privileged (eq (toString .Values.securityContext.allowPrivilegeEscalation) "false") }}
 {{- fail "securityContext.privileged=true needs allowPrivilegeEscalation unset or true (the API rejects the pair)" }}
 {{- end }}
@@ -113,11 +119,37 @@ namespace, pod and container back: the shipped rules
 (gpu-pool-exporter.rules.yml) and dashboards read them unchanged.
 */}}
 {{- define "gpu-pool-exporter.honorLabels" -}}
-{{ not .Values.exporter.compatDCGMExporter }}
+{{ not (include "gpu-pool-exporter.compatOn" .) }}
+{{- end }}
+
+{{/*
+"true" when the dcgm-exporter families are served: compatDCGMExporter, or
+a counters file (which implies it), else "".
+*/}}
+{{- define "gpu-pool-exporter.compatOn" -}}
+{{- if or .Values.exporter.compatDCGMExporter (include "gpu-pool-exporter.compatCountersConfigMap" .) (include "gpu-pool-exporter.podMetaOn" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the exporter watches this node's pods on the API server (pod
+labels or UIDs on the DCGM_FI_* series), else "".
+*/}}
+{{- define "gpu-pool-exporter.podMetaOn" -}}
+{{- if or .Values.exporter.compatKubernetes.enablePodLabels .Values.exporter.compatKubernetes.enablePodUID }}true{{ end }}
+{{- end }}
+
+{{/*
+The ConfigMap holding dcgm-exporter's counters file: this chart's (from
+exporter.compatCounters.customMetrics) or an existing one; "" for none.
+*/}}
+{{- define "gpu-pool-exporter.compatCountersConfigMap" -}}
+{{- if .Values.exporter.compatCounters.customMetrics }}{{ include "gpu-pool-exporter.fullname" . }}-dcgm-exporter-counters
+{{- else if .Values.exporter.compatCounters.existingConfigMap }}{{ .Values.exporter.compatCounters.existingConfigMap }}
+{{- end }}
 {{- end }}
 
 {{- define "gpu-pool-exporter.compatMetricRelabelings" -}}
-{{- if .Values.exporter.compatDCGMExporter }}
+{{- if include "gpu-pool-exporter.compatOn" . }}
 {{- range $l := list "namespace" "pod" "container" }}
 - sourceLabels: [__name__, exported_{{ $l }}]
   regex: "gpu_.*;(.+)"

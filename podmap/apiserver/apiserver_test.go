@@ -1,0 +1,426 @@
+// Package apiserver tests the pod metadata watch (podmap.MetaWatcher) and
+// the exporter's pod labels and UIDs against a real kube-apiserver and etcd,
+// on loopback only. `make test-apiserver` builds both once
+// (scripts/apiserver.sh) and runs it; without APISERVER_TOOLS it is skipped,
+// unless CI is set.
+package apiserver
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+)
+
+// The identities of the token file: an administrator, the exporter's
+// service account (granted what the Helm chart grants it) and a user with
+// no grant at all.
+const (
+	adminToken    = "admin-token-for-the-test"
+	exporterToken = "exporter-token-for-the-test"
+	exporterUser  = "system:serviceaccount:gpu-pool-exporter:gpu-pool-exporter"
+	nobodyToken   = "nobody-token-for-the-test"
+)
+
+// cluster is a running etcd and kube-apiserver.
+type cluster struct {
+	url     string
+	dir     string
+	version string
+}
+
+func toolsDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("APISERVER_TOOLS")
+	if dir == "" {
+		msg := "APISERVER_TOOLS is not set: `make test-apiserver` builds kube-apiserver and etcd (scripts/apiserver.sh) and runs this test"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return dir
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// start runs bin with args until the test ends, its output in dir/name.log.
+func start(t *testing.T, dir, name, bin string, args ...string) {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			tail(t, filepath.Join(dir, name+".log"), 30)
+		}
+	})
+}
+
+func tail(t *testing.T, path string, n int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	t.Logf("last lines of %s:\n%s", filepath.Base(path), strings.Join(lines, "\n"))
+}
+
+// waitHTTP polls url (with the admin token, any certificate) until it
+// answers 200.
+func waitHTTP(t *testing.T, url string, timeout time.Duration) {
+	t.Helper()
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the test's own self-signed server on loopback
+	deadline := time.Now().Add(timeout)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200 within %s (last: %v)", url, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// startCluster runs etcd and kube-apiserver on loopback ports, with
+// token authentication and RBAC.
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	tools := toolsDir(t)
+	dir := t.TempDir()
+	etcdClient, etcdPeer := freePort(t), freePort(t)
+	start(t, dir, "etcd", filepath.Join(tools, "etcd"),
+		"--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls=http://127.0.0.1:"+etcdClient, "--advertise-client-urls=http://127.0.0.1:"+etcdClient,
+		"--listen-peer-urls=http://127.0.0.1:"+etcdPeer, "--initial-advertise-peer-urls=http://127.0.0.1:"+etcdPeer,
+		"--initial-cluster=test=http://127.0.0.1:"+etcdPeer, "--log-level=warn")
+	waitHTTP(t, "http://127.0.0.1:"+etcdClient+"/health", 60*time.Second)
+
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(dir, "sa.key")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,%s,exporter\n%s,nobody,nobody\n",
+		adminToken, exporterToken, exporterUser, nobodyToken)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	start(t, dir, "kube-apiserver", filepath.Join(tools, "kube-apiserver"),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+port,
+		"--cert-dir="+filepath.Join(dir, "certs"),
+		"--etcd-servers=http://127.0.0.1:"+etcdClient,
+		"--token-auth-file="+tokens, "--authorization-mode=RBAC", "--anonymous-auth=false",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+keyFile,
+		"--service-account-signing-key-file="+keyFile, "--service-cluster-ip-range=10.0.0.0/24",
+		// No controller manager makes each namespace's default service
+		// account: pods are admitted without one.
+		"--disable-admission-plugins=ServiceAccount",
+		// Loopback only: the kubernetes Service's endpoint cannot be 127.0.0.1.
+		"--endpoint-reconciler-type=none")
+	url := "https://127.0.0.1:" + port
+	waitHTTP(t, url+"/readyz", 3*time.Minute)
+	c := &cluster{url: url, dir: dir}
+	v, err := c.client(t, adminToken).Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.version = v.GitVersion
+	t.Logf("kube-apiserver %s and etcd on loopback (%s)", c.version, url)
+	return c
+}
+
+func (c *cluster) restConfig(token string) *rest.Config {
+	return &rest.Config{Host: c.url, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
+}
+
+func (c *cluster) client(t *testing.T, token string) kubernetes.Interface {
+	t.Helper()
+	k, err := kubernetes.NewForConfig(c.restConfig(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// kubeconfig writes a kubeconfig for token.
+func (c *cluster) kubeconfig(t *testing.T, token string) string {
+	t.Helper()
+	path := filepath.Join(c.dir, "kubeconfig-"+token[:8])
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: %q, insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: %q}}]
+contexts: [{name: test, context: {cluster: test, user: u}}]
+current-context: test
+`, c.url, token)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// grantExporter gives the exporter's identity what the Helm chart's
+// ClusterRole gives it with pod labels or UIDs on: get, list and watch
+// pods (deploy's chart test checks the chart's rules are these).
+func grantExporter(t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: exporterUser}}}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createPod(t *testing.T, admin kubernetes.Interface, ns, name, node string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The watch, on a real API server: this node's pods only (the server
+// applies the spec.nodeName field selector), with the RBAC the chart
+// grants, their UIDs and allowed labels, following creations, label changes
+// and deletions; an identity without the grant never syncs.
+func TestMetaWatcherOnARealAPIServer(t *testing.T) {
+	c := startCluster(t)
+	admin := c.client(t, adminToken)
+	grantExporter(t, admin)
+	train := createPod(t, admin, "ml", "train-0", "node-a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"})
+	createPod(t, admin, "ml", "elsewhere-0", "node-b", map[string]string{"app.kubernetes.io/name": "other"})
+
+	allow, err := podmap.ParseLabelAllowlist([]string{`^app\.kubernetes\.io/`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.client(t, exporterToken), NodeName: "node-a", Labels: true, LabelAllowlist: allow, Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-w.FirstRefresh():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watcher did not sync within 30s")
+	}
+	m, ok := w.Lookup("ml", "train-0")
+	if !ok || m.UID != string(train.UID) || len(m.Labels) != 1 || m.Labels["app.kubernetes.io/name"] != "train" {
+		t.Errorf("train-0: %+v %v; want UID %s and app.kubernetes.io/name=train alone", m, ok, train.UID)
+	}
+	if _, ok := w.Lookup("ml", "elsewhere-0"); ok {
+		t.Error("a pod of node-b is in node-a's cache: the field selector was not applied")
+	}
+
+	bctx := context.Background()
+	infer := createPod(t, admin, "ml", "infer-0", "node-a", map[string]string{"app.kubernetes.io/name": "infer"})
+	waitUntil(t, "infer-0 in the cache", func() bool { m, ok := w.Lookup("ml", "infer-0"); return ok && m.UID == string(infer.UID) })
+	cur, err := admin.CoreV1().Pods("ml").Get(bctx, "train-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Labels["app.kubernetes.io/name"] = "train-v2"
+	if _, err := admin.CoreV1().Pods("ml").Update(bctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "train-0's new label", func() bool {
+		m, _ := w.Lookup("ml", "train-0")
+		return m.Labels["app.kubernetes.io/name"] == "train-v2"
+	})
+	zero := int64(0)
+	if err := admin.CoreV1().Pods("ml").Delete(bctx, "infer-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "infer-0 gone", func() bool { _, ok := w.Lookup("ml", "infer-0"); return !ok })
+
+	// Without the grant: no list, no sync.
+	nobody, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.client(t, nobodyToken), NodeName: "node-a", Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nctx, ncancel := context.WithCancel(context.Background())
+	ndone := make(chan struct{})
+	go func() { defer close(ndone); nobody.Run(nctx) }()
+	select {
+	case <-nobody.FirstRefresh():
+		t.Error("an identity without get/list/watch on pods synced")
+	case <-time.After(3 * time.Second):
+	}
+	ncancel()
+	<-ndone
+}
+
+// The exporter on the simulated node, its pods created on the real API
+// server as running on its node: the DCGM_FI_* series of every held device
+// carry the pod's UID and labels from the server, from the first page on.
+func TestExporterPodLabelsOnARealAPIServer(t *testing.T) {
+	c := startCluster(t)
+	admin := c.client(t, adminToken)
+	grantExporter(t, admin)
+	// The built-in simulated node's pods (sim/simnode's default scenario).
+	pods := map[string]*corev1.Pod{}
+	for _, p := range []struct{ ns, name, app string }{
+		{"ml-training", "llm-pretrain-0", "llm-pretrain"}, {"ml-training", "llm-pretrain-1", "llm-pretrain"},
+		{"research", "notebook-alice", "notebook"}, {"inference", "chat-api-0", "chat-api"},
+	} {
+		pods[p.name] = createPod(t, admin, p.ns, p.name, "gpu-node-7", map[string]string{"app.kubernetes.io/name": p.app, "team": "t"})
+	}
+	bin := exporterBinary(t, c.dir)
+	addr := "127.0.0.1:" + freePort(t)
+	start(t, c.dir, "exporter", bin, "--simulate", "--web.listen-address="+addr, "--collect-interval=1s",
+		"--node-name=gpu-node-7", "--compat.dcgm-exporter",
+		"--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--compat.dcgm-exporter.kubernetes-enable-pod-labels",
+		"--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app\\.kubernetes\\.io/",
+		"--kubernetes.kubeconfig="+c.kubeconfig(t, exporterToken))
+	var page string
+	waitUntil(t, "/readyz", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
+		r, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		page = string(b)
+		return true
+	})
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(page))
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "DCGM_FI_DEV_GPU_TEMP{") {
+			continue
+		}
+		for name, p := range pods {
+			if !strings.Contains(l, `pod="`+name+`"`) {
+				continue
+			}
+			seen[name] = true
+			for _, want := range []string{`pod_uid="` + string(p.UID) + `"`, `app_kubernetes_io_name="` + p.Labels["app.kubernetes.io/name"] + `"`} {
+				if !strings.Contains(l, want) {
+					t.Errorf("the first ready page's series of %s lacks %s: %s", name, want, l)
+				}
+			}
+			if strings.Contains(l, "team=") {
+				t.Errorf("a label the allowlist leaves out is served: %s", l)
+			}
+		}
+	}
+	for name := range pods {
+		if !seen[name] {
+			t.Errorf("no DCGM_FI_DEV_GPU_TEMP series of %s on the first ready page", name)
+		}
+	}
+}
+
+// exporterBinary is GPE_TEST_BINARY (make builds it once), else a build of
+// the command into dir.
+func exporterBinary(t *testing.T, dir string) string {
+	t.Helper()
+	if b := os.Getenv("GPE_TEST_BINARY"); b != "" {
+		return b
+	}
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(dir, "gpu-pool-exporter")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
