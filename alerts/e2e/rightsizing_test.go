@@ -25,7 +25,7 @@ import (
 
 // rightsizingWindow is the window recommend and report read: Prometheus
 // must hold that much of the simulated node before they run.
-const rightsizingWindow = 90 * time.Second
+const rightsizingWindow = 3 * time.Minute
 
 // TestRightsizingEndToEnd runs `gpu-pool-exporter recommend` and `report`
 // against a real Prometheus (Debian's 2.42 server, or whichever
@@ -33,11 +33,11 @@ const rightsizingWindow = 90 * time.Second
 // simulated node (--simulate without a scenario: research/notebook-alice
 // holds a whole H100 and never uses it, ml-training/llm-pretrain-0 and -1
 // hold two busy H100s each) and a fake kube-state-metrics, with the
-// recordings the commands read evaluated every second. After 90 seconds of
-// data:
-//   - recommend --window=90s releases notebook-alice or moves it to a
+// recordings the commands read evaluated every second. After three minutes
+// of data:
+//   - recommend --window=3m releases notebook-alice or moves it to a
 //     smaller shape, and keeps the llm-pretrain StatefulSet;
-//   - report --by=namespace --since=90s has a row per namespace that holds
+//   - report --by=namespace --since=3m has a row per namespace that holds
 //     a GPU.
 func TestRightsizingEndToEnd(t *testing.T) {
 	t.Parallel()
@@ -173,7 +173,7 @@ scrape_configs:
 		} `json:"workloads"`
 		Notes []string `json:"notes"`
 	}
-	if err := json.Unmarshal([]byte(run("recommend", "--window="+rightsizingWindow.String(), "-o", "json")), &rec); err != nil {
+	if err := json.Unmarshal([]byte(run("recommend", "--window=3m", "-o", "json")), &rec); err != nil {
 		t.Fatal(err)
 	}
 	found := map[string]string{}
@@ -198,7 +198,7 @@ scrape_configs:
 		}
 	}
 
-	rows, err := csv.NewReader(strings.NewReader(run("report", "--by=namespace", "--since="+rightsizingWindow.String(), "-o", "csv"))).ReadAll()
+	rows, err := csv.NewReader(strings.NewReader(run("report", "--by=namespace", "--since=3m", "-o", "csv"))).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
