@@ -4,38 +4,24 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/internal/servertest"
 )
 
 // Tests that only wait on an exporter of their own (its own port and
 // simulated node) run at once (t.Parallel); those that count goroutines,
 // measure latency, send signals or set the environment run alone.
 
-// waitTimeout bounds a wait on a state that names no deadline of its own:
-// generous, as the machine is shared; a wait that passes returns as soon as
-// the state holds.
-const waitTimeout = 15 * time.Second
+// The shared helpers of servertest under the names these tests use.
+type syncBuffer = servertest.SyncBuffer
 
-// pollUntil polls cond every 20ms until it holds (true) or timeout passes
-// (false); the caller says what failed, with what it knows.
-func pollUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
-}
+const waitTimeout = servertest.WaitTimeout
 
-// waitUntil waits until cond holds, failing the test after waitTimeout.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if !pollUntil(waitTimeout, cond) {
-		t.Fatalf("timed out after %s waiting for %s", waitTimeout, what)
-	}
-}
+var (
+	pollUntil = servertest.PollUntil
+	waitUntil = servertest.WaitUntil
+	get       = servertest.Get
+)
 
 // waitFor waits until url answers status and returns the body.
 func waitFor(t *testing.T, url string, status int) string {

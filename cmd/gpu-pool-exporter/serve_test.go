@@ -61,21 +61,6 @@ func startWithConfig(t *testing.T, cfg string, extra ...string) *authRun {
 	return r
 }
 
-func get(t *testing.T, c *http.Client, url, user, pass string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if user != "" {
-		req.SetBasicAuth(user, pass)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return -1, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // The kubelet's probes need no secret: a probe listener serves /healthz and
 // /readyz, and nothing else, without auth; the main listener keeps every
 // path, /metrics and the health endpoints included, behind basic auth.
