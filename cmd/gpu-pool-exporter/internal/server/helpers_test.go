@@ -5,10 +5,7 @@ import "github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/int
 // The shared helpers of servertest under the names these tests use.
 type syncBuffer = servertest.SyncBuffer
 
-const waitTimeout = servertest.WaitTimeout
-
 var (
-	pollUntil = servertest.PollUntil
 	waitUntil = servertest.WaitUntil
 	get       = servertest.Get
 )
