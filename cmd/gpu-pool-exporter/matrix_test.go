@@ -55,7 +55,9 @@ func matrixDims() []matrixDim {
 		{"mig", []string{"none", "mixed", "smallest", "compute-instances", "empty"}},
 		{"sharing", []string{"exclusive", "time-slicing", "mps"}},
 		{"profile", []string{"default", "lean", "full"}},
-		{"compat", []string{"off", "on"}},
+		// "virtual-gpus": dcgm-exporter's families with each time-shared
+		// holder's own FB_USED and GPU_UTIL (--kubernetes-virtual-gpus).
+		{"compat", []string{"off", "on", "virtual-gpus"}},
 		{"dcgm", []string{"off", "auto"}},
 		{"driver", []string{"R535", "R550", "R580"}},
 		// "bare": ECC, power and NVML events answer NOT_SUPPORTED, as on
@@ -329,8 +331,11 @@ func TestConfigurationMatrix(t *testing.T) {
 				"--collector.profile=" + c["profile"], "--dcgm.mode=" + c["dcgm"],
 				"--idle.price=" + strings.Join(prices, ","),
 			}
-			if c["compat"] == "on" {
+			switch c["compat"] {
+			case "on":
 				args = append(args, "--compat.dcgm-exporter")
+			case "virtual-gpus":
+				args = append(args, "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-virtual-gpus")
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			var errb syncBuffer
@@ -420,6 +425,28 @@ func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body stri
 			return x.Untyped.GetValue()
 		}
 		return math.NaN()
+	}
+
+	// A holder's own series (vgpu) name its pod; the device keeps one
+	// series without holder labels beside them.
+	for _, name := range []string{"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL"} {
+		devices, holders := map[string]bool{}, map[string]bool{}
+		for _, x := range get(name) {
+			dev := label(x, "UUID") + "/" + label(x, "GPU_I_ID")
+			if label(x, "vgpu") == "" {
+				devices[dev] = true
+				continue
+			}
+			holders[dev] = true
+			if c["compat"] != "virtual-gpus" || label(x, "pod") == "" {
+				t.Errorf("%s series with vgpu=%q but pod=%q under compat=%s", name, label(x, "vgpu"), label(x, "pod"), c["compat"])
+			}
+		}
+		for dev := range holders {
+			if !devices[dev] {
+				t.Errorf("%s: per-holder series on %s without the device's own series", name, dev)
+			}
+		}
 	}
 
 	// One gpu_up per device: two GPUs, and one per MIG device.
