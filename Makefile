@@ -25,9 +25,10 @@ TEST_PARALLEL ?= 8
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@# The exporter binary the tests run, built once (GPE_TEST_BINARY) rather
-	@# than by each package that starts it.
+	@# than by each package that starts it: a plain build, stamped by Go from
+	@# the checkout as a user's would be (whatever GOFLAGS says of -buildvcs).
 	bin="$$(mktemp -d)" && trap 'rm -rf "$$bin"' EXIT && \
-	go build -o "$$bin/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
+	go build -buildvcs=auto -o "$$bin/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
 	GPE_TEST_BINARY="$$bin/gpu-pool-exporter" go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
 ## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 23,000 pages); make test runs an all-pairs sample
