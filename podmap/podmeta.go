@@ -12,14 +12,18 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 )
+
+// PodsResource is the resource the watch lists: core/v1 pods, read as
+// metadata only (PartialObjectMetadata), the same RBAC verbs as full pods.
+var PodsResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 // PodMeta is what the API server says of one pod beyond what the kubelet's
 // PodResources API gives: its UID and labels.
@@ -32,8 +36,10 @@ type PodMeta struct {
 
 // MetaConfig configures a MetaWatcher.
 type MetaConfig struct {
-	// Client talks to the API server.
-	Client kubernetes.Interface
+	// Client talks to the API server. It asks for pods' metadata only: the
+	// API server sends no spec or status, and the exporter carries no
+	// typed clients or API types it would not use.
+	Client metadata.Interface
 	// NodeName is this node: only its pods are listed and watched (a field
 	// selector on spec.nodeName), never the cluster's.
 	NodeName string
@@ -71,14 +77,12 @@ func ParseLabelAllowlist(values []string) ([]*regexp.Regexp, error) {
 }
 
 // MetaWatcher keeps the UIDs and labels of this node's pods from a watch
-// on the API server (client-go's informer: one list, then a watch that
-// resumes by itself). Lookup reads its cache and never calls the API
+// on the API server (client-go's informer over the metadata API: one list,
+// then a watch that resumes by itself). Lookup reads its cache and never calls the API
 // server, so nothing of it happens on the scrape or sample path.
 type MetaWatcher struct {
 	cfg      MetaConfig
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
-	lister   listersv1.PodLister
 	synced   chan struct{}
 	syncOnce sync.Once
 	// watchErr is the watch's last error logged: each new one is logged
@@ -95,12 +99,23 @@ func NewMetaWatcher(cfg MetaConfig) (*MetaWatcher, error) {
 		return nil, errors.New("podmap: pod metadata needs the node's name (--node-name, NODE_NAME): only this node's pods are watched")
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
-	pods := factory.Core().V1().Pods()
-	w := &MetaWatcher{cfg: cfg, factory: factory, informer: pods.Informer(), lister: pods.Lister(), synced: make(chan struct{})}
-	// The cache keeps what Lookup reads and no more: a pod's spec and
-	// status are most of its size.
+	pods := cfg.Client.Resource(PodsResource)
+	// The client says whether it streams the first list as a watch
+	// (client-go's WatchList); one that does not gets a plain list.
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}, cfg.Client)
+	w := &MetaWatcher{cfg: cfg, synced: make(chan struct{}),
+		informer: cache.NewSharedIndexInformer(lw, &metav1.PartialObjectMetadata{}, 0, cache.Indexers{})}
+	// The cache keeps what Lookup reads and no more: a pod's annotations
+	// and managed fields are most of its metadata.
 	if err := w.informer.SetTransform(w.trim); err != nil {
 		return nil, err
 	}
@@ -117,11 +132,12 @@ func NewMetaWatcher(cfg MetaConfig) (*MetaWatcher, error) {
 
 // trim keeps a pod's name, namespace, UID and allowed labels.
 func (w *MetaWatcher) trim(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
+	p, ok := obj.(*metav1.PartialObjectMetadata)
 	if !ok {
 		return obj, nil // a deleted pod's tombstone
 	}
-	t := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion}}
+	t := &metav1.PartialObjectMetadata{TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion}}
 	if w.cfg.Labels {
 		t.Labels = w.allowed(p.Labels)
 	}
@@ -147,7 +163,8 @@ func (w *MetaWatcher) allowed(labels map[string]string) map[string]string {
 
 // Run lists and watches this node's pods until ctx is done.
 func (w *MetaWatcher) Run(ctx context.Context) {
-	w.factory.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() { defer close(done); w.informer.RunWithContext(ctx) }()
 	start := time.Now()
 	if cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
 		w.syncOnce.Do(func() { close(w.synced) })
@@ -155,7 +172,7 @@ func (w *MetaWatcher) Run(ctx context.Context) {
 			Msg("watching this node's pods on the API server for their UIDs and labels")
 	}
 	<-ctx.Done()
-	w.factory.Shutdown()
+	<-done
 }
 
 // FirstRefresh is closed once the first list of this node's pods is in the
@@ -169,8 +186,12 @@ func (w *MetaWatcher) Synced() bool { return w.informer.HasSynced() }
 // Lookup returns what the cache holds of a pod; it never calls the API
 // server.
 func (w *MetaWatcher) Lookup(namespace, name string) (PodMeta, bool) {
-	p, err := w.lister.Pods(namespace).Get(name)
-	if err != nil {
+	obj, ok, err := w.informer.GetStore().GetByKey(namespace + "/" + name)
+	if err != nil || !ok {
+		return PodMeta{}, false
+	}
+	p, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
 		return PodMeta{}, false
 	}
 	return PodMeta{UID: string(p.UID), Labels: p.Labels}, true

@@ -9,20 +9,32 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
-func pod(ns, name, uid, node string, labels map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + uid), Labels: labels},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+// pod is a pod's metadata as the API server's metadata API serves it, with
+// the annotations and managed fields a real pod carries.
+func pod(ns, name, uid string, labels map[string]string) *metav1.PartialObjectMetadata {
+	return &metav1.PartialObjectMetadata{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + uid), Labels: labels,
+			Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"spec":{}}`},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}},
 	}
+}
+
+func fakeClient(t *testing.T, pods ...runtime.Object) *fake.FakeMetadataClient {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := metav1.AddMetaToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewSimpleMetadataClient(scheme, pods...)
 }
 
 // The watcher lists and watches this node's pods only (a field selector on
@@ -30,8 +42,8 @@ func pod(ns, name, uid, node string, labels map[string]string) *corev1.Pod {
 // the selector the requests carry), keeps their UIDs and allowed labels,
 // and follows changes without a call per lookup.
 func TestMetaWatcher(t *testing.T) {
-	client := fake.NewClientset(
-		pod("ml", "train-0", "a", "node-a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"}),
+	client := fakeClient(t,
+		pod("ml", "train-0", "a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"}),
 	)
 	// The reactors run on the informer's goroutines.
 	var mu sync.Mutex
@@ -70,27 +82,29 @@ func TestMetaWatcher(t *testing.T) {
 			t.Errorf("%s: a request for pods with field selector %q, want spec.nodeName=node-a", s, sel)
 		}
 	}
-	// The cache keeps no spec: a pod's bulk is not held.
+	// The cache keeps no annotations or managed fields: most of a pod's
+	// metadata is not held.
 	objs := w.informer.GetStore().List()
-	if p := objs[0].(*corev1.Pod); len(p.Spec.Containers) != 0 {
-		t.Errorf("the cache keeps the pod's spec: %+v", p.Spec)
+	if p := objs[0].(*metav1.PartialObjectMetadata); len(p.Annotations)+len(p.ManagedFields) != 0 {
+		t.Errorf("the cache keeps the pod's annotations or managed fields: %+v", p.ObjectMeta)
 	}
 
 	// A new pod, a label change and a deletion come through the watch.
 	ctx2 := context.Background()
-	if _, err := client.CoreV1().Pods("ml").Create(ctx2, pod("ml", "train-1", "b", "node-a", map[string]string{"tier": "gold"}), metav1.CreateOptions{}); err != nil {
+	pods := client.Resource(PodsResource).Namespace("ml").(fake.MetadataClient)
+	if _, err := pods.CreateFake(pod("ml", "train-1", "b", map[string]string{"tier": "gold"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "train-1 in the cache", func() bool { m, ok := w.Lookup("ml", "train-1"); return ok && m.Labels["tier"] == "gold" })
-	up := pod("ml", "train-0", "a", "node-a", map[string]string{"app.kubernetes.io/name": "train-v2"})
-	if _, err := client.CoreV1().Pods("ml").Update(ctx2, up, metav1.UpdateOptions{}); err != nil {
+	up := pod("ml", "train-0", "a", map[string]string{"app.kubernetes.io/name": "train-v2"})
+	if _, err := pods.UpdateFake(up, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "train-0's new label", func() bool {
 		m, _ := w.Lookup("ml", "train-0")
 		return m.Labels["app.kubernetes.io/name"] == "train-v2"
 	})
-	if err := client.CoreV1().Pods("ml").Delete(ctx2, "train-1", metav1.DeleteOptions{}); err != nil {
+	if err := client.Resource(PodsResource).Namespace("ml").Delete(ctx2, "train-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "train-1 gone", func() bool { _, ok := w.Lookup("ml", "train-1"); return !ok })
@@ -98,7 +112,7 @@ func TestMetaWatcher(t *testing.T) {
 
 // Without Labels, only the UID is kept.
 func TestMetaWatcherUIDOnly(t *testing.T) {
-	client := fake.NewClientset(pod("ml", "train-0", "a", "node-a", map[string]string{"team": "research"}))
+	client := fakeClient(t, pod("ml", "train-0", "a", map[string]string{"team": "research"}))
 	w, err := NewMetaWatcher(MetaConfig{Client: client, NodeName: "node-a"})
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +138,7 @@ func runSynced(t *testing.T, w *MetaWatcher) {
 }
 
 func TestMetaWatcherConfig(t *testing.T) {
-	if _, err := NewMetaWatcher(MetaConfig{Client: fake.NewClientset()}); err == nil {
+	if _, err := NewMetaWatcher(MetaConfig{Client: fakeClient(t)}); err == nil {
 		t.Error("no node name accepted")
 	}
 	if _, err := NewMetaWatcher(MetaConfig{NodeName: "n"}); err == nil {

@@ -25,10 +25,12 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/metadata/fake"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
@@ -53,9 +55,9 @@ type Options struct {
 	Sysfs bool
 	// Now is the process resolver's clock (nil: time.Now).
 	Now func() time.Time
-	// APIServer serves the node's pods (UIDs, labels) from a fake API
-	// server client, as running on node NodeName; kept up to date with the
-	// fake kubelet (FollowEvery, Sync).
+	// APIServer serves the node's pods (UIDs, labels) from a fake
+	// metadata API client, as running on node NodeName; kept up to date
+	// with the fake kubelet (FollowEvery, Sync).
 	APIServer bool
 	NodeName  string
 }
@@ -66,9 +68,8 @@ type Stand struct {
 	Sources collector.Sources
 	// Kubelet is the fake kubelet (nil without Options.Kubelet).
 	Kubelet *fakekubelet.Server
-	// API is the fake API server client (nil without Options.APIServer).
-	API      *fake.Clientset
-	nodeName string
+	// API is the fake metadata API client (nil without Options.APIServer).
+	API *fake.FakeMetadataClient
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -107,7 +108,11 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 		s.Sources.Processes = r
 	}
 	if opt.APIServer {
-		s.API, s.nodeName = fake.NewClientset(), opt.NodeName
+		scheme := runtime.NewScheme()
+		if err := metav1.AddMetaToScheme(scheme); err != nil {
+			return nil, err
+		}
+		s.API = fake.NewSimpleMetadataClient(scheme)
 		s.Sources.Kube = s.API
 		s.syncAPI()
 	}
@@ -166,21 +171,21 @@ func (s *Stand) syncAPI() {
 		return
 	}
 	ctx := context.Background()
-	pods := s.API.CoreV1().Pods(metav1.NamespaceAll)
+	pods := s.API.Resource(podmap.PodsResource)
 	have, err := pods.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return
 	}
 	now := map[types.UID]bool{}
-	for _, p := range s.Node.APIPods(s.nodeName) {
+	for _, p := range s.Node.APIPods() {
 		now[p.UID] = true
-		if !slices.ContainsFunc(have.Items, func(h corev1.Pod) bool { return h.UID == p.UID }) {
-			_, _ = s.API.CoreV1().Pods(p.Namespace).Create(ctx, &p, metav1.CreateOptions{})
+		if !slices.ContainsFunc(have.Items, func(h metav1.PartialObjectMetadata) bool { return h.UID == p.UID }) {
+			_, _ = pods.Namespace(p.Namespace).(fake.MetadataClient).CreateFake(&p, metav1.CreateOptions{})
 		}
 	}
 	for _, h := range have.Items {
 		if !now[h.UID] {
-			_ = s.API.CoreV1().Pods(h.Namespace).Delete(ctx, h.Name, metav1.DeleteOptions{})
+			_ = pods.Namespace(h.Namespace).Delete(ctx, h.Name, metav1.DeleteOptions{})
 		}
 	}
 }

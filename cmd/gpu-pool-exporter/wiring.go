@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -113,7 +113,7 @@ func nodeSources(c *config, log zerolog.Logger) (collector.Sources, error) {
 // kubeClient is the API server's client for the pod labels and UIDs: from
 // --kubernetes.kubeconfig, else the pod's service account; nil when they
 // are not asked for.
-func kubeClient(c *config) (kubernetes.Interface, error) {
+func kubeClient(c *config) (metadata.Interface, error) {
 	if !c.compatPodLabels && !c.compatPodUID {
 		return nil, nil
 	}
@@ -127,7 +127,7 @@ func kubeClient(c *config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
 	}
 	cfg.UserAgent = "gpu-pool-exporter/" + version.Version
-	return kubernetes.NewForConfig(cfg)
+	return metadata.NewForConfig(cfg)
 }
 
 // podMetaNode is the node whose pods are watched: --node-name, or the

@@ -30,6 +30,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
@@ -196,6 +197,16 @@ func (c *cluster) client(t *testing.T, token string) kubernetes.Interface {
 	return k
 }
 
+// metaClient is the exporter's kind of client: pods' metadata only.
+func (c *cluster) metaClient(t *testing.T, token string) metadata.Interface {
+	t.Helper()
+	m, err := metadata.NewForConfig(c.restConfig(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // kubeconfig writes a kubeconfig for token.
 func (c *cluster) kubeconfig(t *testing.T, token string) string {
 	t.Helper()
@@ -276,7 +287,7 @@ func TestMetaWatcherOnARealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.client(t, exporterToken), NodeName: "node-a", Labels: true, LabelAllowlist: allow, Logger: zerolog.New(io.Discard)})
+	w, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.metaClient(t, exporterToken), NodeName: "node-a", Labels: true, LabelAllowlist: allow, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +330,7 @@ func TestMetaWatcherOnARealAPIServer(t *testing.T) {
 	waitUntil(t, "infer-0 gone", func() bool { _, ok := w.Lookup("ml", "infer-0"); return !ok })
 
 	// Without the grant: no list, no sync.
-	nobody, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.client(t, nobodyToken), NodeName: "node-a", Logger: zerolog.New(io.Discard)})
+	nobody, err := podmap.NewMetaWatcher(podmap.MetaConfig{Client: c.metaClient(t, nobodyToken), NodeName: "node-a", Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -121,19 +120,19 @@ func (n *Node) KubeletAllocatable() map[string][]string {
 	return out
 }
 
-// APIPods are the pods that exist now as the API server serves them: name,
-// namespace, UID (the one in their containers' cgroup paths), labels and
-// the node they run on.
-func (n *Node) APIPods(nodeName string) []corev1.Pod {
+// APIPods are the pods that exist now as the API server's metadata API
+// serves them: name, namespace, UID (the one in their containers' cgroup
+// paths) and labels.
+func (n *Node) APIPods() []metav1.PartialObjectMetadata {
 	t := n.elapsed()
-	var out []corev1.Pod
+	var out []metav1.PartialObjectMetadata
 	for _, p := range n.Scenario.Pods {
 		if t < time.Duration(p.Start) || (p.Stop != 0 && t >= time.Duration(p.Stop)) {
 			continue
 		}
-		out = append(out, corev1.Pod{
+		out = append(out, metav1.PartialObjectMetadata{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: types.UID(podUID(n.Scenario.Seed, p.Namespace, p.Name)), Labels: maps.Clone(p.Labels)},
-			Spec:       corev1.PodSpec{NodeName: nodeName},
 		})
 	}
 	return out
