@@ -116,6 +116,30 @@ func (f *RuleFile) RecordNames() []string {
 	return out
 }
 
+// RecordingFile is a rule file of one group, name, that holds the given
+// recording rules (record and expression, as in the file) and is
+// evaluated every interval ("" for the server's global interval): the
+// recordings a reader needs, without the alerts or the rest of the file.
+func RecordingFile(name, interval string, rules []Rule) ([]byte, error) {
+	type record struct {
+		Record string `yaml:"record"`
+		Expr   string `yaml:"expr"`
+	}
+	group := map[string]any{"name": name}
+	if interval != "" {
+		group["interval"] = interval
+	}
+	records := make([]record, 0, len(rules))
+	for _, r := range rules {
+		if r.Record == "" {
+			return nil, fmt.Errorf("%s is an alert, not a recording rule", r.Alert)
+		}
+		records = append(records, record{r.Record, r.Expr})
+	}
+	group["rules"] = records
+	return yaml.Marshal(map[string]any{"groups": []map[string]any{group}})
+}
+
 // Recordings returns the named recording rules in the order named; a name
 // the file does not record is an error.
 func (f *RuleFile) Recordings(names ...string) ([]Rule, error) {

@@ -345,3 +345,39 @@ func TestGroupIntervals(t *testing.T) {
 		}
 	}
 }
+
+// RecordingFile keeps each recording's record and expression, in order, in
+// one group with the interval given, and refuses an alert.
+func TestRecordingFile(t *testing.T) {
+	rf, err := Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := rf.RecordNames()[:2]
+	recs, err := rf.Recordings(names[1], names[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := RecordingFile("subset", "1s", recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseRules(b)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if len(got.Groups) != 1 || got.Groups[0].Name != "subset" || got.Groups[0].Interval != "1s" || len(got.Groups[0].Rules) != 2 {
+		t.Fatalf("want one group subset, interval 1s, two rules:\n%s", b)
+	}
+	for i, r := range got.Groups[0].Rules {
+		if r.Record != recs[i].Record || r.Expr != recs[i].Expr || len(r.Labels) != 0 {
+			t.Errorf("rule %d: %+v, want %s: %s without labels", i, r, recs[i].Record, recs[i].Expr)
+		}
+	}
+	if b, err := RecordingFile("default", "", recs); err != nil || strings.Contains(string(b), "interval") {
+		t.Errorf("no interval given: %v\n%s", err, b)
+	}
+	if _, err := RecordingFile("x", "", rf.Alerts()[:1]); err == nil || !strings.Contains(err.Error(), rf.Alerts()[0].Alert) {
+		t.Errorf("an alert: %v; want an error naming it", err)
+	}
+}

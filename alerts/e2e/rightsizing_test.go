@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/rightsize"
@@ -91,15 +89,7 @@ func TestRightsizingEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type rule struct {
-		Record string `yaml:"record"`
-		Expr   string `yaml:"expr"`
-	}
-	var group []rule
-	for _, r := range recs {
-		group = append(group, rule{r.Record, r.Expr})
-	}
-	rules, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": "rightsizing", "interval": "1s", "rules": group}}})
+	rules, err := alerts.RecordingFile("rightsizing", "1s", recs)
 	if err != nil {
 		t.Fatal(err)
 	}

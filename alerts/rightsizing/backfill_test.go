@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/prometheus/prometheus/model/labels"
-	"gopkg.in/yaml.v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
@@ -506,20 +505,14 @@ func writeRules(t *testing.T, path string, rf *alerts.RuleFile, names []string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	type rule struct {
-		Record string `yaml:"record"`
-		Expr   string `yaml:"expr"`
-	}
-	var out []rule
 	for _, r := range rules {
 		for _, rec := range rf.RecordNames() {
 			if rec != r.Record && !done[rec] && regexp.MustCompile(`(^|[^a-zA-Z0-9_:])`+regexp.QuoteMeta(rec)+`($|[^a-zA-Z0-9_:])`).MatchString(r.Expr) {
 				t.Fatalf("%s reads %s, which no earlier backfill pass records: add it to backfillPasses", r.Record, rec)
 			}
 		}
-		out = append(out, rule{r.Record, r.Expr})
 	}
-	b, err := yaml.Marshal(map[string]any{"groups": []map[string]any{{"name": backfillGroup, "rules": out}}})
+	b, err := alerts.RecordingFile(backfillGroup, "", rules)
 	if err != nil {
 		t.Fatal(err)
 	}
