@@ -12,6 +12,7 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -29,7 +30,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/version"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
@@ -175,11 +180,7 @@ func startCluster(t *testing.T) *cluster {
 	url := "https://127.0.0.1:" + port
 	waitHTTP(t, url+"/readyz", 3*time.Minute)
 	c := &cluster{url: url, dir: dir}
-	v, err := c.client(t, adminToken).Discovery().ServerVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.version = v.GitVersion
+	c.version = c.serverVersion(t)
 	t.Logf("kube-apiserver %s and etcd on loopback (%s)", c.version, url)
 	return c
 }
@@ -188,13 +189,66 @@ func (c *cluster) restConfig(token string) *rest.Config {
 	return &rest.Config{Host: c.url, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
 }
 
-func (c *cluster) client(t *testing.T, token string) kubernetes.Interface {
+// serverVersion is the API server's /version.
+func (c *cluster) serverVersion(t *testing.T) string {
 	t.Helper()
-	k, err := kubernetes.NewForConfig(c.restConfig(token))
+	hc, err := rest.HTTPClientFor(c.restConfig(adminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(c.url + "/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v version.Info
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("/version: %v", err)
+	}
+	return v.GitVersion
+}
+
+// client is the test's own client, for what an administrator does (RBAC,
+// namespaces, pods): the dynamic client over objects built from the API
+// types, so that the test links no typed clientset.
+func (c *cluster) client(t *testing.T, token string) dynamic.Interface {
+	t.Helper()
+	k, err := dynamic.NewForConfig(c.restConfig(token))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return k
+}
+
+var (
+	podsGVR                = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	namespacesGVR          = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+	clusterRolesGVR        = schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}
+	clusterRoleBindingsGVR = schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"}
+)
+
+// create creates obj (an API type with its TypeMeta set) as resource gvr in
+// namespace ns ("" for a cluster-wide object) and decodes the server's
+// answer into out (nil: not wanted).
+func create(t *testing.T, admin dynamic.Interface, gvr schema.GroupVersionResource, ns string, obj, out any) {
+	t.Helper()
+	u, err := k8sruntime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res dynamic.ResourceInterface = admin.Resource(gvr)
+	if ns != "" {
+		res = admin.Resource(gvr).Namespace(ns)
+	}
+	got, err := res.Create(context.Background(), &unstructured.Unstructured{Object: u}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create %s %s: %v", gvr.Resource, u["metadata"], err)
+	}
+	if out != nil {
+		if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(got.Object, out); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // metaClient is the exporter's kind of client: pods' metadata only.
@@ -227,37 +281,30 @@ current-context: test
 // grantExporter gives the exporter's identity what the Helm chart's
 // ClusterRole gives it with pod labels or UIDs on: get, list and watch
 // pods (deploy's chart test checks the chart's rules are these).
-func grantExporter(t *testing.T, admin kubernetes.Interface) {
+func grantExporter(t *testing.T, admin dynamic.Interface) {
 	t.Helper()
-	ctx := context.Background()
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}}}
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
-		Subjects: []rbacv1.Subject{{Kind: "User", Name: exporterUser}}}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	role := &rbacv1.ClusterRole{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}}}
+	create(t, admin, clusterRolesGVR, "", role, nil)
+	binding := &rbacv1.ClusterRoleBinding{TypeMeta: metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-pool-exporter-pods"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: exporterUser}}}
+	create(t, admin, clusterRoleBindingsGVR, "", binding, nil)
 }
 
-func createPod(t *testing.T, admin kubernetes.Interface, ns, name, node string, labels map[string]string) *corev1.Pod {
+func createPod(t *testing.T, admin dynamic.Interface, ns, name, node string, labels map[string]string) *corev1.Pod {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := admin.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
-		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := admin.Resource(namespacesGVR).Get(context.Background(), ns, metav1.GetOptions{}); err != nil {
+		create(t, admin, namespacesGVR, "", &corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: metav1.ObjectMeta{Name: ns}}, nil)
 	}
-	p, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	p := &corev1.Pod{}
+	create(t, admin, podsGVR, ns, &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
 		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, p)
 	return p
 }
 
@@ -311,12 +358,15 @@ func TestMetaWatcherOnARealAPIServer(t *testing.T) {
 	bctx := context.Background()
 	infer := createPod(t, admin, "ml", "infer-0", "node-a", map[string]string{"app.kubernetes.io/name": "infer"})
 	waitUntil(t, "infer-0 in the cache", func() bool { m, ok := w.Lookup("ml", "infer-0"); return ok && m.UID == string(infer.UID) })
-	cur, err := admin.CoreV1().Pods("ml").Get(bctx, "train-0", metav1.GetOptions{})
+	pods := admin.Resource(podsGVR).Namespace("ml")
+	cur, err := pods.Get(bctx, "train-0", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur.Labels["app.kubernetes.io/name"] = "train-v2"
-	if _, err := admin.CoreV1().Pods("ml").Update(bctx, cur, metav1.UpdateOptions{}); err != nil {
+	labels := cur.GetLabels()
+	labels["app.kubernetes.io/name"] = "train-v2"
+	cur.SetLabels(labels)
+	if _, err := pods.Update(bctx, cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "train-0's new label", func() bool {
@@ -324,7 +374,7 @@ func TestMetaWatcherOnARealAPIServer(t *testing.T) {
 		return m.Labels["app.kubernetes.io/name"] == "train-v2"
 	})
 	zero := int64(0)
-	if err := admin.CoreV1().Pods("ml").Delete(bctx, "infer-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+	if err := pods.Delete(bctx, "infer-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "infer-0 gone", func() bool { _, ok := w.Lookup("ml", "infer-0"); return !ok })
