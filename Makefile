@@ -46,7 +46,7 @@ lint: tools
 	golangci-lint run ./...
 
 ## generate: every generated file and copy (GMP rules, shard/global layers, promtool tests from real pages, dashboards, the Helm
-## chart's files/ and the kustomize rule objects), in that order; a second run changes nothing.
+## chart's files/, the kustomize rule objects, the built-in dcgm-exporter counters file), in that order; a second run changes nothing.
 ## `make test` fails while one is stale (scripts/generate's test). With DCGM_SRC and DCGM_EXPORTER_SRC (checkouts of
 ## NVIDIA/DCGM and NVIDIA/dcgm-exporter at the tags scripts/dcgmfields.sh names) it also rewrites the DCGM field table.
 generate:

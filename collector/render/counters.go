@@ -44,9 +44,8 @@ const (
 )
 
 // defaultCountersCSV is dcgm-exporter's etc/default-counters.csv (NVIDIA/
-// dcgm-exporter 4.5.3-4.8.2), what it serves without -f; a copy of
-// deploy/dcgm-exporter/default-counters.csv (a deploy test keeps them
-// equal).
+// dcgm-exporter 4.5.3-4.8.2), what it serves without -f: `make generate`
+// copies it here from deploy/dcgm-exporter/default-counters.csv.
 //
 //go:embed default-counters.csv
 var defaultCountersCSV []byte

@@ -51,9 +51,10 @@ func header(source string) string {
 // Files returns every generated file in the order make generate writes
 // them: the GMP rules, the shard and global layers, the promtool tests from
 // real pages (alerts/pages), the dashboards, the Helm chart's copies, the
-// kustomize rule objects. Its inputs on disk are
-// alerts/gpu-pool-exporter.rules.yml and the fixture sources
-// alerts/pages/testdata/*.yml under root; the dashboards come from
+// kustomize rule objects, the built-in copy of dcgm-exporter's counters
+// file. Its inputs on disk are alerts/gpu-pool-exporter.rules.yml, the
+// fixture sources alerts/pages/testdata/*.yml and
+// deploy/dcgm-exporter/default-counters.csv under root; the dashboards come from
 // dashboards/boards, the pages from the exporter's own code.
 func Files(root string) ([]File, error) {
 	src, err := os.ReadFile(filepath.Join(root, rulesSrc))
@@ -170,8 +171,21 @@ func Files(root string) ([]File, error) {
 			"  namespace: gpu-pool-exporter\n"+labels+
 			"    gpu-pool-exporter/rules-layer: "+l+"\n", rules[s]))
 	}
+
+	// The exporter's built-in counters list: dcgm-exporter's
+	// default-counters.csv as deploy/ ships it for users, embedded where
+	// go:embed can reach it. Byte for byte, like dcgm-exporter's own file:
+	// no header.
+	counters, err := os.ReadFile(filepath.Join(root, countersSrc))
+	if err != nil {
+		return nil, err
+	}
+	add("collector/render/default-counters.csv", counters)
 	return out, nil
 }
+
+// countersSrc is dcgm-exporter's default counters file as deploy/ ships it.
+const countersSrc = "deploy/dcgm-exporter/default-counters.csv"
 
 var docSeparator = regexp.MustCompile(`^---\s*$`)
 

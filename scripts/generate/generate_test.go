@@ -10,7 +10,8 @@ import (
 // TestGeneratedFilesUpToDate is the one check that every generated file and
 // copy in the tree is what `make generate` writes now: the alerts/ rule
 // layers, the promtool tests from real pages, the dashboards, the Helm
-// chart's files/ and the kustomize rule objects. It lists every stale file.
+// chart's files/, the kustomize rule objects and the built-in counters
+// file. It lists every stale file.
 //
 // It runs the generator as a program (`generate -check`), built without the
 // race detector even under `go test -race`: the page fixtures simulate hours
@@ -27,17 +28,23 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 	}
 }
 
-// TestWriteIsIdempotent generates into an empty tree holding only the rules
-// file: the first Write writes every file and removes a stray one, a second
-// changes nothing, and nothing is stale after.
+// TestWriteIsIdempotent generates into an empty tree holding only the
+// sources on disk (the rules file, the counters file): the first Write
+// writes every file and removes a stray one, a second changes nothing, and
+// nothing is stale after.
 func TestWriteIsIdempotent(t *testing.T) {
 	root := t.TempDir()
-	src, err := os.ReadFile(filepath.Join("../..", rulesSrc))
-	if err != nil {
-		t.Fatal(err)
+	tree := map[string][]byte{}
+	for _, s := range []string{rulesSrc, countersSrc} {
+		b, err := os.ReadFile(filepath.Join("../..", s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tree[filepath.Join(root, s)] = b
 	}
 	stray := filepath.Join(root, chart, "files", "dashboards", "old.json")
-	for p, b := range map[string][]byte{filepath.Join(root, rulesSrc): src, stray: []byte("{}")} {
+	tree[stray] = []byte("{}")
+	for p, b := range tree {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -3,8 +3,9 @@
 // global rule layers (from alerts/gpu-pool-exporter.rules.yml), the
 // promtool tests from the pages the exporter serves on simulated nodes
 // (from alerts/pages/testdata), the Grafana dashboards (from
-// dashboards/boards), the Helm chart's copies of the rules and dashboards
-// and the kustomize rule objects. `make generate` runs it from the repository
+// dashboards/boards), the Helm chart's copies of the rules and dashboards,
+// the kustomize rule objects and the exporter's built-in copy of
+// dcgm-exporter's default counters file. `make generate` runs it from the repository
 // root; a second run changes nothing. With -check it writes nothing and
 // fails listing every stale file (the test in this directory does the same
 // in `make test`).
