@@ -56,8 +56,10 @@ func matrixDims() []matrixDim {
 		{"sharing", []string{"exclusive", "time-slicing", "mps"}},
 		{"profile", []string{"default", "lean", "full"}},
 		// "virtual-gpus": dcgm-exporter's families with each time-shared
-		// holder's own FB_USED and GPU_UTIL (--kubernetes-virtual-gpus).
-		{"compat", []string{"off", "on", "virtual-gpus"}},
+		// holder's own FB_USED and GPU_UTIL (--kubernetes-virtual-gpus);
+		// "pod-meta": with the holders' pod UIDs and labels from the API
+		// server (--kubernetes-enable-pod-uid and -labels).
+		{"compat", []string{"off", "on", "virtual-gpus", "pod-meta"}},
 		{"dcgm", []string{"off", "auto"}},
 		{"driver", []string{"R535", "R550", "R580"}},
 		// "bare": ECC, power and NVML events answer NOT_SUPPORTED, as on
@@ -288,13 +290,13 @@ func matrixScenario(t *testing.T, c matrixCase, m *miggeometry.Model) string {
 			// MPS clients; the simulated node adds the GPU's MPS server.
 			proc = fmt.Sprintf(", processes: [{pid: %d, memory: {mean: 0.2}, utilization: {mean: 0.3}}]", 4000+i)
 		}
-		fmt.Fprintf(&b, "  - {namespace: ml, name: whole-%d, containers: [{name: main, devices: [%s]%s}]}\n", i, dev, proc)
+		fmt.Fprintf(&b, "  - {namespace: ml, name: whole-%d, labels: {app.kubernetes.io/name: whole-%d}, containers: [{name: main, devices: [%s]%s}]}\n", i, i, dev, proc)
 	}
 	for i := 0; i < held; i++ {
-		fmt.Fprintf(&b, "  - {namespace: ml, name: mig-%d, containers: [{name: main, devices: [{gpu: 1, mig: %d}]}]}\n", i, i)
+		fmt.Fprintf(&b, "  - {namespace: ml, name: mig-%d, labels: {app.kubernetes.io/name: mig-%d}, containers: [{name: main, devices: [{gpu: 1, mig: %d}]}]}\n", i, i, i)
 	}
 	if mig == "" {
-		fmt.Fprintf(&b, "  - {namespace: web, name: other, containers: [{name: main, devices: [{gpu: 1}]}]}\n")
+		fmt.Fprintf(&b, "  - {namespace: web, name: other, labels: {app.kubernetes.io/name: other}, containers: [{name: main, devices: [{gpu: 1}]}]}\n")
 	}
 	return b.String()
 }
@@ -336,6 +338,9 @@ func TestConfigurationMatrix(t *testing.T) {
 				args = append(args, "--compat.dcgm-exporter")
 			case "virtual-gpus":
 				args = append(args, "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-virtual-gpus")
+			case "pod-meta":
+				args = append(args, "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-uid",
+					"--compat.dcgm-exporter.kubernetes-enable-pod-labels")
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			var errb syncBuffer
@@ -440,6 +445,17 @@ func checkMatrixPage(t *testing.T, c matrixCase, m *miggeometry.Model, body stri
 			holders[dev] = true
 			if c["compat"] != "virtual-gpus" || label(x, "pod") == "" {
 				t.Errorf("%s series with vgpu=%q but pod=%q under compat=%s", name, label(x, "vgpu"), label(x, "pod"), c["compat"])
+			}
+		}
+		// A holder's pod UID and labels come with pod-meta only, on every
+		// series that names the pod, from the first page on.
+		for _, x := range get(name) {
+			pod, uid, app := label(x, "pod"), label(x, "pod_uid"), label(x, "app_kubernetes_io_name")
+			switch {
+			case c["compat"] == "pod-meta" && pod != "" && (uid == "" || app != pod):
+				t.Errorf("%s series of pod %q: pod_uid=%q app_kubernetes_io_name=%q, want the pod's UID and its label", name, pod, uid, app)
+			case c["compat"] != "pod-meta" && app != "":
+				t.Errorf("%s series of pod %q carries the pod label %q under compat=%s", name, pod, app, c["compat"])
 			}
 		}
 		for dev := range holders {
