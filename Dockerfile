@@ -1,6 +1,13 @@
 # syntax=docker/dockerfile:1.19
 #
-# gpu-pool-exporter images. Two targets share one build stage:
+# gpu-pool-exporter images. Each carries three binaries, one per job:
+#   /usr/bin/gpu-pool-exporter      the node agent (the entrypoint: the DaemonSet)
+#   /usr/bin/gpupool                the command for people (status, fleet,
+#                                   recommend, report): kubectl exec ... -- gpupool status
+#   /usr/bin/gpu-pool-exporter-sim  the agent on a simulated GPU node, for a
+#                                   try-out without GPUs:
+#                                   docker run -p 9947:9947 --entrypoint /usr/bin/gpu-pool-exporter-sim IMAGE
+# Two targets share one build stage:
 #
 #   docker build -t gpu-pool-exporter:dev .
 #       default (the last stage, "runtime"): distroless glibc image, NVML only.
@@ -66,14 +73,14 @@ RUN --mount=type=cache,target=/go/pkg/mod \
       -ldflags "-s -w \
         -X github.com/prometheus/common/version.Version=${VERSION} \
         -X github.com/prometheus/common/version.Revision=${REVISION}" \
-      -o /out/gpu-pool-exporter ./cmd/gpu-pool-exporter
+      -o /out/ ./cmd/gpu-pool-exporter ./cmd/gpupool ./cmd/gpu-pool-exporter-sim
 
 # --target dcgm: NVIDIA's DCGM image, which carries libdcgm.so.4, the DCGM
 # modules it loads and the C++ runtime they need, on Ubuntu 24.04 (glibc 2.39,
 # newer than the build stage's 2.36, so the binary runs unchanged). Copying only
 # libdcgm* into distroless would miss those dependencies.
 FROM ${DCGM_IMAGE} AS dcgm
-COPY --from=build /out/gpu-pool-exporter /usr/bin/gpu-pool-exporter
+COPY --from=build /out/gpu-pool-exporter /out/gpupool /out/gpu-pool-exporter-sim /usr/bin/
 USER 65532:65532
 EXPOSE 9947
 # Replaces the base image's nv-hostengine entrypoint; CMD is reset with it.
@@ -82,7 +89,7 @@ CMD []
 
 # Default target: glibc, CA certificates and tzdata; no shell, no package manager.
 FROM ${RUNTIME_IMAGE} AS runtime
-COPY --from=build /out/gpu-pool-exporter /usr/bin/gpu-pool-exporter
+COPY --from=build /out/gpu-pool-exporter /out/gpupool /out/gpu-pool-exporter-sim /usr/bin/
 USER 65532:65532
 EXPOSE 9947
 ENTRYPOINT ["/usr/bin/gpu-pool-exporter"]

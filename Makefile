@@ -24,16 +24,19 @@ TEST_PARALLEL ?= 8
 ## generated files up to date)
 test: tools vet lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	@# The exporter binary the tests run, built once (GPE_TEST_BINARY) rather
-	@# than by each package that starts it: a plain build, stamped by Go from
-	@# the checkout as a user's would be (whatever GOFLAGS says of -buildvcs).
+	@# The binaries the tests run, built once (GPE_TEST_BINARY: the agent,
+	@# GPE_TEST_SIM_BINARY: the simulated node's, GPE_TEST_GPUPOOL_BINARY: the
+	@# command for people) rather than by each package that starts one: plain
+	@# builds, stamped by Go from the checkout as a user's would be (whatever
+	@# GOFLAGS says of -buildvcs).
 	bin="$$(mktemp -d)" && trap 'rm -rf "$$bin"' EXIT && \
-	go build -buildvcs=auto -o "$$bin/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
-	GPE_TEST_BINARY="$$bin/gpu-pool-exporter" go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
+	go build -buildvcs=auto -o "$$bin/" ./cmd/gpu-pool-exporter ./cmd/gpu-pool-exporter-sim ./cmd/gpupool && \
+	GPE_TEST_BINARY="$$bin/gpu-pool-exporter" GPE_TEST_SIM_BINARY="$$bin/gpu-pool-exporter-sim" GPE_TEST_GPUPOOL_BINARY="$$bin/gpupool" \
+	go test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
 ## test-matrix: the whole configuration matrix (every model x MIG layout x sharing x profile x compat x DCGM x driver branch x board, about 23,000 pages); make test runs an all-pairs sample
 test-matrix:
-	GPE_MATRIX=full go test -count=1 -timeout 4h -run 'TestConfigurationMatrix' ./cmd/gpu-pool-exporter/
+	GPE_MATRIX=full go test -count=1 -timeout 4h -run 'TestConfigurationMatrix' ./agent/
 
 tools:
 	./scripts/install-tools.sh
@@ -53,20 +56,22 @@ generate:
 	./scripts/dcgmfields.sh
 	go run ./scripts/generate
 
+## build: the three binaries (gpu-pool-exporter: the node agent; gpupool: the command for people;
+## gpu-pool-exporter-sim: the agent on a simulated node) in the checkout's top directory
 build:
-	go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter
+	go build -ldflags "$(LDFLAGS)" -o . ./cmd/gpu-pool-exporter ./cmd/gpupool ./cmd/gpu-pool-exporter-sim
 
-## run: build the exporter, then run it on a simulated node (Ctrl-C stops it); ARGS="--web.listen-address=:9948" adds flags
+## run: build the exporter on a simulated node (gpu-pool-exporter-sim), then run it (Ctrl-C stops it); ARGS="--web.listen-address=:9948" adds flags
 # exec: the process is the exporter itself, not a shell or `go run` above it,
 # so Ctrl-C and kill reach it.
 # The build's own output (module downloads on a fresh machine) is shown only
 # when it fails.
 run:
-	@echo "make run: building ./gpu-pool-exporter (a few minutes on a fresh machine)"
-	@log=$$(mktemp); go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter ./cmd/gpu-pool-exporter >$$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
-	@exec ./gpu-pool-exporter --simulate --log.format=console $(ARGS)
+	@echo "make run: building ./gpu-pool-exporter-sim (about a minute on a fresh machine)"
+	@log=$$(mktemp); go build -ldflags "$(LDFLAGS)" -o gpu-pool-exporter-sim ./cmd/gpu-pool-exporter-sim >$$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
+	@exec ./gpu-pool-exporter-sim --log.format=console $(ARGS)
 
-## bench: Go benchmarks and a load run against --simulate; prints one table
+## bench: Go benchmarks, the agent's memory at rest on the fake driver, and load and attack runs against gpu-pool-exporter-sim; prints one table each
 bench:
 	./scripts/bench.sh
 
@@ -83,9 +88,9 @@ BENCH_RULES_ARGS ?=
 bench-rules:
 	@work="$$(mktemp -d)" && trap 'rm -rf "$$work"' EXIT && \
 	prom="$(PROMETHEUS)" && { [ -n "$$prom" ] || prom="$$(./scripts/prometheus3.sh)"; } && \
-	go build -o "$$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter && \
+	go build -o "$$work/gpu-pool-exporter-sim" ./cmd/gpu-pool-exporter-sim && \
 	go build -o "$$work/bench-rules" ./scripts/benchrules && \
-	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter" -rules $(RULES) -prometheus "$$prom" $(BENCH_RULES_ARGS)
+	"$$work/bench-rules" -n $(N) -exporter "$$work/gpu-pool-exporter-sim" -rules $(RULES) -prometheus "$$prom" $(BENCH_RULES_ARGS)
 
 ## test-thanos: the sharded rules on Thanos (two Prometheus shards with sidecars, Query, Ruler) against
 ## the flat rules on one Prometheus (docs/sharded.md). Not part of `make test`: the first run builds

@@ -192,7 +192,7 @@ func servedPage(t *testing.T, bin string, args ...string) string {
 	addr := l.Addr().String()
 	l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--simulate", "--collect-interval=1s", "--web.listen-address=" + addr}, args...)...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--collect-interval=1s", "--web.listen-address=" + addr}, args...)...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -247,11 +247,12 @@ func TestDocsMetricFamilies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	// make test builds the exporter once for every package (GPE_TEST_BINARY).
-	bin := os.Getenv("GPE_TEST_BINARY")
+	// make test builds the simulated node's binary once for every package
+	// (GPE_TEST_SIM_BINARY).
+	bin := os.Getenv("GPE_TEST_SIM_BINARY")
 	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "gpu-pool-exporter")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter").CombinedOutput(); err != nil {
+		bin = filepath.Join(t.TempDir(), "gpu-pool-exporter-sim")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter-sim").CombinedOutput(); err != nil {
 			t.Fatalf("go build: %v\n%s", err, out)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,12 +15,16 @@ import (
 const module = "github.com/gpu-pool-exporter/gpu-pool-exporter"
 
 // productDirs are the product's packages: none of them may link the
-// simulation wing (the command wires it in for --simulate, alone).
-var productDirs = []string{"collector", "podmap", "dashboards"}
+// simulation wing (only gpu-pool-exporter-sim and the tests wire it in).
+var productDirs = []string{"agent", "analytics", "collector", "dashboards", "miggeometry", "podmap", "server", "cmd/gpu-pool-exporter", "cmd/gpupool"}
+
+// agentDirs are the node agent's packages: they import neither the
+// simulation nor the analytics (gpupool's).
+var agentDirs = []string{"agent", "collector", "podmap", "server", "cmd/gpu-pool-exporter"}
 
 // TestProductDoesNotImportTheSimulation reads every non-test Go file of the
-// product's packages: none imports sim/ (depguard in .golangci.yml says the
-// same to the linter).
+// product's packages: none imports sim/, and none of the agent's imports
+// analytics/ (depguard in .golangci.yml says the same to the linter).
 func TestProductDoesNotImportTheSimulation(t *testing.T) {
 	fset := token.NewFileSet()
 	n := 0
@@ -36,7 +41,10 @@ func TestProductDoesNotImportTheSimulation(t *testing.T) {
 			for _, imp := range f.Imports {
 				p, _ := strconv.Unquote(imp.Path.Value)
 				if p == module+"/sim" || strings.HasPrefix(p, module+"/sim/") {
-					t.Errorf("%s imports %s: product packages take the node's sources as collector.Sources; only the command wires in the simulation", path, p)
+					t.Errorf("%s imports %s: product packages take the node's sources as collector.Sources; only gpu-pool-exporter-sim wires in the simulation", path, p)
+				}
+				if inAgent(path) && (p == module+"/analytics" || strings.HasPrefix(p, module+"/analytics/")) {
+					t.Errorf("%s imports %s: the node agent links no analytics (gpupool's job)", path, p)
 				}
 			}
 			return nil
@@ -66,7 +74,7 @@ func TestFakesLiveInTheSimulationWing(t *testing.T) {
 		}
 		for _, part := range strings.Split(f, "/") {
 			base := strings.TrimSuffix(part, filepath.Ext(part))
-			if strings.HasPrefix(base, "fake") || base == "simnode" || base == "miggeometry" {
+			if strings.HasPrefix(base, "fake") || base == "simnode" || base == "simagent" {
 				t.Errorf("%s is a stand-in outside the simulation wing: move it under sim/", f)
 				break
 			}
@@ -74,5 +82,49 @@ func TestFakesLiveInTheSimulationWing(t *testing.T) {
 	}
 	if inWing < 20 {
 		t.Errorf("only %d files under sim/: is the wing where this test thinks it is?", inWing)
+	}
+}
+
+// inAgent says whether path is in one of the agent's packages.
+func inAgent(path string) bool {
+	for _, d := range agentDirs {
+		if strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAgentLinksNeitherSimulationNorAnalytics: the packages the node
+// agent's binary links, transitively, include none of the simulation wing
+// and none of the analytics; the simulated node's binary does link the
+// wing (so the check would see it).
+func TestAgentLinksNeitherSimulationNorAnalytics(t *testing.T) {
+	deps := func(pkg string) []string {
+		out, err := exec.Command("go", "list", "-deps", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		return strings.Fields(string(out))
+	}
+	forbidden := func(p string) bool {
+		for _, w := range []string{"/sim", "/analytics"} {
+			if p == module+w || strings.HasPrefix(p, module+w+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	agent := deps("./cmd/gpu-pool-exporter")
+	for _, p := range agent {
+		if forbidden(p) {
+			t.Errorf("the agent (cmd/gpu-pool-exporter) links %s", p)
+		}
+	}
+	if !slices.ContainsFunc(deps("./cmd/gpu-pool-exporter-sim"), forbidden) {
+		t.Error("gpu-pool-exporter-sim links no package of the simulation: does this test look at the right paths?")
+	}
+	if !slices.ContainsFunc(deps("./cmd/gpupool"), forbidden) {
+		t.Error("gpupool links no package of the analytics: does this test look at the right paths?")
 	}
 }

@@ -235,8 +235,8 @@ func TestMakeRun(t *testing.T) {
 	}
 	pid, _ := strconv.Atoi(fields[0])
 	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if filepath.Base(exe) != "gpu-pool-exporter" {
-		t.Errorf("make's child is %s, want the gpu-pool-exporter binary (a shell or `go run` between them keeps the exporter alive when it is killed)", exe)
+	if filepath.Base(exe) != "gpu-pool-exporter-sim" {
+		t.Errorf("make's child is %s, want the gpu-pool-exporter-sim binary (a shell or `go run` between them keeps the exporter alive when it is killed)", exe)
 	}
 	// Ctrl-C: SIGINT to the foreground process group.
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
@@ -336,7 +336,7 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.lang == "sh" && allPrefixed(commands(b.text), "scripts/device-check"):
 			by = "needs a real GPU; scripts/devicecheck.TestAgainstFakeDriverAndFakeSMI runs it against the fake driver"
 		case b.lang == "sh" && b.section == "Who uses a shared GPU" && allPrefixed(commands(b.text), "kubectl"):
-			by = "needs a cluster (kubectl exec); cmd/gpu-pool-exporter.TestStatusSubcommand runs `gpu-pool-exporter status` against the simulated node and checks these rows"
+			by = "needs a cluster (kubectl exec); cmd/gpupool.TestStatusSubcommand runs `gpupool status` against the simulated node and checks these rows"
 		case b.file == "docs/sharded.md" && b.lang == "sh":
 			checkThanosRuler(t, b)
 			by = "this test: the rules file exists and alerts/thanos (make test-thanos) runs the ruler with these flags"
@@ -346,9 +346,9 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.file == "docs/sharded.md" && b.lang == "yaml" && strings.Contains(b.text, "thanosRulerSpec:"):
 			checkKubePrometheusStackValues(t, b)
 			by = "this test: every key is one of kube-prometheus-stack's values, and the selectors name the rules-layer labels of the PrometheusRules deploy/ renders"
-		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpu-pool-exporter fleet"):
-			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpu-pool-exporter fleet` (table and -o json) against the end-to-end test's Prometheus"
-		case b.file == "docs/rightsizing.md" && b.lang == "sh" && allPrefixed(commands(b.text), "gpu-pool-exporter re"):
+		case b.lang == "sh" && b.file == "docs/fleet.md" && allPrefixed(commands(b.text), "gpupool fleet"):
+			by = "needs a Prometheus with the rules; alerts/e2e's checkFleet runs `gpupool fleet` (table and -o json) against the end-to-end test's Prometheus"
+		case b.file == "docs/rightsizing.md" && b.lang == "sh" && allPrefixed(commands(b.text), "gpupool re"):
 			by = "needs a Prometheus with the rules' recordings; alerts/rightsizing runs recommend and report on a backfilled week, alerts/e2e on the simulated node"
 		case b.file == "docs/rightsizing.md" && b.lang == "text":
 			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked example with what recommend prints on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"

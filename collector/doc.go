@@ -54,8 +54,9 @@
 //	             happens on the scrape path
 //	assemble.go  Assemble builds all of it from the node's Sources (the
 //	             driver's libraries, the kubelet's socket, the host's
-//	             process tree) and one NodeConfig: the command, alerts/pages
-//	             and the tests assemble the exporter the same way. The command
-//	             takes the Sources from the real node, or with --simulate from
-//	             the simulation wing (sim/), which no package here imports.
+//	             process tree) and one NodeConfig: the agent, alerts/pages
+//	             and the tests assemble the exporter the same way. The agent
+//	             takes the Sources from the real node, or, in
+//	             gpu-pool-exporter-sim, from the simulation wing (sim/), which
+//	             no package here imports.
 package collector

@@ -7,7 +7,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 

@@ -199,10 +199,15 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("no target %q", target)
 			continue
 		}
-		if !slices.ContainsFunc(s.all("COPY"), func(in instruction) bool {
-			return strings.Contains(in.args, "--from=build") && strings.Contains(in.args, "/usr/bin/gpu-pool-exporter")
-		}) {
-			t.Errorf("target %s does not copy the binary from the build stage", target)
+		// The agent, the command for people and the simulated node's
+		// binary, each copied from the build stage into /usr/bin.
+		for _, bin := range []string{"gpu-pool-exporter", "gpupool", "gpu-pool-exporter-sim"} {
+			if !slices.ContainsFunc(s.all("COPY"), func(in instruction) bool {
+				f := strings.Fields(in.args)
+				return slices.Contains(f, "--from=build") && slices.Contains(f, "/out/"+bin) && len(f) > 0 && f[len(f)-1] == "/usr/bin/"
+			}) {
+				t.Errorf("target %s does not copy %s from the build stage into /usr/bin/", target, bin)
+			}
 		}
 		var entry []string
 		if e := s.all("ENTRYPOINT"); len(e) > 0 {

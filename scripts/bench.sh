@@ -27,11 +27,11 @@ echo "== Go benchmarks (-benchtime=${benchtime})"
 go test -run xxx -bench . -benchmem -benchtime="${benchtime}" ./collector/ ./podmap/...
 
 echo
-echo "== load run (built binary, --simulate, loopback)"
-go build -o "$work/gpu-pool-exporter" ./cmd/gpu-pool-exporter
+echo "== load run (built gpu-pool-exporter-sim, loopback)"
+go build -o "$work/gpu-pool-exporter-sim" ./cmd/gpu-pool-exporter-sim
 go build -o "$work/bench" ./scripts/bench
 # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-"$work/bench" -bin "$work/gpu-pool-exporter" \
+"$work/bench" -bin "$work/gpu-pool-exporter-sim" \
 	-node "default 8 x H100 (built-in)=" \
 	-node "8 x 7 MIG, 200 pods=scripts/bench/mig-8x7-200pods.yaml" \
 	${BENCH_ARGS:-}

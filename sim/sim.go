@@ -1,5 +1,5 @@
 // Package sim is the simulation wing: everything that stands in for a real
-// GPU node, for `--simulate`, the tests and the benchmarks. Production
+// GPU node, for gpu-pool-exporter-sim, the tests and the benchmarks. Production
 // packages never import it (a depguard rule in .golangci.yml says so); it
 // imports them, to hand the exporter a simulated node's sources.
 //
@@ -9,8 +9,10 @@
 //	fakedcgm     a fake DCGM host engine (collector/dcgm's Client)
 //	fakekubelet  the kubelet's real PodResources gRPC service on a unix socket
 //	fakehost     a host /proc and /var/log/containers tree
-//	miggeometry  NVIDIA's MIG geometry per board, from NVIDIA's documents and
-//	             captures (profile memory per driver, NVML framebuffer)
+//	simagent     the agent.Simulation of cmd/gpu-pool-exporter-sim
+//
+// NVIDIA's MIG geometry (miggeometry/, at the top of the tree) is reference
+// data, not a stand-in: the fakes answer from it and the analytics read it.
 //
 // This package joins them: Sources turns a simulated node into the
 // collector.Sources the exporter is assembled from.

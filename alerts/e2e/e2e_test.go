@@ -177,7 +177,6 @@ func TestAlertsAndDashboardsEndToEnd(t *testing.T) {
 	help, _ := exec.CommandContext(ctx, gpe, "--help").CombinedOutput()
 	exporterAddr := freeAddr(t)
 	args := []string{
-		"--simulate",
 		"--simulate.scenario=" + filepath.Join(root, "alerts", "e2e", "scenario.yaml"),
 		"--collect-interval=1s",
 		"--web.listen-address=" + exporterAddr,
@@ -384,7 +383,7 @@ scrape_configs:
 	// 8. The zone recordings agree with the nodes' own series, and `fleet`
 	// prints what the recordings hold.
 	checkZones(t, prom)
-	checkFleet(t, prom, gpe)
+	checkFleet(t, prom, proctest.GpupoolBinary(t, ctx, root, filepath.Join(tmp, "gpupool")))
 
 	if t.Failed() {
 		for _, f := range []string{filepath.Join(tmp, "exporter.log"), filepath.Join(tmp, "exporter-lean.log"), promLog} {

@@ -141,26 +141,26 @@ type fleetJSON struct {
 	} `json:"replacements"`
 }
 
-func runFleetCmd(t *testing.T, gpe, prom string, args ...string) string {
+func runFleetCmd(t *testing.T, gpupool, prom string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	cmd := exec.CommandContext(ctx, gpe, append([]string{"fleet", "--prometheus=" + prom}, args...)...)
+	cmd := exec.CommandContext(ctx, gpupool, append([]string{"fleet", "--prometheus=" + prom}, args...)...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("gpu-pool-exporter fleet %v: %v\n%s", args, err, errb.String())
+		t.Fatalf("gpupool fleet %v: %v\n%s", args, err, errb.String())
 	}
 	return out.String()
 }
 
-// checkFleet runs `gpu-pool-exporter fleet` against the test's Prometheus
+// checkFleet runs `gpupool fleet` against the test's Prometheus
 // and compares what it prints with direct queries of the recordings.
-func checkFleet(t *testing.T, prom, gpe string) {
+func checkFleet(t *testing.T, prom, gpupool string) {
 	t.Helper()
 	settled(t, "fleet -o json", func() error {
 		var f fleetJSON
-		if err := json.Unmarshal([]byte(runFleetCmd(t, gpe, prom, "-o", "json")), &f); err != nil {
+		if err := json.Unmarshal([]byte(runFleetCmd(t, gpupool, prom, "-o", "json")), &f); err != nil {
 			return err
 		}
 		if len(f.Capacity) != 2 {
@@ -241,11 +241,11 @@ func checkFleet(t *testing.T, prom, gpe string) {
 	})
 
 	// The table names both pools with their zones, and the idle notebook.
-	table := runFleetCmd(t, gpe, prom)
+	table := runFleetCmd(t, gpupool, prom)
 	for _, want := range []string{nodePool, nodeZone, leanPool, leanZone, accelerator, "research", "REPLACEMENT RECOMMENDED"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("fleet's table lacks %q:\n%s", want, table)
 		}
 	}
-	t.Logf("gpu-pool-exporter fleet:\n%s", table)
+	t.Logf("gpupool fleet:\n%s", table)
 }

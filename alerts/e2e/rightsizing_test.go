@@ -18,17 +18,17 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/rightsize"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/analytics/rightsize"
 )
 
 // rightsizingWindow is the window recommend and report read: Prometheus
 // must hold that much of the simulated node before they run.
 const rightsizingWindow = 3 * time.Minute
 
-// TestRightsizingEndToEnd runs `gpu-pool-exporter recommend` and `report`
+// TestRightsizingEndToEnd runs `gpupool recommend` and `report`
 // against a real Prometheus (Debian's 2.42 server, or whichever
 // prometheusBinary finds) that scrapes the exporter on the built-in
-// simulated node (--simulate without a scenario: research/notebook-alice
+// simulated node (gpu-pool-exporter-sim without a scenario: research/notebook-alice
 // holds a whole H100 and never uses it, ml-training/llm-pretrain-0 and -1
 // hold two busy H100s each) and a fake kube-state-metrics, with the
 // recordings the commands read evaluated every second. After three minutes
@@ -46,9 +46,10 @@ func TestRightsizingEndToEnd(t *testing.T) {
 	t.Cleanup(cancel)
 
 	gpe := proctest.ExporterBinary(t, ctx, root, filepath.Join(tmp, "gpe"))
+	gpupool := proctest.GpupoolBinary(t, ctx, root, filepath.Join(tmp, "gpupool"))
 	exporterAddr := freeAddr(t)
 	startProcess(t, ctx, filepath.Join(tmp, "exporter.log"), gpe,
-		"--simulate", "--collect-interval=1s", "--web.listen-address="+exporterAddr,
+		"--collect-interval=1s", "--web.listen-address="+exporterAddr,
 		"--node-name="+nodeName, "--idle.window=10s", "--idle.price=NVIDIA H100 80GB HBM3=11.06")
 	waitHTTP(t, "http://"+exporterAddr+"/metrics", startTimeout, filepath.Join(tmp, "exporter.log"))
 
@@ -146,7 +147,7 @@ scrape_configs:
 		cctx, ccancel := context.WithTimeout(ctx, time.Minute)
 		defer ccancel()
 		var out, errb bytes.Buffer
-		cmd := exec.CommandContext(cctx, gpe, append(args, "--prometheus="+prom)...)
+		cmd := exec.CommandContext(cctx, gpupool, append(args, "--prometheus="+prom)...)
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("gpu-pool-exporter %s: %v\n%s", strings.Join(args, " "), err, errb.String())

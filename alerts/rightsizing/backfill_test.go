@@ -1,4 +1,4 @@
-// Package rightsizing tests `gpu-pool-exporter recommend` and `report` on a
+// Package rightsizing tests `gpupool recommend` and `report` on a
 // week of a simulated fleet backfilled into a real Prometheus: the raw
 // series with `promtool tsdb create-blocks-from openmetrics`, the shipped
 // recording rules over them with `promtool tsdb create-blocks-from rules`.
@@ -25,7 +25,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/cmd/gpu-pool-exporter/rightsize"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/analytics/rightsize"
 )
 
 const (
@@ -202,7 +202,7 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 	tmp := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	gpe := proctest.ExporterBinary(t, ctx, root, filepath.Join(tmp, "gpe"))
+	gpupool := proctest.GpupoolBinary(t, ctx, root, filepath.Join(tmp, "gpupool"))
 
 	// The grid: promtool's evaluation times. A phase on a whole minute
 	// would put a query step exactly five minutes after a sample (where
@@ -261,14 +261,14 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 			copyBlocks(t, data, blockDirs...)
 			prom := startPrometheus(t, ctx, server, data)
 			checkAlignment(t, prom, end)
-			checkAnswers(t, gpe, prom, root, at)
+			checkAnswers(t, gpupool, prom, root, at)
 
 			// The same week without kube-state-metrics: its series deleted.
 			noKSM := filepath.Join(tmp, "data-noksm-"+filepath.Base(server.name))
 			copyBlocks(t, noKSM, blockDirs...)
 			prom = startPrometheus(t, ctx, server, noKSM)
 			deleteSeries(t, prom, `{job="kube-state-metrics"}`)
-			checkWithoutKSM(t, gpe, prom, at)
+			checkWithoutKSM(t, gpupool, prom, at)
 		})
 	}
 }
@@ -383,7 +383,7 @@ team-b,Deployment/new-svc,1,nvidia-h100-80gb,NVIDIA H100 80GB HBM3,nvidia-h100-8
 team-b,Pod/flaky,1,nvidia-h100-80gb,NVIDIA H100 80GB HBM3,nvidia-h100-80gb,1,21474836480,0.5000,0.0000,0,insufficient data,0,,gaps in the data: team-b/flaky on gpu-b recorded 98% of the window
 `
 
-func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
+func checkAnswers(t *testing.T, gpupool, prom, root string, at time.Time) {
 	t.Helper()
 	atFlag := "--at=" + at.Format(time.RFC3339Nano)
 	priceFile := "--idle.price-file=" + filepath.Join(root, "deploy", "prices-gke-on-demand.yaml")
@@ -397,7 +397,7 @@ func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
 		{[]string{"report", "--by=namespace", "--since=7d", "-o", "csv"}, wantReportByNamespace},
 		{[]string{"report", "--by=label:team", "--since=7d", "-o", "csv"}, wantReportByTeam},
 	} {
-		out, errOut, code := runCommand(t, gpe, append(c.args, "--prometheus="+prom, atFlag)...)
+		out, errOut, code := runCommand(t, gpupool, append(c.args, "--prometheus="+prom, atFlag)...)
 		if code != 0 {
 			t.Errorf("gpu-pool-exporter %s: exit %d: %s", strings.Join(c.args, " "), code, errOut)
 			continue
@@ -408,7 +408,7 @@ func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
 	}
 
 	// The worked example of docs/rightsizing.md is this week's table.
-	table, errOut, code := runCommand(t, gpe, "recommend", "--window=7d", "--prometheus="+prom, atFlag, priceFile)
+	table, errOut, code := runCommand(t, gpupool, "recommend", "--window=7d", "--prometheus="+prom, atFlag, priceFile)
 	if code != 0 {
 		t.Fatalf("recommend: exit %d: %s", code, errOut)
 	}
@@ -436,7 +436,7 @@ func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
 		{[]string{"recommend", "--window=a week", "--prometheus=" + prom, atFlag}, 2, "want a Prometheus duration"},
 		{[]string{"recommend", "--prometheus=http://" + proctest.FreeAddr(t), atFlag}, 1, "cannot reach Prometheus"},
 	} {
-		_, errOut, code := runCommand(t, gpe, c.args...)
+		_, errOut, code := runCommand(t, gpupool, c.args...)
 		if code != c.code || !strings.Contains(errOut, c.msg) {
 			t.Errorf("gpu-pool-exporter %s: exit %d, %q; want exit %d and a message with %q", strings.Join(c.args, " "), code, errOut, c.code, c.msg)
 		}
@@ -444,15 +444,15 @@ func checkAnswers(t *testing.T, gpe, prom, root string, at time.Time) {
 }
 
 // docExample is the text block after the worked example's command.
-var docExample = regexp.MustCompile("(?s)gpu-pool-exporter recommend --window=7d[^\n]*\n```\n\n```text\n(.*?)```")
+var docExample = regexp.MustCompile("(?s)gpupool recommend --window=7d[^\n]*\n```\n\n```text\n(.*?)```")
 
 // checkWithoutKSM: the same week without kube-state-metrics: every pod
 // is its own workload, and the output says so; grouping by owner or label
 // stops with a message.
-func checkWithoutKSM(t *testing.T, gpe, prom string, at time.Time) {
+func checkWithoutKSM(t *testing.T, gpupool, prom string, at time.Time) {
 	t.Helper()
 	atFlag := "--at=" + at.Format(time.RFC3339Nano)
-	out, errOut, code := runCommand(t, gpe, "recommend", "--window=7d", "--prometheus="+prom, atFlag)
+	out, errOut, code := runCommand(t, gpupool, "recommend", "--window=7d", "--prometheus="+prom, atFlag)
 	if code != 0 {
 		t.Fatalf("recommend without kube-state-metrics: exit %d: %s", code, errOut)
 	}
@@ -462,23 +462,23 @@ func checkWithoutKSM(t *testing.T, gpe, prom string, at time.Time) {
 		}
 	}
 	for _, by := range []string{"owner", "label:team"} {
-		_, errOut, code := runCommand(t, gpe, "report", "--by="+by, "--since=7d", "--prometheus="+prom, atFlag)
+		_, errOut, code := runCommand(t, gpupool, "report", "--by="+by, "--since=7d", "--prometheus="+prom, atFlag)
 		if code != 1 || !strings.Contains(errOut, "kube-state-metrics' pod objects (kube_pod_owner) are not in Prometheus") {
 			t.Errorf("report --by=%s without kube-state-metrics: exit %d, %q; want exit 1 and a message naming kube-state-metrics", by, code, errOut)
 		}
 	}
-	out, errOut, code = runCommand(t, gpe, "report", "--by=namespace", "--since=7d", "-o", "csv", "--prometheus="+prom, atFlag)
+	out, errOut, code = runCommand(t, gpupool, "report", "--by=namespace", "--since=7d", "-o", "csv", "--prometheus="+prom, atFlag)
 	if code != 0 || out != wantReportByNamespace || !strings.Contains(errOut, "each pod is its own workload") {
 		t.Errorf("report --by=namespace without kube-state-metrics: exit %d, stderr %q, printed\n%s\nwant the same as with it", code, errOut, out)
 	}
 }
 
-func runCommand(t *testing.T, gpe string, args ...string) (stdout, stderr string, code int) {
+func runCommand(t *testing.T, gpupool string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errb bytes.Buffer
-	cmd := exec.CommandContext(ctx, gpe, args...)
+	cmd := exec.CommandContext(ctx, gpupool, args...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	var exit *exec.ExitError
@@ -486,7 +486,7 @@ func runCommand(t *testing.T, gpe string, args ...string) (stdout, stderr string
 	case errors.As(err, &exit):
 		code = exit.ExitCode()
 	case err != nil:
-		t.Fatalf("%s %v: %v", gpe, args, err)
+		t.Fatalf("%s %v: %v", gpupool, args, err)
 	}
 	return out.String(), errb.String(), code
 }

@@ -149,7 +149,7 @@ func TestGlobalRulesOnThanos(t *testing.T) {
 		}
 		n.addr = freeAddr(t)
 		args := []string{
-			"--simulate", "--simulate.scenario=" + scenario, "--collect-interval=1s",
+			"--simulate.scenario=" + scenario, "--collect-interval=1s",
 			"--web.listen-address=" + n.addr, "--node-name=" + n.name,
 			"--idle.window=10s", "--idle.price=NVIDIA H100 80GB HBM3=11.06",
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"strconv"
@@ -368,4 +369,24 @@ func SliceShare(perGPUHour float64, slices, totalSlices int) float64 {
 		return 0
 	}
 	return perGPUHour * float64(slices) / float64(totalSlices)
+}
+
+// LoadPrices reads the price file of --idle.price-file (where given) and
+// adds the prices of --idle.price (extra) to it; both commands that take
+// prices use it: nil where neither gives a price.
+func LoadPrices(file string, extra map[string]float64) (*PriceList, error) {
+	var list *PriceList
+	if file != "" {
+		var err error
+		if list, err = LoadPriceList(file); err != nil {
+			return nil, fmt.Errorf("--idle.price-file: %w", err)
+		}
+	}
+	if len(extra) > 0 {
+		if list == nil {
+			list = &PriceList{PerGPUHour: map[string]float64{}}
+		}
+		maps.Copy(list.PerGPUHour, extra)
+	}
+	return list, nil
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 )
 
 // NVML's placements are in memory slices on A100 (8:

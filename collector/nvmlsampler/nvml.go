@@ -95,7 +95,7 @@ type HealthDevice interface {
 var ErrNoNVML = errors.New("cannot load libnvidia-ml.so.1 (NVIDIA's NVML library): " +
 	"install the NVIDIA driver, or point LD_LIBRARY_PATH at the directory that holds it " +
 	"(on GKE the driver is mounted at /usr/local/nvidia/lib64), " +
-	"or pass --simulate to run on a simulated GPU node")
+	"or run gpu-pool-exporter-sim to try the exporter on a simulated GPU node")
 
 // NewNVML loads the real NVML library. libraryPath may be empty to use the
 // dynamic loader's search path.

@@ -188,7 +188,7 @@ tr.gpu-first td{border-top:2px solid #888}
 Driver {{.N.Driver}}, CUDA {{.N.CUDA}}. Sample taken <time datetime="{{.Time}}">{{.Time}}</time>;
 process accounting: <span id="process-accounting">{{.N.Processes}}</span>; pod map: <span id="pod-map">{{.N.PodMap}}</span>.</p>
 {{with .N.NVML}}<p>NVML: <span id="nvml"{{if ne . "ok"}} class="bad"{{end}}>{{.}}</span>{{with $.N.XIDEvents}}; XID events: <span id="xid-events">{{.}}</span>{{end}}.</p>{{end}}
-<p><a href="metrics">/metrics</a> &middot; <a href="status.json">/status.json</a> (this table, for <code>gpu-pool-exporter status</code>) &middot; <a href="healthz">/healthz</a> &middot; <a href="readyz">/readyz</a>. This page is rendered once per sample.</p>
+<p><a href="metrics">/metrics</a> &middot; <a href="status.json">/status.json</a> (this table, for <code>gpupool status</code>) &middot; <a href="healthz">/healthz</a> &middot; <a href="readyz">/readyz</a>. This page is rendered once per sample.</p>
 <table id="holders">
 <thead><tr><th>GPU</th><th>Unit</th><th>Replica</th><th>Namespace/pod/container</th><th>VRAM</th><th>Activity</th><th>Idle</th><th>Health</th></tr></thead>
 <tbody>

@@ -2,7 +2,7 @@
 // instance and time-slicing replica, the containers holding it, their VRAM
 // and activity, how long they have been idle, and the GPU's health. The
 // exporter builds one Node per sample and renders it once, as HTML for the
-// landing page and as JSON for `gpu-pool-exporter status`; Text prints the
+// landing page and as JSON at Path for `gpupool status`; Text prints the
 // same table in a terminal.
 package status
 
@@ -12,6 +12,15 @@ import (
 	"io"
 	"time"
 )
+
+// DefaultPort is the exporter's port, registered to no other GPU exporter
+// (dcgm-exporter: 9400, nvidia_gpu_exporter: 9835,
+// nvidia_gpu_prometheus_exporter: 9445): the agent listens on it and
+// `gpupool status` asks it by default.
+const DefaultPort = "9947"
+
+// Path is where the exporter serves the status document as JSON.
+const Path = "/status.json"
 
 // Node is the whole status.
 type Node struct {
@@ -132,10 +141,10 @@ func Decode(r io.Reader) (*Node, error) {
 	var n Node
 	dec := json.NewDecoder(r)
 	if err := dec.Decode(&n); err != nil {
-		return nil, fmt.Errorf("not a gpu-pool-exporter status document: %w", err)
+		return nil, fmt.Errorf("not a gpupool status document: %w", err)
 	}
 	if n.GPUs == nil && n.Version == "" {
-		return nil, fmt.Errorf("not a gpu-pool-exporter status document: no version and no gpus")
+		return nil, fmt.Errorf("not a gpupool status document: no version and no gpus")
 	}
 	return &n, nil
 }

@@ -70,7 +70,7 @@ func TestHTMLEscapesAndJSONRoundTrip(t *testing.T) {
 	if got := n.GPUs[0].Units[0].Holders[1]; got.Pod != "chat-api-2" || !got.Idle || *got.Activity != 0 {
 		t.Errorf("round trip: %+v", got)
 	}
-	if _, err := status.Decode(strings.NewReader("# HELP gpu_up ...\n")); err == nil || !strings.Contains(err.Error(), "not a gpu-pool-exporter status document") {
+	if _, err := status.Decode(strings.NewReader("# HELP gpu_up ...\n")); err == nil || !strings.Contains(err.Error(), "not a gpupool status document") {
 		t.Errorf("decoding /metrics: %v", err)
 	}
 }

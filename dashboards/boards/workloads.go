@@ -171,7 +171,7 @@ and on (namespace, pod)
 		}, stacked))
 
 	d = d.WithRow(dashboard.NewRowBuilder("Right-sizing")).
-		WithPanel(tablePanel("Right-sizing per pod", "Over the dashboard's time range, per pod: its devices' memory against its peak VRAM, its p95 activity (DCGM SM activity, else NVML; a shared GPU's holder its own processes'), and the device-hours it held, busy (weighted by activity) and idle (as the exporter judges it). A MIG device counts as one device here; `gpu-pool-exporter recommend` turns this into a shape per workload and `report` into GPU-hours and cost per team (docs/rightsizing.md). Hours assume the rules' one-minute recordings.", 24, 10,
+		WithPanel(tablePanel("Right-sizing per pod", "Over the dashboard's time range, per pod: its devices' memory against its peak VRAM, its p95 activity (DCGM SM activity, else NVML; a shared GPU's holder its own processes'), and the device-hours it held, busy (weighted by activity) and idle (as the exporter judges it). A MIG device counts as one device here; `gpupool recommend` turns this into a shape per workload and `report` into GPU-hours and cost per team (docs/rightsizing.md). Hours assume the rules' one-minute recordings.", 24, 10,
 			[]string{"namespace", "pod"}, "Device-hours held",
 			column{"VRAM held", "bytes", `
 max by (namespace, pod) (

@@ -413,7 +413,7 @@ func TestExporterPodLabelsOnARealAPIServer(t *testing.T) {
 	}
 	bin := exporterBinary(t, c.dir)
 	addr := "127.0.0.1:" + freePort(t)
-	start(t, c.dir, "exporter", bin, "--simulate", "--web.listen-address="+addr, "--collect-interval=1s",
+	start(t, c.dir, "exporter", bin, "--web.listen-address="+addr, "--collect-interval=1s",
 		"--node-name=gpu-node-7", "--compat.dcgm-exporter",
 		"--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--compat.dcgm-exporter.kubernetes-enable-pod-labels",
 		"--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app\\.kubernetes\\.io/",
@@ -466,17 +466,17 @@ func TestExporterPodLabelsOnARealAPIServer(t *testing.T) {
 	}
 }
 
-// exporterBinary is GPE_TEST_BINARY (make builds it once), else a build of
-// the command into dir.
+// exporterBinary is the simulated node's binary: GPE_TEST_SIM_BINARY (make
+// builds it once), else a build of cmd/gpu-pool-exporter-sim into dir.
 func exporterBinary(t *testing.T, dir string) string {
 	t.Helper()
-	if b := os.Getenv("GPE_TEST_BINARY"); b != "" {
+	if b := os.Getenv("GPE_TEST_SIM_BINARY"); b != "" {
 		return b
 	}
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(dir, "gpu-pool-exporter")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter")
+	bin := filepath.Join(dir, "gpu-pool-exporter-sim")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/gpu-pool-exporter-sim")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

@@ -36,7 +36,7 @@ func startExporter(cfg config, args []string, ready func(addr string) (*http.Req
 		return nil, err
 	}
 	p := &exporterProc{addr: addr, exited: make(chan error, 1)}
-	p.cmd = exec.Command(cfg.bin, append([]string{"--simulate", "--web.listen-address=" + addr,
+	p.cmd = exec.Command(cfg.bin, append([]string{"--web.listen-address=" + addr,
 		"--collect-interval=" + cfg.interval.String(), "--log.level=warn"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -431,7 +431,7 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 	if len(rows) == 0 {
 		return fails
 	}
-	fmt.Fprintf(w, "\nHostile clients (built binary, --simulate, loopback, default flags):\n\n")
+	fmt.Fprintf(w, "\nHostile clients (built gpu-pool-exporter-sim, loopback, default flags):\n\n")
 	fmt.Fprintln(w, "| run | figure |")
 	fmt.Fprintln(w, "|---|---|")
 	for _, r := range rows {

@@ -1,5 +1,5 @@
 // Command bench is the load half of `make bench`: it starts a built
-// gpu-pool-exporter binary on a simulated node, scrapes it over loopback and
+// gpu-pool-exporter-sim binary (the agent on a simulated node), scrapes it over loopback and
 // prints one markdown table with a row per node:
 //
 //   - scrape latency p50/p99, sequential (one client) / concurrent;
@@ -125,7 +125,7 @@ type result struct {
 func main() {
 	var nodes nodeFlag
 	cfg := config{}
-	flag.StringVar(&cfg.bin, "bin", "./gpu-pool-exporter", "the gpu-pool-exporter binary")
+	flag.StringVar(&cfg.bin, "bin", "./gpu-pool-exporter-sim", "the gpu-pool-exporter-sim binary (the agent on a simulated node)")
 	flag.Var(&nodes, "node", "NAME=SCENARIO_FILE of a node to measure (repeatable; an empty file is the built-in 8-GPU node)")
 	flag.DurationVar(&cfg.interval, "collect-interval", time.Second, "the exporter's --collect-interval")
 	flag.IntVar(&cfg.idleSamples, "idle-samples", 15, "samples in the idle period (no scrapes) that gives the CPU per sample")
@@ -261,7 +261,7 @@ func measure(cfg config, name, scenario string) (result, error) {
 	if err != nil {
 		return r, err
 	}
-	args := []string{"--simulate", "--web.listen-address=" + addr, "--collect-interval=" + cfg.interval.String(),
+	args := []string{"--web.listen-address=" + addr, "--collect-interval=" + cfg.interval.String(),
 		"--log.level=warn"}
 	if scenario != "" {
 		abs, err := filepath.Abs(scenario)

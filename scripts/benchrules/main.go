@@ -7,7 +7,7 @@
 // in-process HTTP server on loopback:
 //
 //   - /node/<i>/metrics: a copy of the simulated node's page (rendered once by
-//     the built exporter with --simulate, or read from -page), with
+//     the built gpu-pool-exporter-sim, or read from -page), with
 //     node-specific GPU/MIG UUIDs and pod names, fresh sample timestamps, and
 //     on every tenth node an old XID (so that the XID rules have series);
 //     Prometheus adds node=<name> and instance=<name>:9947 from file_sd;
@@ -104,7 +104,7 @@ func main() {
 	flag.IntVar(&cfg.cycles, "cycles", 5, "evaluations of each rule group to measure (the slowest group's interval times this is the measured window)")
 	flag.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up (and stop everything) after this long")
 	flag.StringVar(&cfg.prometheus, "prometheus", "prometheus", "the Prometheus server binary")
-	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter, run once with --simulate to render the node page (or use -page)")
+	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter-sim, run once to render the simulated node's page (or use -page)")
 	flag.StringVar(&cfg.exporterFlags, "exporter-flags", "", "more flags for the simulated exporter, space-separated (--collector.profile=lean: the lean profile's page)")
 	flag.StringVar(&cfg.page, "page", "", "a saved /metrics page of one node, used instead of -exporter")
 	flag.Var(&cfg.rules, "rules", "rule files Prometheus loads (comma-separated or repeated)")
@@ -377,7 +377,7 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 		return nil, err
 	}
 	var logs bytes.Buffer
-	args := append([]string{"--simulate", "--web.listen-address=" + addr, "--collect-interval=1s", "--log.level=warn"}, strings.Fields(cfg.exporterFlags)...)
+	args := append([]string{"--web.listen-address=" + addr, "--collect-interval=1s", "--log.level=warn"}, strings.Fields(cfg.exporterFlags)...)
 	cmd := exec.Command(cfg.exporter, args...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -399,7 +399,7 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 		select {
 		case err := <-exited:
 			exited <- err
-			return nil, fmt.Errorf("%s --simulate exited: %v\n%s", cfg.exporter, err, logs.String())
+			return nil, fmt.Errorf("%s exited: %v\n%s", cfg.exporter, err, logs.String())
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(500 * time.Millisecond):
@@ -415,7 +415,7 @@ func nodePage(ctx context.Context, cfg config) ([]byte, error) {
 			return b, nil
 		}
 	}
-	return nil, fmt.Errorf("%s --simulate served no page with allocations and DCGM up within 60s\n%s", cfg.exporter, logs.String())
+	return nil, fmt.Errorf("%s served no page with allocations and DCGM up within 60s\n%s", cfg.exporter, logs.String())
 }
 
 // ---------------------------------------------------------------------------

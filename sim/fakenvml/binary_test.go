@@ -87,7 +87,7 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// startExporter runs the binary without --simulate on the library variant,
+// startExporter runs the agent (no simulation linked) on the library variant,
 // serving node (written to dir), and waits until it serves a page with GPUs.
 func startExporter(t testing.TB, variant, nodePath string, extra ...string) *exporter {
 	t.Helper()

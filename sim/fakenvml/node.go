@@ -22,7 +22,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 )
 
 // EnvNode is the environment variable that names the node file.

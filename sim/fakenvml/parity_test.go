@@ -20,8 +20,8 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
@@ -455,8 +455,8 @@ func ignoredInParity(name string) bool {
 }
 
 // TestParitySimulatorAndFakeDriver runs one scenario through the simulator
-// (in process, as --simulate does) and through the fake driver library (the
-// real binary, no --simulate), and requires the same series and values in
+// (in process, as gpu-pool-exporter-sim does) and through the fake driver
+// library (the agent's binary), and requires the same series and values in
 // every family both serve.
 func TestParitySimulatorAndFakeDriver(t *testing.T) {
 	if testing.Short() {

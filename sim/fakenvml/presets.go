@@ -7,7 +7,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 )
 
 // FromModel returns a GPU of a model from go-nvml's mock catalogue (name,

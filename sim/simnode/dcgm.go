@@ -8,7 +8,7 @@ import (
 
 // DCGM returns a fake DCGM host engine for the node: profiling fields per
 // GPU, per MIG GPU instance and per MIG compute instance, derived from the
-// workload curves, so that --simulate shows what a DCGM node shows. Like
+// workload curves, so that the simulated node shows what a DCGM node shows. Like
 // DCGM, it lists every compute instance as an entity of its own, and the
 // compute instances of one GPU instance each have their own activity.
 func (n *Node) DCGM() *fakedcgm.Fake {

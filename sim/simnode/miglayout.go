@@ -3,7 +3,7 @@ package simnode
 import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 )
 
 // The MIG layout calls answer from the model's profiles and the scenario's

@@ -20,7 +20,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/miggeometry"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/miggeometry"
 )
 
 // models are the GPU models a scenario can name: go-nvml's mock catalogue

@@ -74,18 +74,35 @@ func PromtoolCommand(pt string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// ExporterBinary returns the gpu-pool-exporter binary to run: the one in
-// $GPE_TEST_BINARY (make test builds the exporter once for every package),
-// else one built from root into dst.
+// ExporterBinary returns the gpu-pool-exporter-sim binary to run (the
+// agent on a simulated node, as the end-to-end tests need): the one in
+// $GPE_TEST_SIM_BINARY (make test builds it once for every package), else
+// one built from root into dst.
 func ExporterBinary(t testing.TB, ctx context.Context, root, dst string) string {
 	t.Helper()
-	if bin := os.Getenv("GPE_TEST_BINARY"); bin != "" {
+	if bin := os.Getenv("GPE_TEST_SIM_BINARY"); bin != "" {
 		return bin
 	}
-	build := exec.CommandContext(ctx, "go", "build", "-o", dst, "./cmd/gpu-pool-exporter")
+	build := exec.CommandContext(ctx, "go", "build", "-o", dst, "./cmd/gpu-pool-exporter-sim")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/gpu-pool-exporter: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/gpu-pool-exporter-sim: %v\n%s", err, out)
+	}
+	return dst
+}
+
+// GpupoolBinary returns the gpupool binary (the command for people:
+// status, fleet, recommend, report): $GPE_TEST_GPUPOOL_BINARY, else one
+// built from root into dst.
+func GpupoolBinary(t testing.TB, ctx context.Context, root, dst string) string {
+	t.Helper()
+	if bin := os.Getenv("GPE_TEST_GPUPOOL_BINARY"); bin != "" {
+		return bin
+	}
+	build := exec.CommandContext(ctx, "go", "build", "-o", dst, "./cmd/gpupool")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/gpupool: %v\n%s", err, out)
 	}
 	return dst
 }
