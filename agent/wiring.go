@@ -9,14 +9,12 @@ import (
 
 	"github.com/prometheus/common/version"
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/kubeapi"
 )
 
 // criTimeout is the deadline of every call to the container runtime.
@@ -65,21 +63,21 @@ func nodeSources(c *Config, sim Simulation, log zerolog.Logger) (collector.Sourc
 // KubeClient is the API server's client for the pod labels and UIDs: from
 // --kubernetes.kubeconfig, else the pod's service account; nil when they
 // are not asked for.
-func KubeClient(c *Config) (metadata.Interface, error) {
+func KubeClient(c *Config) (*kubeapi.Client, error) {
 	if c.PodMeta == nil {
 		return nil, nil
 	}
-	var cfg *rest.Config
+	var cfg *kubeapi.Config
 	var err error
 	if c.Kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
+		if cfg, err = kubeapi.LoadKubeconfig(c.Kubeconfig); err != nil {
 			return nil, InputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", c.Kubeconfig, err)}
 		}
-	} else if cfg, err = rest.InClusterConfig(); err != nil {
+	} else if cfg, err = kubeapi.InCluster(); err != nil {
 		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
 	}
 	cfg.UserAgent = "gpu-pool-exporter/" + version.Version
-	return metadata.NewForConfig(cfg)
+	return kubeapi.New(cfg)
 }
 
 // noNVMLError says which library failed to load, where it was looked for,

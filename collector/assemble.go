@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"k8s.io/client-go/metadata"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/kubeapi"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
@@ -32,7 +32,7 @@ type Sources struct {
 	// KubeletSocket is the kubelet's PodResources socket.
 	KubeletSocket string
 	// Kube is the API server's client, for the pod metadata (nil: none).
-	Kube metadata.Interface
+	Kube *kubeapi.Client
 	// Processes names the containers of the processes NVML lists; nil: no
 	// per-process accounting.
 	Processes *procs.Resolver

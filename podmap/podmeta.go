@@ -2,6 +2,7 @@ package podmap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,18 +13,13 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/kubeapi"
 )
 
-// PodsResource is the resource the watch lists: core/v1 pods, read as
+// PodsPath is the collection the watch lists: core/v1 pods, read as
 // metadata only (PartialObjectMetadata), the same RBAC verbs as full pods.
-var PodsResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+const PodsPath = "/api/v1/pods"
 
 // PodMeta is what the API server says of one pod beyond what the kubelet's
 // PodResources API gives: its UID and labels.
@@ -37,9 +33,8 @@ type PodMeta struct {
 // MetaConfig configures a MetaWatcher.
 type MetaConfig struct {
 	// Client talks to the API server. It asks for pods' metadata only: the
-	// API server sends no spec or status, and the exporter carries no
-	// typed clients or API types it would not use.
-	Client metadata.Interface
+	// API server sends no spec or status.
+	Client *kubeapi.Client
 	// NodeName is this node: only its pods are listed and watched (a field
 	// selector on spec.nodeName), never the cluster's.
 	NodeName string
@@ -77,14 +72,18 @@ func ParseLabelAllowlist(values []string) ([]*regexp.Regexp, error) {
 }
 
 // MetaWatcher keeps the UIDs and labels of this node's pods from a watch
-// on the API server (client-go's informer over the metadata API: one list,
-// then a watch that resumes by itself). Lookup reads its cache and never calls the API
-// server, so nothing of it happens on the scrape or sample path.
+// on the API server (kubeapi's list-watch over the metadata API: one list,
+// then a watch that resumes by itself). Lookup reads its cache and never
+// calls the API server, so nothing of it happens on the scrape or sample
+// path.
 type MetaWatcher struct {
 	cfg      MetaConfig
-	informer cache.SharedIndexInformer
 	synced   chan struct{}
 	syncOnce sync.Once
+	isSynced atomic.Bool
+
+	mu   sync.RWMutex
+	pods map[string]PodMeta // namespace/name -> what Lookup returns
 	// watchErr is the watch's last error logged: each new one is logged
 	// once.
 	watchErr atomic.Pointer[string]
@@ -98,50 +97,65 @@ func NewMetaWatcher(cfg MetaConfig) (*MetaWatcher, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("podmap: pod metadata needs the node's name (--node-name, NODE_NAME): only this node's pods are watched")
 	}
-	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	pods := cfg.Client.Resource(PodsResource)
-	// The client says whether it streams the first list as a watch
-	// (client-go's WatchList); one that does not gets a plain list.
-	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return pods.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return pods.Watch(ctx, o)
-		},
-	}, cfg.Client)
-	w := &MetaWatcher{cfg: cfg, synced: make(chan struct{}),
-		informer: cache.NewSharedIndexInformer(lw, &metav1.PartialObjectMetadata{}, 0, cache.Indexers{})}
-	// The cache keeps what Lookup reads and no more: a pod's annotations
-	// and managed fields are most of its metadata.
-	if err := w.informer.SetTransform(w.trim); err != nil {
-		return nil, err
-	}
-	if err := w.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		msg := err.Error()
-		if prev := w.watchErr.Swap(&msg); prev == nil || *prev != msg {
-			cfg.Logger.Warn().Err(err).Str("node", cfg.NodeName).Msg("watching this node's pods on the API server failed; pod UIDs and labels stay as last seen, retrying")
-		}
-	}); err != nil {
-		return nil, err
-	}
-	return w, nil
+	return &MetaWatcher{cfg: cfg, synced: make(chan struct{}), pods: map[string]PodMeta{}}, nil
 }
 
-// trim keeps a pod's name, namespace, UID and allowed labels.
-func (w *MetaWatcher) trim(obj any) (any, error) {
-	p, ok := obj.(*metav1.PartialObjectMetadata)
-	if !ok {
-		return obj, nil // a deleted pod's tombstone
+// podObject is what the watcher reads of a pod's metadata.
+type podObject struct {
+	Metadata struct {
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		UID       string            `json:"uid"`
+		Labels    map[string]string `json:"labels"`
+	} `json:"metadata"`
+}
+
+// decode reads a pod and keeps its UID and allowed labels: a pod's
+// annotations and managed fields, most of its metadata, are dropped as
+// they arrive.
+func (w *MetaWatcher) decode(raw json.RawMessage) (string, PodMeta, bool) {
+	var p podObject
+	if err := json.Unmarshal(raw, &p); err != nil || p.Metadata.Name == "" {
+		return "", PodMeta{}, false
 	}
-	t := &metav1.PartialObjectMetadata{TypeMeta: p.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion}}
+	m := PodMeta{UID: p.Metadata.UID}
 	if w.cfg.Labels {
-		t.Labels = w.allowed(p.Labels)
+		m.Labels = w.allowed(p.Metadata.Labels)
 	}
-	return t, nil
+	return p.Metadata.Namespace + "/" + p.Metadata.Name, m, true
+}
+
+// Replace, Upsert and Delete are the list-watch's Sink.
+
+// Replace takes the whole list.
+func (w *MetaWatcher) Replace(items []json.RawMessage) {
+	pods := make(map[string]PodMeta, len(items))
+	for _, raw := range items {
+		if k, m, ok := w.decode(raw); ok {
+			pods[k] = m
+		}
+	}
+	w.mu.Lock()
+	w.pods = pods
+	w.mu.Unlock()
+}
+
+// Upsert takes a pod added or changed.
+func (w *MetaWatcher) Upsert(raw json.RawMessage) {
+	if k, m, ok := w.decode(raw); ok {
+		w.mu.Lock()
+		w.pods[k] = m
+		w.mu.Unlock()
+	}
+}
+
+// Delete drops a deleted pod.
+func (w *MetaWatcher) Delete(raw json.RawMessage) {
+	if k, _, ok := w.decode(raw); ok {
+		w.mu.Lock()
+		delete(w.pods, k)
+		w.mu.Unlock()
+	}
 }
 
 // allowed are the labels the allowlist lets through.
@@ -163,16 +177,24 @@ func (w *MetaWatcher) allowed(labels map[string]string) map[string]string {
 
 // Run lists and watches this node's pods until ctx is done.
 func (w *MetaWatcher) Run(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { defer close(done); w.informer.RunWithContext(ctx) }()
 	start := time.Now()
-	if cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
-		w.syncOnce.Do(func() { close(w.synced) })
-		w.cfg.Logger.Info().Str("node", w.cfg.NodeName).Int("pods", len(w.informer.GetStore().ListKeys())).Dur("took", time.Since(start)).
-			Msg("watching this node's pods on the API server for their UIDs and labels")
-	}
-	<-ctx.Done()
-	<-done
+	w.cfg.Client.Run(ctx, kubeapi.ListWatch{Path: PodsPath, FieldSelector: "spec.nodeName=" + w.cfg.NodeName, Metadata: true}, w, kubeapi.WatchOptions{
+		OnSynced: func() {
+			w.isSynced.Store(true)
+			w.syncOnce.Do(func() { close(w.synced) })
+			w.mu.RLock()
+			n := len(w.pods)
+			w.mu.RUnlock()
+			w.cfg.Logger.Info().Str("node", w.cfg.NodeName).Int("pods", n).Dur("took", time.Since(start)).
+				Msg("watching this node's pods on the API server for their UIDs and labels")
+		},
+		OnError: func(err error) {
+			msg := err.Error()
+			if prev := w.watchErr.Swap(&msg); prev == nil || *prev != msg {
+				w.cfg.Logger.Warn().Err(err).Str("node", w.cfg.NodeName).Msg("watching this node's pods on the API server failed; pod UIDs and labels stay as last seen, retrying")
+			}
+		},
+	})
 }
 
 // FirstRefresh is closed once the first list of this node's pods is in the
@@ -181,18 +203,13 @@ func (w *MetaWatcher) Run(ctx context.Context) {
 func (w *MetaWatcher) FirstRefresh() <-chan struct{} { return w.synced }
 
 // Synced reports whether the first list is in the cache.
-func (w *MetaWatcher) Synced() bool { return w.informer.HasSynced() }
+func (w *MetaWatcher) Synced() bool { return w.isSynced.Load() }
 
 // Lookup returns what the cache holds of a pod; it never calls the API
 // server.
 func (w *MetaWatcher) Lookup(namespace, name string) (PodMeta, bool) {
-	obj, ok, err := w.informer.GetStore().GetByKey(namespace + "/" + name)
-	if err != nil || !ok {
-		return PodMeta{}, false
-	}
-	p, ok := obj.(*metav1.PartialObjectMetadata)
-	if !ok {
-		return PodMeta{}, false
-	}
-	return PodMeta{UID: string(p.UID), Labels: p.Labels}, true
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	m, ok := w.pods[namespace+"/"+name]
+	return m, ok
 }

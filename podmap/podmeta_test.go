@@ -3,69 +3,62 @@ package podmap
 import (
 	"context"
 	"regexp"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/metadata/fake"
-	k8stesting "k8s.io/client-go/testing"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakeapiserver"
 )
 
-// pod is a pod's metadata as the API server's metadata API serves it, with
-// the annotations and managed fields a real pod carries.
-func pod(ns, name, uid string, labels map[string]string) *metav1.PartialObjectMetadata {
-	return &metav1.PartialObjectMetadata{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + uid), Labels: labels,
-			Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"spec":{}}`},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}},
+// pod is a pod as the API server holds it, with the annotations a real pod
+// carries, on node.
+func pod(ns, name, uid, node string, labels map[string]string) fakeapiserver.Object {
+	l := map[string]any{}
+	for k, v := range labels {
+		l[k] = v
 	}
+	return fakeapiserver.Object{"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"namespace": ns, "name": name, "uid": "uid-" + uid, "labels": l,
+			"annotations": map[string]any{"kubectl.kubernetes.io/last-applied-configuration": `{"spec":{}}`}},
+		"spec": map[string]any{"nodeName": node, "containers": []any{map[string]any{"name": "main"}}}}
 }
 
-func fakeClient(t *testing.T, pods ...runtime.Object) *fake.FakeMetadataClient {
+// apiServer is a fake API server serving pods (field selector
+// spec.nodeName) over HTTP, closed when the test ends.
+func apiServer(t *testing.T, pods ...fakeapiserver.Object) *fakeapiserver.Server {
 	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := metav1.AddMetaToScheme(scheme); err != nil {
+	s := fakeapiserver.New()
+	t.Cleanup(s.Close)
+	s.Serve(PodsPath, "spec.nodeName")
+	s.Set(PodsPath, pods)
+	return s
+}
+
+func metaConfig(t *testing.T, s *fakeapiserver.Server, labels bool) MetaConfig {
+	t.Helper()
+	c, err := s.Client()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return fake.NewSimpleMetadataClient(scheme, pods...)
+	return MetaConfig{Client: c, NodeName: "node-a", Labels: labels}
 }
 
-// The watcher lists and watches this node's pods only (a field selector on
-// spec.nodeName: client-go's fake does not filter by it, so the test reads
-// the selector the requests carry), keeps their UIDs and allowed labels,
-// and follows changes without a call per lookup.
+// The watcher lists and watches this node's pods only (the field
+// selector: the other node's pod never shows), keeps their UIDs and
+// allowed labels, and follows additions, label changes and deletions
+// through the watch without a call per lookup.
 func TestMetaWatcher(t *testing.T) {
-	client := fakeClient(t,
-		pod("ml", "train-0", "a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"}),
+	srv := apiServer(t,
+		pod("ml", "train-0", "a", "node-a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"}),
+		pod("ml", "elsewhere", "z", "node-b", map[string]string{"app.kubernetes.io/name": "other"}),
 	)
-	// The reactors run on the informer's goroutines.
-	var mu sync.Mutex
-	var selectors []string
-	seen := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(selectors) }
-	client.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		selectors = append(selectors, "list "+a.(k8stesting.ListAction).GetListRestrictions().Fields.String())
-		return false, nil, nil
-	})
-	client.PrependWatchReactor("pods", func(a k8stesting.Action) (bool, watch.Interface, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		selectors = append(selectors, "watch "+a.(k8stesting.WatchAction).GetWatchRestrictions().Fields.String())
-		return false, nil, nil
-	})
 	allow, err := ParseLabelAllowlist([]string{`^app\.kubernetes\.io/,^tier$`})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewMetaWatcher(MetaConfig{Client: client, NodeName: "node-a", Labels: true, LabelAllowlist: allow})
+	cfg := metaConfig(t, srv, true)
+	cfg.LabelAllowlist = allow
+	w, err := NewMetaWatcher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,45 +68,54 @@ func TestMetaWatcher(t *testing.T) {
 	if !ok || m.UID != "uid-a" || len(m.Labels) != 1 || m.Labels["app.kubernetes.io/name"] != "train" {
 		t.Errorf("train-0: %+v %v; want uid-a with app.kubernetes.io/name alone (team is not allowed)", m, ok)
 	}
-	// The watch starts after the first list is in the cache.
-	waitUntil(t, "a list and a watch", func() bool { return len(seen()) >= 2 })
-	for _, s := range seen() {
-		if _, sel, _ := strings.Cut(s, " "); sel != "spec.nodeName=node-a" {
-			t.Errorf("%s: a request for pods with field selector %q, want spec.nodeName=node-a", s, sel)
-		}
-	}
-	// The cache keeps no annotations or managed fields: most of a pod's
-	// metadata is not held.
-	objs := w.informer.GetStore().List()
-	if p := objs[0].(*metav1.PartialObjectMetadata); len(p.Annotations)+len(p.ManagedFields) != 0 {
-		t.Errorf("the cache keeps the pod's annotations or managed fields: %+v", p.ObjectMeta)
+	if _, ok := w.Lookup("ml", "elsewhere"); ok {
+		t.Error("a pod of another node is in the cache: the field selector was not applied")
 	}
 
 	// A new pod, a label change and a deletion come through the watch.
-	ctx2 := context.Background()
-	pods := client.Resource(PodsResource).Namespace("ml").(fake.MetadataClient)
-	if _, err := pods.CreateFake(pod("ml", "train-1", "b", map[string]string{"tier": "gold"}), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	train0 := pod("ml", "train-0", "a", "node-a", map[string]string{"app.kubernetes.io/name": "train", "team": "research"})
+	train1 := pod("ml", "train-1", "b", "node-a", map[string]string{"tier": "gold"})
+	other := pod("ml", "elsewhere", "z", "node-b", nil)
+	srv.Set(PodsPath, []fakeapiserver.Object{train0, train1, other})
 	waitUntil(t, "train-1 in the cache", func() bool { m, ok := w.Lookup("ml", "train-1"); return ok && m.Labels["tier"] == "gold" })
-	up := pod("ml", "train-0", "a", map[string]string{"app.kubernetes.io/name": "train-v2"})
-	if _, err := pods.UpdateFake(up, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	train0 = pod("ml", "train-0", "a", "node-a", map[string]string{"app.kubernetes.io/name": "train-v2"})
+	srv.Set(PodsPath, []fakeapiserver.Object{train0, train1, other})
 	waitUntil(t, "train-0's new label", func() bool {
 		m, _ := w.Lookup("ml", "train-0")
 		return m.Labels["app.kubernetes.io/name"] == "train-v2"
 	})
-	if err := client.Resource(PodsResource).Namespace("ml").Delete(ctx2, "train-1", metav1.DeleteOptions{}); err != nil {
+	srv.Set(PodsPath, []fakeapiserver.Object{train0, other})
+	waitUntil(t, "train-1 gone", func() bool { _, ok := w.Lookup("ml", "train-1"); return !ok })
+
+	// The first list came once; everything after it through the watch.
+	if n := srv.Requests()["GET "+PodsPath]; n < 2 {
+		t.Errorf("%d requests for pods, want a list and a watch at least", n)
+	}
+}
+
+// A watch whose version the API server no longer has (410 Gone, as after
+// etcd's compaction) lists again and misses nothing that changed
+// meanwhile.
+func TestMetaWatcherListsAgainAfterGone(t *testing.T) {
+	srv := apiServer(t, pod("ml", "a", "a", "node-a", nil))
+	w, err := NewMetaWatcher(metaConfig(t, srv, false))
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "train-1 gone", func() bool { _, ok := w.Lookup("ml", "train-1"); return !ok })
+	runSynced(t, w)
+	srv.Compact()
+	srv.Set(PodsPath, []fakeapiserver.Object{pod("ml", "b", "b", "node-a", nil)})
+	waitUntil(t, "the pod created around the compaction", func() bool {
+		_, a := w.Lookup("ml", "a")
+		b, ok := w.Lookup("ml", "b")
+		return !a && ok && b.UID == "uid-b"
+	})
 }
 
 // Without Labels, only the UID is kept.
 func TestMetaWatcherUIDOnly(t *testing.T) {
-	client := fakeClient(t, pod("ml", "train-0", "a", map[string]string{"team": "research"}))
-	w, err := NewMetaWatcher(MetaConfig{Client: client, NodeName: "node-a"})
+	srv := apiServer(t, pod("ml", "train-0", "a", "node-a", map[string]string{"team": "research"}))
+	w, err := NewMetaWatcher(metaConfig(t, srv, false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,8 +140,11 @@ func runSynced(t *testing.T, w *MetaWatcher) {
 }
 
 func TestMetaWatcherConfig(t *testing.T) {
-	if _, err := NewMetaWatcher(MetaConfig{Client: fakeClient(t)}); err == nil {
-		t.Error("no node name accepted")
+	srv := apiServer(t)
+	cfg := metaConfig(t, srv, false)
+	cfg.NodeName = ""
+	if _, err := NewMetaWatcher(cfg); err == nil || !strings.Contains(err.Error(), "--node-name") {
+		t.Errorf("no node name: %v, want an error naming --node-name", err)
 	}
 	if _, err := NewMetaWatcher(MetaConfig{NodeName: "n"}); err == nil {
 		t.Error("no client accepted")

@@ -19,23 +19,17 @@
 package sim
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/metadata/fake"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakeapiserver"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
@@ -57,9 +51,9 @@ type Options struct {
 	Sysfs bool
 	// Now is the process resolver's clock (nil: time.Now).
 	Now func() time.Time
-	// APIServer serves the node's pods (UIDs, labels) from a fake
-	// metadata API client, as running on node NodeName; kept up to date
-	// with the fake kubelet (FollowEvery, Sync).
+	// APIServer serves the node's pods (UIDs, labels) from a fake API
+	// server over HTTP, as running on node NodeName; kept up to date with
+	// the fake kubelet (FollowEvery, Sync).
 	APIServer bool
 	NodeName  string
 }
@@ -70,13 +64,14 @@ type Stand struct {
 	Sources collector.Sources
 	// Kubelet is the fake kubelet (nil without Options.Kubelet).
 	Kubelet *fakekubelet.Server
-	// API is the fake metadata API client (nil without Options.APIServer).
-	API *fake.FakeMetadataClient
+	// API is the fake API server (nil without Options.APIServer).
+	API *fakeapiserver.Server
 
-	stop chan struct{}
-	wg   sync.WaitGroup
-	dirs []string
-	once sync.Once
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	dirs     []string
+	once     sync.Once
+	nodeName string
 }
 
 // Sources starts the stand-ins opt asks for around node. The node itself
@@ -110,12 +105,14 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 		s.Sources.Processes = r
 	}
 	if opt.APIServer {
-		scheme := runtime.NewScheme()
-		if err := metav1.AddMetaToScheme(scheme); err != nil {
+		s.API = fakeapiserver.New()
+		s.API.Serve(podmap.PodsPath, "spec.nodeName")
+		s.nodeName = opt.NodeName
+		c, err := s.API.Client()
+		if err != nil {
 			return nil, err
 		}
-		s.API = fake.NewSimpleMetadataClient(scheme)
-		s.Sources.Kube = s.API
+		s.Sources.Kube = c
 		s.syncAPI()
 	}
 	if opt.Kubelet {
@@ -167,29 +164,23 @@ func (s *Stand) Sync() {
 	s.syncAPI()
 }
 
-// syncAPI creates the pods that started and deletes those that stopped.
+// syncAPI makes the fake API server hold the pods that run now, on this
+// node.
 func (s *Stand) syncAPI() {
 	if s.API == nil {
 		return
 	}
-	ctx := context.Background()
-	pods := s.API.Resource(podmap.PodsResource)
-	have, err := pods.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return
-	}
-	now := map[types.UID]bool{}
+	var pods []fakeapiserver.Object
 	for _, p := range s.Node.APIPods() {
-		now[p.UID] = true
-		if !slices.ContainsFunc(have.Items, func(h metav1.PartialObjectMetadata) bool { return h.UID == p.UID }) {
-			_, _ = pods.Namespace(p.Namespace).(fake.MetadataClient).CreateFake(&p, metav1.CreateOptions{})
+		labels := map[string]any{}
+		for k, v := range p.Labels {
+			labels[k] = v
 		}
+		pods = append(pods, fakeapiserver.Object{"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"namespace": p.Namespace, "name": p.Name, "uid": p.UID, "labels": labels},
+			"spec":     map[string]any{"nodeName": s.nodeName}})
 	}
-	for _, h := range have.Items {
-		if !now[h.UID] {
-			_ = pods.Namespace(h.Namespace).Delete(ctx, h.Name, metav1.DeleteOptions{})
-		}
-	}
+	s.API.Set(podmap.PodsPath, pods)
 }
 
 func (s *Stand) follow(every time.Duration) {
@@ -222,6 +213,9 @@ func (s *Stand) close() {
 		s.wg.Wait()
 		if s.Kubelet != nil {
 			s.Kubelet.Stop()
+		}
+		if s.API != nil {
+			s.API.Close()
 		}
 		for _, d := range s.dirs {
 			_ = os.RemoveAll(d)

@@ -35,9 +35,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/kubeapi"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
 )
 
@@ -251,14 +251,19 @@ func create(t *testing.T, admin dynamic.Interface, gvr schema.GroupVersionResour
 	}
 }
 
-// metaClient is the exporter's kind of client: pods' metadata only.
-func (c *cluster) metaClient(t *testing.T, token string) metadata.Interface {
+// metaClient is the exporter's own client (kubeapi), from a kubeconfig as
+// --kubernetes.kubeconfig gives it.
+func (c *cluster) metaClient(t *testing.T, token string) *kubeapi.Client {
 	t.Helper()
-	m, err := metadata.NewForConfig(c.restConfig(token))
+	cfg, err := kubeapi.LoadKubeconfig(c.kubeconfig(t, token))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	k, err := kubeapi.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
 
 // kubeconfig writes a kubeconfig for token.

@@ -43,8 +43,9 @@ func (s *Simulation) AddFlags(app *kingpin.Application) {
 }
 
 // Check reads the scenario and applies the seed: the Config's Simulation
-// is the scenario.
-func (s *Simulation) Check(*agent.Config) (any, error) {
+// is the scenario. Without --node-name the pods watched on the API server
+// are those of the simulated node's own name.
+func (s *Simulation) Check(c *agent.Config) (any, error) {
 	sc := simnode.DefaultScenario()
 	if s.scenarioFile != "" {
 		var err error
@@ -54,6 +55,9 @@ func (s *Simulation) Check(*agent.Config) (any, error) {
 	}
 	if s.seedSet || sc.Seed == 0 {
 		sc.Seed = s.seed
+	}
+	if c.PodMeta != nil && c.NodeName == "" {
+		c.PodMeta.NodeName = sc.Node.Name
 	}
 	return sc, nil
 }

@@ -6,9 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakekubelet"
 )
 
@@ -120,20 +117,23 @@ func (n *Node) KubeletAllocatable() map[string][]string {
 	return out
 }
 
-// APIPods are the pods that exist now as the API server's metadata API
-// serves them: name, namespace, UID (the one in their containers' cgroup
-// paths) and labels.
-func (n *Node) APIPods() []metav1.PartialObjectMetadata {
+// APIPod is a pod as the API server knows it: what the metadata API
+// serves of it.
+type APIPod struct {
+	Namespace, Name, UID string
+	Labels               map[string]string
+}
+
+// APIPods are the pods that exist now: name, namespace, UID (the one in
+// their containers' cgroup paths) and labels.
+func (n *Node) APIPods() []APIPod {
 	t := n.elapsed()
-	var out []metav1.PartialObjectMetadata
+	var out []APIPod
 	for _, p := range n.Scenario.Pods {
 		if t < time.Duration(p.Start) || (p.Stop != 0 && t >= time.Duration(p.Stop)) {
 			continue
 		}
-		out = append(out, metav1.PartialObjectMetadata{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: types.UID(podUID(n.Scenario.Seed, p.Namespace, p.Name)), Labels: maps.Clone(p.Labels)},
-		})
+		out = append(out, APIPod{Namespace: p.Namespace, Name: p.Name, UID: podUID(n.Scenario.Seed, p.Namespace, p.Name), Labels: maps.Clone(p.Labels)})
 	}
 	return out
 }
