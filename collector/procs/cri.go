@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	criv1 "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // The kubelet's labels on every container it creates.
@@ -27,7 +26,6 @@ const (
 // one ContainerStatus call per new container, cached.
 type CRI struct {
 	conn    *grpc.ClientConn
-	client  criv1.RuntimeServiceClient
 	timeout time.Duration
 	mu      sync.Mutex
 	known   map[string]Identity
@@ -49,7 +47,7 @@ func NewCRI(socket string, timeout time.Duration) (*CRI, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CRI socket %s: %w", socket, err)
 	}
-	return &CRI{conn: conn, client: criv1.NewRuntimeServiceClient(conn), timeout: timeout,
+	return &CRI{conn: conn, timeout: timeout,
 		known: map[string]Identity{}, missing: map[string]int{}}, nil
 }
 
@@ -91,7 +89,12 @@ func (c *CRI) Lookup(ctx context.Context, id string) (Identity, bool, error) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	resp, err := c.client.ContainerStatus(ctx, &criv1.ContainerStatusRequest{ContainerId: id})
+	var resp []byte
+	err := c.conn.Invoke(ctx, containerStatusMethod, containerStatusRequest(id), &resp, grpc.ForceCodecV2(rawCodec{}))
+	var l map[string]string
+	if err == nil {
+		l, err = containerLabels(resp)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
@@ -101,7 +104,6 @@ func (c *CRI) Lookup(ctx context.Context, id string) (Identity, bool, error) {
 		}
 		return Identity{}, false, fmt.Errorf("CRI ContainerStatus %s: %w", id, err)
 	}
-	l := resp.GetStatus().GetLabels()
 	i := Identity{Namespace: l[labelPodNamespace], Pod: l[labelPodName], Container: l[labelContainerName]}
 	if !i.Known() {
 		c.missing[id] = c.gen // a container the kubelet did not make
