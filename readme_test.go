@@ -29,7 +29,7 @@ import (
 	"time"
 
 	"github.com/prometheus/prometheus/promql/parser"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )

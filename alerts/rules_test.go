@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/internal/proctest"
 )

@@ -19,7 +19,7 @@ import (
 	"sort"
 	"sync"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 //go:embed mig-geometry.yaml
