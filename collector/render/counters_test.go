@@ -1,6 +1,8 @@
 package render
 
 import (
+	"cmp"
+	"encoding/csv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,43 +89,119 @@ func TestDefaultCompatCounters(t *testing.T) {
 	}
 }
 
-// dcgmFieldNames knows every name of the dcgm_fields.h that go-dcgm (the
-// binding this exporter builds with, at the version go.mod pins) carries,
-// with the same ID: a counters file written for that DCGM release loads.
+// dcgmFieldNames is go-dcgm's dcgm_fields.h (the binding this exporter
+// builds with, at the version go.mod pins), later-names.csv and
+// dcgm-exporter's own names, and nothing else: every header name with the
+// same ID, every base-unit field with the legacy field the header says it
+// replaces, every name not of the header from later-names.csv with its
+// source, and none of those a name the header has since defined. A table
+// that drifts from the header either way fails here until
+// scripts/dcgmfields.sh writes it again.
 func TestDCGMFieldNames(t *testing.T) {
 	dir := goDCGMDir(t)
 	h, err := os.ReadFile(filepath.Join(dir, "pkg", "dcgm", "dcgm_fields.h"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	number := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+([0-9]+)[ \t]*$`)
-	alias := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+DCGM_FI_[A-Z0-9_]+[ \t]*//[ \t]*([0-9]+)$`)
+	number := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+([0-9]+)[ \t]*(?://.*)?$`)
+	alias := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+(DCGM_FI_[A-Z0-9_]+)[ \t]*(?://.*)?$`)
 	marker := regexp.MustCompile(`(FIRST|LAST)_(.*_)?ID$|^DCGM_FI_MAX_|UNKNOWN$|^DCGM_FI_INTERNAL_FIELDS_`)
-	n := 0
-	for _, re := range []*regexp.Regexp{number, alias} {
-		for _, m := range re.FindAllStringSubmatch(string(h), -1) {
-			if marker.MatchString(m[1]) {
-				continue
-			}
-			n++
-			id, _ := strconv.Atoi(m[2])
-			f, ok := dcgmFieldNames[m[1]]
-			switch {
-			case !ok:
-				t.Errorf("%s (ID %d) of go-dcgm's dcgm_fields.h is not in dcgmfields.go: regenerate it (scripts/dcgmfields.sh)", m[1], id)
-			case f.id != id:
-				t.Errorf("%s: ID %d in dcgmfields.go, %d in go-dcgm's dcgm_fields.h", m[1], f.id, id)
-			}
+	ids := map[string]int{}
+	for _, m := range number.FindAllStringSubmatch(string(h), -1) {
+		if !marker.MatchString(m[1]) {
+			ids[m[1]], _ = strconv.Atoi(m[2])
 		}
 	}
-	if n < 900 {
-		t.Errorf("only %d names read from %s", n, dir)
+	aliases := map[string]string{}
+	for _, m := range alias.FindAllStringSubmatch(string(h), -1) {
+		if !marker.MatchString(m[1]) {
+			aliases[m[1]] = m[2]
+		}
 	}
-	for _, name := range []string{"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS"} {
+	for name, target := range aliases {
+		for i := 0; i < 8 && aliases[target] != ""; i++ {
+			target = aliases[target]
+		}
+		id, ok := ids[target]
+		if !ok {
+			t.Fatalf("go-dcgm's dcgm_fields.h: %s names %s, which has no ID", name, target)
+		}
+		ids[name] = id
+	}
+	header := map[string]bool{}
+	for name, id := range ids {
+		header[name] = true
+		f, ok := dcgmFieldNames[name]
+		switch {
+		case !ok:
+			t.Errorf("%s (ID %d) of go-dcgm's dcgm_fields.h is not in dcgmfields.go: regenerate it (scripts/dcgmfields.sh)", name, id)
+		case f.id != id:
+			t.Errorf("%s: ID %d in dcgmfields.go, %d in go-dcgm's dcgm_fields.h", name, f.id, id)
+		case f.source != "":
+			t.Errorf("%s is in go-dcgm's dcgm_fields.h now: delete its line from scripts/dcgmfields/later-names.csv and regenerate dcgmfields.go", name)
+		}
+	}
+	if len(header) < 900 {
+		t.Errorf("only %d names read from %s", len(header), dir)
+	}
+	// The base-unit fields: "Deprecated: Use <new> instead." on the
+	// legacy field's own numeric ID.
+	replaced := regexp.MustCompile(`Deprecated: Use (DCGM_FI_[A-Z0-9_]+) instead\.?[ \t]*\n[ \t]*\*/[ \t]*\n#define (DCGM_FI_[A-Z0-9_]+)[ \t]+[0-9]+`)
+	pairs := replaced.FindAllStringSubmatch(string(h), -1)
+	if len(pairs) < 13 {
+		t.Errorf("only %d legacy fields with a replacement read from go-dcgm's dcgm_fields.h, want the 13 base-unit fields 1600-1612 at least", len(pairs))
+	}
+	for _, m := range pairs {
+		if got := dcgmFieldNames[m[1]].replaces; got != m[2] {
+			t.Errorf("%s replaces %s in go-dcgm's dcgm_fields.h, %q in dcgmfields.go: regenerate it", m[1], m[2], got)
+		}
+	}
+	later := laterNames(t)
+	for name, f := range dcgmFieldNames {
+		switch {
+		case strings.HasPrefix(name, "DCGM_EXP_"):
+		case f.source != "":
+			if later[name] != f.source {
+				t.Errorf("%s: source %q in dcgmfields.go, %q in later-names.csv: regenerate it", name, f.source, later[name])
+			}
+			if _, ok := dcgmFieldNames[cmp.Or(f.replaces, "-")]; f.replaces != "" && !ok {
+				t.Errorf("%s replaces %s, which is no field", name, f.replaces)
+			}
+		case !header[name]:
+			t.Errorf("%s is in dcgmfields.go but neither in go-dcgm's dcgm_fields.h nor in later-names.csv: regenerate it", name)
+		}
+	}
+	for name := range later {
+		if _, ok := dcgmFieldNames[name]; !ok {
+			t.Errorf("%s of later-names.csv is not in dcgmfields.go: regenerate it", name)
+		}
+	}
+	for _, name := range []string{"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_XID_ERRORS_TOTAL", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_CLOCK_EVENTS_TOTAL", "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS"} {
 		if _, ok := dcgmFieldNames[name]; !ok {
 			t.Errorf("dcgm-exporter's %s is not known", name)
 		}
 	}
+}
+
+// laterNames reads scripts/dcgmfields/later-names.csv: name to source.
+func laterNames(t *testing.T) map[string]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "..", "scripts", "dcgmfields", "later-names.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.Comment = '#'
+	recs, err := r.ReadAll()
+	if err != nil || len(recs) < 2 {
+		t.Fatalf("later-names.csv: %v (%d lines)", err, len(recs))
+	}
+	out := map[string]string{}
+	for _, rec := range recs[1:] {
+		out[rec[0]] = rec[4]
+	}
+	return out
 }
 
 // goDCGMDir is the module directory of go-dcgm at the version go.mod pins.
