@@ -21,6 +21,8 @@ DCGM_FI_DEV_GPU_TEMP ,gauge,GPU temperature (in C).
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, "Double-bit volatile ECC errors, since the last reset."
 DCGM_FI_DRIVER_VERSION, label, Driver Version
 DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
+DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE, gauge, a field of a newer DCGM
+DCGM_EXP_CLOCK_EVENTS_COUNT, gauge, clock events in the window
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +33,7 @@ DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
 		{Field: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", ID: 311, Type: CounterCounter, Help: "Double-bit volatile ECC errors, since the last reset.", Line: 6},
 		{Field: "DCGM_FI_DRIVER_VERSION", ID: 1, Type: CounterLabel, Help: "Driver Version", Line: 7},
 		{Field: "DCGM_EXP_XID_ERRORS_COUNT", ID: 9001, Type: CounterGauge, Help: "XIDs in the window", Line: 8},
+		{Field: "DCGM_EXP_CLOCK_EVENTS_COUNT", ID: 9002, Type: CounterGauge, Help: "clock events in the window", Line: 10},
 	}
 	if len(c.Counters) != len(want) {
 		t.Fatalf("got %d counters, want %d: %+v", len(c.Counters), len(want), c.Counters)
@@ -40,9 +43,12 @@ DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
 			t.Errorf("line %d: got %+v, want %+v", want[i].Line, c.Counters[i], want[i])
 		}
 	}
+	if len(c.Unknown) != 1 || c.Unknown[0] != (CompatCounter{Field: "DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE", Type: CounterGauge, Help: "a field of a newer DCGM", Line: 9}) {
+		t.Errorf("unknown = %+v, want DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE (line 9) alone", c.Unknown)
+	}
 	unread := CompatUnread(c)
-	if len(unread) != 1 || unread[0].Field != "DCGM_EXP_XID_ERRORS_COUNT" {
-		t.Errorf("unread = %+v, want DCGM_EXP_XID_ERRORS_COUNT alone", unread)
+	if len(unread) != 1 || unread[0].Field != "DCGM_EXP_CLOCK_EVENTS_COUNT" {
+		t.Errorf("unread = %+v, want DCGM_EXP_CLOCK_EVENTS_COUNT alone", unread)
 	}
 }
 
@@ -52,7 +58,9 @@ func TestParseCompatCountersErrors(t *testing.T) {
 		name, file string
 		want       []string
 	}{
-		{"unknown field", "DCGM_FI_DEV_GPU_TEMP, gauge, t\ndcgm_fi_dev_gpu_temp, gauge, t\n", []string{`f.csv:2: unknown DCGM field "dcgm_fi_dev_gpu_temp"`, "check the spelling"}},
+		{"no field name", "DCGM_FI_DEV_GPU_TEMP, gauge, t\ndcgm_fi_dev_gpu_temp, gauge, t\n", []string{`f.csv:2: "dcgm_fi_dev_gpu_temp" is no DCGM field name`, "check the spelling"}},
+		{"unknown field with a bad type", "DCGM_FI_DEV_MADE_UP, gague, t\n", []string{`f.csv:1: prometheus type "gague" of DCGM_FI_DEV_MADE_UP`}},
+		{"unknown field listed twice", "DCGM_FI_DEV_MADE_UP, gauge, t\nDCGM_FI_DEV_MADE_UP, gauge, t\n", []string{"f.csv:2: DCGM_FI_DEV_MADE_UP is listed again"}},
 		{"bad type", "\n\nDCGM_FI_DEV_GPU_TEMP, gague, t\n", []string{`f.csv:3: prometheus type "gague" of DCGM_FI_DEV_GPU_TEMP: want gauge, counter or label`}},
 		{"histogram", "DCGM_FI_DEV_GPU_TEMP, histogram, t\n", []string{`f.csv:1: prometheus type "histogram"`, "use gauge or counter"}},
 		{"two fields", "DCGM_FI_DEV_GPU_TEMP, gauge\n", []string{"f.csv:1: want 3 comma-separated fields", "got 2"}},
@@ -61,7 +69,7 @@ func TestParseCompatCountersErrors(t *testing.T) {
 		{"listed twice", "DCGM_FI_DEV_GPU_TEMP, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\n", []string{"f.csv:2: DCGM_FI_DEV_GPU_TEMP is listed again (first on line 1)"}},
 		{"bare quote", "DCGM_FI_DEV_GPU_TEMP, gauge, 5\" wide\n", []string{"f.csv:1:", "double quotes"}},
 		{"only comments", "# nothing\n\n", []string{"f.csv: lists no field"}},
-		{"several", "DCGM_FI_X, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\nDCGM_FI_DEV_FB_USED, gauges, c\n", []string{"f.csv:1: unknown", "f.csv:3: prometheus type"}},
+		{"several", "DCGM FI X, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\nDCGM_FI_DEV_FB_USED, gauges, c\n", []string{"f.csv:1: \"DCGM FI X\" is no DCGM field name", "f.csv:3: prometheus type"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseCompatCounters("f.csv", []byte(tc.file))
@@ -77,15 +85,33 @@ func TestParseCompatCountersErrors(t *testing.T) {
 	}
 }
 
-// The default list is dcgm-exporter's default-counters.csv (make generate
-// keeps the built-in copy equal to deploy/'s).
+// Each release line's default list is the file deploy/ ships for it (make
+// generate keeps the built-in copies equal to deploy/'s): every field known
+// and served, as many as the line's file lists.
 func TestDefaultCompatCounters(t *testing.T) {
-	c := DefaultCompatCounters()
-	if len(CompatUnread(c)) != 0 {
-		t.Errorf("the default list has fields the exporter does not read: %+v", CompatUnread(c))
+	want := map[string]int{"4.8.2": 26, "4.8.3": 26, "4.9": 27, "4.10": 27}
+	for _, rel := range CompatReleases {
+		t.Run(rel.Name, func(t *testing.T) {
+			c := rel.DefaultCounters()
+			if u := CompatUnread(c); len(u) != 0 || len(c.Unknown) != 0 {
+				t.Errorf("fields the exporter does not read: %+v; does not know: %+v", u, c.Unknown)
+			}
+			if got := len(c.Counters); got != want[rel.Name] {
+				t.Errorf("the default list has %d fields, want %d", got, want[rel.Name])
+			}
+			shipped, err := LoadCompatCounters(filepath.Join("..", "..", "deploy", "dcgm-exporter", rel.Name, "default-counters.csv"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range shipped.Counters {
+				if shipped.Counters[i] != c.Counters[i] {
+					t.Errorf("line %d: deploy/'s %+v, built in %+v: run make generate", shipped.Counters[i].Line, shipped.Counters[i], c.Counters[i])
+				}
+			}
+		})
 	}
-	if got := len(c.Counters); got != 26 {
-		t.Errorf("the default list has %d fields, dcgm-exporter 4.5.3-4.8.2's has 26", got)
+	if DefaultCompatCounters() != CompatReleases[1].DefaultCounters() || CompatReleases[1].Name != DefaultCompatRelease {
+		t.Errorf("without a counters file the families are not the default line's (%s)", DefaultCompatRelease)
 	}
 }
 
@@ -220,7 +246,7 @@ func goDCGMDir(t *testing.T) string {
 // examples, and the one deploy's chart test puts in a ConfigMap: each
 // loads, and every field the first two list is served.
 func TestShippedCountersFilesLoad(t *testing.T) {
-	for _, name := range []string{"default-counters.csv", "dcp-metrics-included.csv"} {
+	for _, name := range []string{"4.8.2/default-counters.csv", "4.8.2/dcp-metrics-included.csv", "4.8.3/default-counters.csv", "4.8.3/dcp-metrics-included.csv"} {
 		t.Run(name, func(t *testing.T) {
 			c, err := LoadCompatCounters(filepath.Join("..", "..", "deploy", "dcgm-exporter", name))
 			if err != nil {
@@ -229,8 +255,8 @@ func TestShippedCountersFilesLoad(t *testing.T) {
 			if len(c.Counters) != 26 {
 				t.Errorf("%d fields, want dcgm-exporter's 26", len(c.Counters))
 			}
-			if u := CompatUnread(c); len(u) != 0 {
-				t.Errorf("fields this exporter does not read: %+v", u)
+			if u := CompatUnread(c); len(u) != 0 || len(c.Unknown) != 0 {
+				t.Errorf("fields this exporter does not read: %+v; does not know: %+v", u, c.Unknown)
 			}
 		})
 	}
