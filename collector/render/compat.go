@@ -631,6 +631,10 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 	}
 	// xidSeries are the series of a family from the XID counter.
 	xidSeries := func(fi int, gpu int, l compatLabels) {
+		x := xids[gpu]
+		if x == nil {
+			x = &gpuXIDs{}
+		}
 		switch r.plan.families[fi].kind {
 		case kindXIDLast:
 			code := 0
@@ -643,7 +647,7 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 			// dcgm-exporter: one series per XID of the window, and one 0
 			// without xid when the window holds none.
 			wl := l.add(xidWindowLabel, r.windowLabel)
-			w := xids[gpu].window
+			w := x.window
 			if len(w) == 0 {
 				emit(fi, 0, wl)
 			}
@@ -652,7 +656,7 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 			}
 		case kindXIDTotal:
 			// Only the XIDs seen, none for 0 (no error).
-			for _, c := range xids[gpu].total {
+			for _, c := range x.total {
 				emit(fi, float64(c.n), l.add(xidLabel, strconv.Itoa(c.code)))
 			}
 		}
