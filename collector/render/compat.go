@@ -62,15 +62,6 @@ type CompatConfig struct {
 // (300000 ms).
 const DefaultXIDCountWindow = 5 * time.Minute
 
-// Host name label spellings: dcgm-exporter's up to 4.8.2 and since 4.8.3.
-const (
-	HostnameLabelUpper = "Hostname"
-	HostnameLabelLower = "hostname"
-)
-
-// HostnameLabels are the spellings CompatConfig.HostnameLabel accepts.
-var HostnameLabels = []string{HostnameLabelUpper, HostnameLabelLower}
-
 // compatScope says where a compatibility family's value comes from.
 type compatScope int
 

@@ -47,10 +47,6 @@ const (
 	CounterLabel   = "label"
 )
 
-// DefaultCompatCounters are the families served without a counters file:
-// the default release line's default list.
-func DefaultCompatCounters() *CompatCounters { return defaultRelease().DefaultCounters() }
-
 // LoadCompatCounters reads and checks a counters file.
 func LoadCompatCounters(path string) (*CompatCounters, error) {
 	b, err := os.ReadFile(path)

@@ -36,6 +36,19 @@ type CompatRelease struct {
 	counters func() *CompatCounters
 }
 
+// Host name label spellings: dcgm-exporter's up to 4.8.2 and since 4.8.3.
+const (
+	HostnameLabelUpper = "Hostname"
+	HostnameLabelLower = "hostname"
+)
+
+// HostnameLabels are the spellings CompatConfig.HostnameLabel accepts.
+var HostnameLabels = []string{HostnameLabelUpper, HostnameLabelLower}
+
+// DefaultCompatCounters are the families served without a counters file:
+// the default release line's default list.
+func DefaultCompatCounters() *CompatCounters { return defaultRelease().DefaultCounters() }
+
 // DefaultCounters is the line's default counters file, parsed.
 func (r *CompatRelease) DefaultCounters() *CompatCounters { return r.counters() }
 
