@@ -30,7 +30,8 @@ func simulatedPage(t *testing.T, args ...string) string {
 			strings.Contains(body, `gpu_exporter_collector_up{collector="dcgm"} 1`) &&
 			strings.Contains(body, "\ngpu_allocation_info{") &&
 			// byte rates need two samples
-			(!slices.Contains(args, "--compat.dcgm-exporter") || strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES{"))
+			(!slices.Contains(args, "--compat.dcgm-exporter") || strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES{") ||
+				strings.Contains(body, "\nDCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{"))
 	}) {
 		t.Fatalf("the page never had DCGM and the pod map up; log:\n%s", r.logs.String())
 	}

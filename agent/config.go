@@ -340,8 +340,31 @@ func (f *flagValues) checkCompat(c *Config) error {
 	if host == "" {
 		host, _ = os.Hostname()
 	}
-	c.Compat = &render.CompatConfig{Hostname: host, HostnameLabel: f.compatHostnameLabel, VirtualGPUs: f.compatVirtualGPUs,
-		PodUID: f.compatPodUID, PodLabels: f.compatPodLabels}
+	rel, err := render.CompatReleaseNamed(f.compatRelease)
+	if err != nil {
+		return InputError{fmt.Errorf("--compat.dcgm-exporter.release: %w", err)}
+	}
+	if l := f.compatHostnameLabel; l != "" && !slices.Contains(render.HostnameLabels, l) {
+		return InputError{fmt.Errorf("--compat.dcgm-exporter.hostname-label=%q: want %s, or nothing for the release line's (%s for %s)", l, strings.Join(render.HostnameLabels, " or "), rel.HostnameLabel, rel.Name)}
+	}
+	if f.compatXIDWindowMS <= 0 {
+		return InputError{fmt.Errorf("--compat.dcgm-exporter.xid-count-window-size=%d: want a window in milliseconds above 0 (dcgm-exporter's default: %d)", f.compatXIDWindowMS, render.DefaultXIDCountWindow.Milliseconds())}
+	}
+	var resources []string
+	for _, r := range f.compatResourceNames {
+		for _, n := range strings.Split(r, ",") {
+			if n = strings.TrimSpace(n); n == "" {
+				continue
+			}
+			if !strings.Contains(n, "/") {
+				return InputError{fmt.Errorf("--compat.dcgm-exporter.nvidia-resource-names: %q: want a device plugin resource name such as nvidia.com/gpu.shared", n)}
+			}
+			resources = append(resources, n)
+		}
+	}
+	c.Compat = &render.CompatConfig{Release: rel.Name, Hostname: host, HostnameLabel: f.compatHostnameLabel, VirtualGPUs: f.compatVirtualGPUs,
+		PodUID: f.compatPodUID, PodLabels: f.compatPodLabels, NvidiaResourceNames: resources,
+		XIDCountWindow: time.Duration(f.compatXIDWindowMS) * time.Millisecond}
 	if podMeta {
 		if f.nodeName == "" && !f.simulated {
 			return InputError{errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid watch this node's pods only: give --node-name (the chart sets NODE_NAME from spec.nodeName)")}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -80,7 +81,10 @@ type flagValues struct {
 	groupFlags map[render.Group]*groupFlag
 
 	compatDCGM           bool
+	compatRelease        string
 	compatHostnameLabel  string
+	compatResourceNames  []string
+	compatXIDWindowMS    int64
 	compatVirtualGPUs    bool
 	compatCollectors     string
 	compatPodLabels      bool
@@ -239,13 +243,19 @@ func addCollectorFlags(app *kingpin.Application, f *flagValues) {
 	}
 	app.Flag("collector.dcgm", "Read DCGM at all (--no-collector.dcgm is --dcgm.mode=off).").Default("true").IsSetByUser(&f.dcgmOnSet).BoolVar(&f.dcgmOn)
 	app.Flag("collector.kubelet", "Map GPUs to pods through the kubelet (--no-collector.kubelet is --no-kubelet.enabled).").Default("true").IsSetByUser(&f.kubeletOnSet).BoolVar(&f.kubeletOn)
-	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter 4.x's default families (DCGM_FI_*) under its names, units and labels, from the same sample (docs/migration-dcgm-exporter.md).").
+	app.Flag("compat.dcgm-exporter", "Also serve dcgm-exporter's families (DCGM_FI_*) under its names, units and labels, from the same sample, as the release line of --compat.dcgm-exporter.release serves them (docs/migration-dcgm-exporter.md).").
 		BoolVar(&f.compatDCGM)
-	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (every released dcgm-exporter) or hostname (its main branch since May 2026).").
-		Default(render.HostnameLabelReleased).EnumVar(&f.compatHostnameLabel, render.HostnameLabels...)
+	app.Flag("compat.dcgm-exporter.release", "The dcgm-exporter release line whose contract the DCGM_FI_* families follow: its default counters file (families, types, help texts) and host name label. "+compatReleaseHelp()).
+		Default(render.DefaultCompatRelease).StringVar(&f.compatRelease)
+	app.Flag("compat.dcgm-exporter.hostname-label", "Name of the host name label of the dcgm-exporter families: Hostname (dcgm-exporter up to 4.8.2) or hostname (4.8.3 and later). Default: the release line's.").
+		Default("").StringVar(&f.compatHostnameLabel)
+	app.Flag("compat.dcgm-exporter.nvidia-resource-names", "As dcgm-exporter's --nvidia-resource-names (env NVIDIA_RESOURCE_NAMES): device plugin resources, besides nvidia.com/gpu and nvidia.com/mig-* which always count, whose holders label the DCGM_FI_* series (comma-separated, repeatable); e.g. nvidia.com/gpu.shared for GPUs time-sliced with renameByDefault. A device held through another resource has its series without pod labels, as dcgm-exporter serves it. Default: none.").
+		Envar("NVIDIA_RESOURCE_NAMES").StringsVar(&f.compatResourceNames)
+	app.Flag("compat.dcgm-exporter.xid-count-window-size", "As dcgm-exporter's --xid-count-window-size (env DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE): the window of DCGM_EXP_XID_ERRORS_COUNT, in milliseconds.").
+		Envar("DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE").Default(strconv.FormatInt(render.DefaultXIDCountWindow.Milliseconds(), 10)).Int64Var(&f.compatXIDWindowMS)
 	app.Flag("compat.dcgm-exporter.kubernetes-virtual-gpus", "As dcgm-exporter 4.5+'s --kubernetes-virtual-gpus (env KUBERNETES_VIRTUAL_GPUS as there): a held device gets one series per holder and replica (vgpu label), and DCGM_FI_DEV_FB_USED and DCGM_FI_DEV_GPU_UTIL one for the device without holder labels plus one per holder with its pod's own figures from per-process accounting (pod_uid label; without accounting, the device's alone). Default: one series per device, labelled with one of its holders, as dcgm-exporter does by default.").
 		Envar("KUBERNETES_VIRTUAL_GPUS").BoolVar(&f.compatVirtualGPUs)
-	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line). Implies --compat.dcgm-exporter. Default: dcgm-exporter's own default-counters.csv.").
+	app.Flag("compat.dcgm-exporter.collectors", "dcgm-exporter's counters file (its -f/--collectors; env DCGM_EXPORTER_COLLECTORS as there): the DCGM fields served as DCGM_FI_* families, with the file's types and help texts (`DCGM field name, prometheus type, help text` per line), each in the unit its name states. A field this exporter does not know is left out with a warning and counted (gpu_exporter_compat_fields{state=\"unknown\"}); a malformed line or a bad type stops the start. Implies --compat.dcgm-exporter. Default: the release line's default-counters.csv.").
 		Envar("DCGM_EXPORTER_COLLECTORS").Default("").StringVar(&f.compatCollectors)
 	app.Flag("compat.dcgm-exporter.kubernetes-enable-pod-labels", "As dcgm-exporter's --kubernetes-enable-pod-labels (env DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS): the holder's pod labels on its DCGM_FI_* series, each key with characters outside [a-zA-Z0-9_] made '_', from a watch of this node's pods on the API server (needs --node-name and RBAC to get, list and watch pods).").
 		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS").BoolVar(&f.compatPodLabels)
@@ -390,3 +400,18 @@ func (d *dcgmModeValue) Set(s string) (err error) {
 }
 
 func (d *dcgmModeValue) String() string { return string(*d.v) }
+
+// compatReleaseHelp lists the release lines for --help, and says which is
+// the default and why.
+func compatReleaseHelp() string {
+	var lines []string
+	for _, r := range render.CompatReleases {
+		l := r.Name + ": " + r.Versions
+		if !r.Confirmed {
+			l += ", rebuilt from its release notes (names, help texts partly unconfirmed)"
+		}
+		lines = append(lines, l)
+	}
+	return "One of " + strings.Join(lines, "; ") + ". Default " + render.DefaultCompatRelease +
+		": the newest line whose contract public sources confirm (deploy/dcgm-exporter/releases.csv cites each row)."
+}

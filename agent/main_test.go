@@ -247,7 +247,12 @@ func TestInputErrorsExit2(t *testing.T) {
 		{"scenario missing", []string{"--simulate.scenario=" + filepath.Join(dir, "nope.yaml")}, exitUsage, "nope.yaml"},
 		{"price file", []string{"--simulate", "--idle.price-file=" + write("p.yaml", "perGPUHour: [1\n")}, exitUsage, "--idle.price-file"},
 		{"web config", []string{"--simulate", "--web.config.file=" + write("w.yaml", "tls_server_config: {cert_file: /nonexistent.crt}\n")}, exitUsage, "--web.config.file"},
-		{"counters file: unknown field", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c1.csv", "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_FB_TOTL, gauge, typo\n")}, exitUsage, `c1.csv:2: unknown DCGM field "DCGM_FI_DEV_FB_TOTL"`},
+		{"counters file: no field name", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c1.csv", "DCGM_FI_DEV_GPU_TEMP, gauge, t\ndcgm_fi_dev_fb_total, gauge, lower case\n")}, exitUsage, `c1.csv:2: "dcgm_fi_dev_fb_total" is no DCGM field name`},
+		{"counters file: bad type of an unknown field", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c4.csv", "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DEV_FROM_THE_FUTURE, gauges, t\n")}, exitUsage, `c4.csv:2: prometheus type "gauges"`},
+		{"release line", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.release=3.3"}, exitUsage, `--compat.dcgm-exporter.release: dcgm-exporter release line "3.3": want one of 4.8.2, 4.8.3, 4.9, 4.10`},
+		{"host name label", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.hostname-label=HOSTNAME"}, exitUsage, `--compat.dcgm-exporter.hostname-label="HOSTNAME"`},
+		{"XID window", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.xid-count-window-size=0"}, exitUsage, "--compat.dcgm-exporter.xid-count-window-size=0"},
+		{"resource name", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.nvidia-resource-names=gpu.shared"}, exitUsage, `"gpu.shared": want a device plugin resource name`},
 		{"counters file: bad type", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c2.csv", "# comment\n\nDCGM_FI_DEV_GPU_TEMP, gague, t\n")}, exitUsage, `c2.csv:3: prometheus type "gague"`},
 		{"counters file: malformed", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + write("c3.csv", "DCGM_FI_DEV_GPU_TEMP, gauge\n")}, exitUsage, "c3.csv:1: want 3 comma-separated fields"},
 		{"counters file: missing", []string{"--simulate", "--compat.dcgm-exporter.collectors=" + filepath.Join(dir, "nope.csv")}, exitUsage, "nope.csv"},
@@ -560,5 +565,35 @@ func TestNodeSummaryFlags(t *testing.T) {
 				t.Errorf("%v: node_summary on: %v, want %v", tc.args, got, tc.want)
 			}
 		})
+	}
+}
+
+// A counters file naming fields of later dcgm-exporter releases and one
+// this exporter does not know: the exporter starts (no exit 2 on every GPU
+// node of a DaemonSet), serves the known fields, counts the unknown one,
+// and labels the series hostname (the default release line's spelling).
+func TestCountersFileWithAnUnknownFieldStarts(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "mixed.csv")
+	if err := os.WriteFile(file, []byte(`DCGM_FI_DEV_FB_CAPACITY_BYTES, gauge, Total GPU memory (in bytes).
+DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND, gauge, PCIe TX (in B/s).
+DCGM_EXP_XID_ERRORS_TOTAL, counter, Total XID errors observed since exporter start.
+DCGM_FI_DEV_MADE_UP_BY_A_LATER_DCGM, gauge, Not known here.
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := simulatedPage(t, "--compat.dcgm-exporter", "--compat.dcgm-exporter.collectors="+file)
+	for _, want := range []string{
+		`gpu_exporter_compat_fields{state="unknown"} 1`,
+		"\nDCGM_FI_DEV_FB_CAPACITY_BYTES{",
+		"\nDCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{",
+		`,hostname="`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page has no %q", want)
+		}
+	}
+	if strings.Contains(body, "DCGM_FI_DEV_MADE_UP_BY_A_LATER_DCGM") || strings.Contains(body, "Hostname=") {
+		t.Error("the unknown field, or the Hostname label, is on the page")
 	}
 }

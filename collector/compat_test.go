@@ -1,7 +1,9 @@
 package collector_test
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -36,7 +38,7 @@ func compatNodeWith(t *testing.T, groups render.GroupSet, cc render.CompatConfig
 	}
 	// PCIe rates need two samples with DCGM values.
 	tn.until(t, "DCGM values on the compatibility page", func(p *collector.Page) bool {
-		return len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES")) > 0
+		return len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES"))+len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND")) > 0
 	})
 	return tn.e
 }
@@ -105,7 +107,7 @@ func TestCompatFamiliesFromTheSameSample(t *testing.T) {
 	line := series(p, "DCGM_FI_DEV_GPU_TEMP", gpu3...)[0]
 	lab := parseLabels(line)
 	for k, want := range map[string]string{
-		"device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "gpu-node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15",
+		"device": "nvidia3", "modelName": "NVIDIA H100 80GB HBM3", "hostname": "gpu-node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15",
 		"namespace": "ml-training", "pod": "llm-pretrain-1", "container": "trainer", "pci_bus_id": "00000000:48:00.0",
 	} {
 		t.Run(k, func(t *testing.T) {
@@ -210,17 +212,25 @@ func TestMemoryTemperatureNotSupported(t *testing.T) {
 	}
 }
 
-// The host name label is spelled as every released dcgm-exporter spells
-// it, Hostname, unless told otherwise.
+// The host name label is spelled as the release line spells it (Hostname
+// up to 4.8.2, hostname since 4.8.3: the default line's), unless told
+// otherwise.
 func TestCompatHostnameLabel(t *testing.T) {
-	for _, tc := range []struct{ label, want, absent string }{
-		{"", "Hostname", "hostname"},
-		{"Hostname", "Hostname", "hostname"},
-		{"hostname", "hostname", "Hostname"},
+	for _, tc := range []struct{ release, label, want, absent string }{
+		{"", "", "hostname", "Hostname"},
+		{"4.8.2", "", "Hostname", "hostname"},
+		{"4.8.3", "", "hostname", "Hostname"},
+		{"4.10", "", "hostname", "Hostname"},
+		{"", "Hostname", "Hostname", "hostname"},
+		{"4.8.2", "hostname", "hostname", "Hostname"},
 	} {
-		t.Run("label="+tc.label, func(t *testing.T) {
-			e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", HostnameLabel: tc.label})
-			for _, name := range render.CompatFamilyNames() {
+		t.Run("release="+tc.release+",label="+tc.label, func(t *testing.T) {
+			e := compatNodeWith(t, nil, render.CompatConfig{Release: tc.release, Hostname: "gpu-node-7", HostnameLabel: tc.label})
+			rel, err := render.CompatReleaseNamed(cmp.Or(tc.release, render.DefaultCompatRelease))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range render.CompatFamilyNamesOf(rel.DefaultCounters()) {
 				for _, l := range series(e.Page(), name) {
 					lab := parseLabels(l)
 					if lab[tc.want] != "gpu-node-7" || lab[tc.absent] != "" {
@@ -237,14 +247,19 @@ func TestCompatHostnameLabel(t *testing.T) {
 	}
 }
 
-// A time-sliced GPU (GPU 6 of the simulated node: three holders) has one
-// series per family, labelled with one of its holders, as dcgm-exporter
-// by default; with VirtualGPUs one per holder, as its
-// --kubernetes-virtual-gpus.
+// sharedResource is the resource the simulated node's time-sliced GPU 6
+// is held through: the NVIDIA device plugin's renameByDefault name.
+var sharedResource = []string{"nvidia.com/gpu.shared"}
+
+// A time-sliced GPU (GPU 6 of the simulated node: three holders of
+// nvidia.com/gpu.shared) has one series per family, labelled with one of
+// its holders once its resource is named (dcgm-exporter's
+// --nvidia-resource-names), as dcgm-exporter by default; with VirtualGPUs
+// one per holder, as its --kubernetes-virtual-gpus.
 func TestCompatTimeSlicedGPU(t *testing.T) {
 	holders := []string{"chat-api-0", "chat-api-1", "chat-api-2"}
 	t.Run("default", func(t *testing.T) {
-		e := compatNode(t, nil)
+		e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", NvidiaResourceNames: sharedResource})
 		for _, name := range render.CompatFamilyNames() {
 			got := series(e.Page(), name, `gpu="6"`)
 			if name == "DCGM_FI_DEV_FB_RESERVED" && len(got) == 0 {
@@ -263,7 +278,7 @@ func TestCompatTimeSlicedGPU(t *testing.T) {
 		}
 	})
 	t.Run("VirtualGPUs", func(t *testing.T) {
-		e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: true})
+		e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: true, NvidiaResourceNames: sharedResource})
 		got := series(e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="6"`)
 		var pods []string
 		for _, l := range got {
@@ -274,6 +289,41 @@ func TestCompatTimeSlicedGPU(t *testing.T) {
 			t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=6} pods %v, want one series per holder %v", pods, holders)
 		}
 	})
+	// dcgm-exporter names the holders of nvidia.com/gpu and nvidia.com/mig-*
+	// alone unless --nvidia-resource-names adds more: the shared GPU's
+	// series carry no pod, the others' keep theirs.
+	for _, virtual := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resource not named, virtual GPUs %v", virtual), func(t *testing.T) {
+			e := compatNodeWith(t, nil, render.CompatConfig{Hostname: "gpu-node-7", VirtualGPUs: virtual})
+			got := series(e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="6"`)
+			if len(got) != 1 || parseLabels(got[0])["pod"] != "" || parseLabels(got[0])["namespace"] != "" {
+				t.Errorf("DCGM_FI_DEV_GPU_TEMP{gpu=6} (held through nvidia.com/gpu.shared only): %v, want one series without holder labels", got)
+			}
+			if lab := parseLabels(value1(t, e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="3"`)); lab["pod"] != "llm-pretrain-1" {
+				t.Errorf("GPU 3 (nvidia.com/gpu) lost its holder: %v", lab)
+			}
+			mig := series(e.Page(), "DCGM_FI_DEV_GPU_TEMP", `gpu="7"`)
+			held := 0
+			for _, l := range mig {
+				if parseLabels(l)["pod"] != "" {
+					held++
+				}
+			}
+			if held == 0 {
+				t.Errorf("GPU 7's MIG instances (nvidia.com/mig-*) lost their holders: %v", mig)
+			}
+		})
+	}
+}
+
+// value1 is the one series of name with the matchers, or fails.
+func value1(t *testing.T, p *collector.Page, name string, matchers ...string) string {
+	t.Helper()
+	got := series(p, name, matchers...)
+	if len(got) != 1 {
+		t.Fatalf("%s%v: %d series, want 1: %v", name, matchers, len(got), got)
+	}
+	return got[0]
 }
 
 // A GPU lost to XID 79 (simulated: every NVML call answers GPU_IS_LOST)

@@ -238,8 +238,8 @@ func TestCompatSeriesDoNotFlapDuringFaults(t *testing.T) {
 		name string
 		cc   render.CompatConfig
 	}{
-		{"one series per device", render.CompatConfig{Hostname: "n"}},
-		{"kubernetes-virtual-gpus", render.CompatConfig{Hostname: "n", VirtualGPUs: true}},
+		{"one series per device", render.CompatConfig{Hostname: "n", NvidiaResourceNames: sharedResource}},
+		{"kubernetes-virtual-gpus", render.CompatConfig{Hostname: "n", VirtualGPUs: true, NvidiaResourceNames: sharedResource}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fn := newFlapNode(t, sc, tc.cc)

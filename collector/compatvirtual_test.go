@@ -32,7 +32,9 @@ var cgroupPodUID = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f
 // families once per holder with its vgpu, never unlabelled.
 func TestCompatVirtualGPUsPerPodFigures(t *testing.T) {
 	tn := newTestExporter(t, withHostDir(), withKubelet(), withProcessResolver(nil),
-		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n", VirtualGPUs: true} }))
+		withConfig(func(c *collector.Config) {
+			c.Compat = &render.CompatConfig{Hostname: "n", VirtualGPUs: true, NvidiaResourceNames: sharedResource}
+		}))
 	p := tn.step(t, time.Second)
 
 	// The per-process figures, read as dcgm-exporter reads them: NVML's
@@ -131,7 +133,9 @@ func TestCompatVirtualGPUsPerPodFigures(t *testing.T) {
 // every holder.
 func TestCompatVirtualGPUsWithoutProcessAccounting(t *testing.T) {
 	tn := newTestExporter(t, withKubelet(),
-		withConfig(func(c *collector.Config) { c.Compat = &render.CompatConfig{Hostname: "n", VirtualGPUs: true} }))
+		withConfig(func(c *collector.Config) {
+			c.Compat = &render.CompatConfig{Hostname: "n", VirtualGPUs: true, NvidiaResourceNames: sharedResource}
+		}))
 	p := tn.step(t, time.Second)
 	got := series(p, "DCGM_FI_DEV_FB_USED", `gpu="6"`)
 	if len(got) != 1 || strings.Contains(got[0], "pod=") {

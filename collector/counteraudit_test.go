@@ -34,6 +34,12 @@ var counterAudit = []struct {
 	{"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", true, "as gpu_pcie_replay_errors_total"},
 	{"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", true, "rows remapped over the board's life (InfoROM): only grows"},
 	{"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", true, "as DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"},
+	{"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", true, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION in joules (dcgm-exporter 4.9's name)"},
+	{"DCGM_FI_DEV_PCIE_REPLAY_TOTAL", true, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER under DCGM 4.6's canonical name (4.9's)"},
+	{"DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", true, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS under DCGM 4.6's canonical name (4.9's)"},
+	{"DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", true, "as DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL"},
+	{"DCGM_EXP_XID_ERRORS_TOTAL", false, "the exporter's own XID count since its start: never falls, nothing to protect"},
+	{"DCGM_EXP_XID_ERRORS_COUNT", false, "the XIDs of the last window (dcgm-exporter 4.8.2's list types it counter): goes down as XIDs leave the window"},
 	{"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", false, "dcgm-exporter's list types it counter, but DCGM's value is the current rate, which goes up and down: protected, it would ratchet by every fall"},
 }
 

@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -120,6 +121,11 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Compat != nil && cfg.XID != nil {
+		// dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT counts the XIDs of a
+		// window: the counter keeps their times that long.
+		cfg.XID.Counter().KeepEvents(cmp.Or(cfg.Compat.XIDCountWindow, render.DefaultXIDCountWindow))
 	}
 	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, PodMeta: cfg.PodMeta, XID: cfg.XID, DCGM: cfg.DCGM,
 		Processes: cfg.Processes, Derived: cfg.Derived})

@@ -154,6 +154,38 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		// The time-sliced profile names nvidia.com/gpu.shared, as a
+		// dcgm-exporter on such a cluster does; the release line is the
+		// exporter's default unless set.
+		name:    "gpu-operator-time-sliced-dcgm-exporter-compat",
+		values:  []string{chartDir + "/values-gpu-operator.yaml", chartDir + "/values-time-sliced.yaml"},
+		sets:    []string{"exporter.compatDCGMExporter=true", "exporter.compatRelease=4.8.2"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.nvidia-resource-names=nvidia.com/gpu.shared", "--compat.dcgm-exporter.release=4.8.2"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: DaemonSet args %v lack %s", m.name, args, want)
+				}
+			}
+		},
+	},
+	{
+		// GKE's device plugin names every device nvidia.com/gpu: nothing to
+		// add; no release line unless set.
+		name:    "gke-dcgm-exporter-compat",
+		values:  []string{chartDir + "/values-gke.yaml"},
+		sets:    []string{"exporter.compatDCGMExporter=true"},
+		profile: gke,
+		check: func(t *testing.T, m *manifests) {
+			for _, a := range m.daemonSet(t).Spec.Template.Spec.Containers[0].Args {
+				if strings.HasPrefix(a, "--compat.dcgm-exporter.nvidia-resource-names") || strings.HasPrefix(a, "--compat.dcgm-exporter.release") {
+					t.Errorf("%s: DaemonSet arg %s", m.name, a)
+				}
+			}
+		},
+	},
+	{
 		name:    "gpu-operator-dcgm-exporter-compat-podmonitor",
 		values:  []string{chartDir + "/values-gpu-operator.yaml"},
 		sets:    []string{"exporter.compatDCGMExporter=true", "serviceMonitor.enabled=false", "podMonitor.enabled=true", "podMonitor.metricRelabelings[0].action=labeldrop", "podMonitor.metricRelabelings[0].regex=UUID"},

@@ -3,15 +3,19 @@
 # dcgm-exporter counters file may hold) with scripts/dcgmfields, from:
 #   DCGM_SRC           a checkout of github.com/NVIDIA/DCGM at $DCGM_TAG
 #   DCGM_EXPORTER_SRC  a checkout of github.com/NVIDIA/dcgm-exporter at $EXPORTER_TAG
-# and go-dcgm's copy of dcgm_fields.h at the version go.mod pins (module
-# cache). `make generate` runs it; without the two checkouts it keeps the
+# go-dcgm's copy of dcgm_fields.h at the version go.mod pins (module
+# cache), and scripts/dcgmfields/later-names.csv (names of later DCGM
+# releases known only from release notes, each with its source). `make generate` runs it; without the two checkouts it keeps the
 # committed table and says how to regenerate it (TestDCGMFieldNames checks the
 # table against go-dcgm's header in every `make test`).
 set -euo pipefail
 DCGM_TAG=v4.6.0
 DCGM_COMMIT=51b65ccebf9d61e6593713a7d6b68e594d9d7975
-EXPORTER_TAG=4.5.3-4.8.2
-EXPORTER_COMMIT=691c92762eb551313c825f6efe4ceeee20982801
+# dcgm-exporter 4.6.0-4.8.3: the commit its release PR (#711) links to;
+# internal/pkg/counters there names DCGM_EXP_XID_ERRORS_TOTAL and
+# DCGM_EXP_CLOCK_EVENTS_TOTAL.
+EXPORTER_TAG=4.6.0-4.8.3
+EXPORTER_COMMIT=7ad58324b4447b64dc3dedf946b889b648b7f476
 out=collector/render/dcgmfields.go
 if [ -z "${DCGM_SRC:-}" ] || [ -z "${DCGM_EXPORTER_SRC:-}" ]; then
   echo "dcgmfields.sh: keeping $out; to regenerate it, set DCGM_SRC to a checkout of NVIDIA/DCGM at $DCGM_TAG and DCGM_EXPORTER_SRC to one of NVIDIA/dcgm-exporter at $EXPORTER_TAG" >&2
@@ -31,4 +35,5 @@ godcgm_version="$(go list -m -f '{{.Version}}' github.com/NVIDIA/go-dcgm)"
 go run ./scripts/dcgmfields -o "$out" \
   -dcgm "$DCGM_SRC" -dcgm-version "$DCGM_TAG (commit $DCGM_COMMIT)" \
   -go-dcgm "$godcgm" -go-dcgm-version "$godcgm_version" \
+  -later scripts/dcgmfields/later-names.csv \
   -exporter "$DCGM_EXPORTER_SRC" -exporter-version "$EXPORTER_TAG (commit $EXPORTER_COMMIT)"

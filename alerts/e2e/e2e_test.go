@@ -140,8 +140,13 @@ const forDuration = "5s"
 var exporterFlags = []string{
 	"--idle.window=10s",
 	"--idle.price=NVIDIA H100 80GB HBM3=11.06",
-	// dcgm-exporter's names beside ours: its dashboard is checked too.
+	// dcgm-exporter's names beside ours: its dashboard is checked too,
+	// with the 4.8 release line's contract (the dashboard's names), and
+	// the time-sliced GPU's holders named as a dcgm-exporter on such a
+	// node names them.
 	"--compat.dcgm-exporter",
+	"--compat.dcgm-exporter.release=4.8",
+	"--compat.dcgm-exporter.nvidia-resource-names=nvidia.com/gpu.shared",
 }
 
 // mayBeEmpty are dashboard panels (or variables) with a query that needs what
@@ -972,13 +977,13 @@ func scopeToJob(t *testing.T, expr, job string) string {
 // double-bit volatile ECC total turned on.
 func userCounters(t *testing.T, root, dir string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(root, "deploy", "dcgm-exporter", "default-counters.csv"))
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "dcgm-exporter", "4.8.2", "default-counters.csv"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	const line = "# DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,"
 	if !bytes.Contains(b, []byte(line)) {
-		t.Fatalf("deploy/dcgm-exporter/default-counters.csv has no %q line to turn on", line)
+		t.Fatalf("deploy/dcgm-exporter/4.8.2/default-counters.csv has no %q line to turn on", line)
 	}
 	path := filepath.Join(dir, "my-counters.csv")
 	if err := os.WriteFile(path, bytes.Replace(b, []byte(line), []byte(line[2:]), 1), 0o644); err != nil {

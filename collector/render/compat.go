@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -20,12 +21,15 @@ import (
 // CompatConfig configures the dcgm-exporter compatibility families
 // (--compat.dcgm-exporter).
 type CompatConfig struct {
+	// Release is the dcgm-exporter release line whose contract the
+	// families follow (CompatReleases: its default counters file and host
+	// name label); "" is DefaultCompatRelease.
+	Release string
 	// Hostname is the value of the host name label (dcgm-exporter: the
 	// node's host name); the node name on Kubernetes.
 	Hostname string
-	// HostnameLabel names that label: Hostname (every released
-	// dcgm-exporter, the default when empty) or hostname (its main branch
-	// since May 2026).
+	// HostnameLabel names that label: Hostname (dcgm-exporter up to 4.8.2)
+	// or hostname (4.8.3 and later); "" is the release line's.
 	HostnameLabel string
 	// VirtualGPUs: as dcgm-exporter's --kubernetes-virtual-gpus, a held
 	// device gets one series per holder and replica (vgpu), and
@@ -35,23 +39,28 @@ type CompatConfig struct {
 	// default, one series per device, labelled with one of its holders.
 	VirtualGPUs bool
 	// Counters are the fields served, as dcgm-exporter's counters file
-	// (-f) lists them; nil serves DefaultCompatCounters.
+	// (-f) lists them; nil serves the release line's default file.
 	Counters *CompatCounters
 	// PodUID adds the holder's pod UID (pod_uid), and PodLabels its pod's
 	// labels, each under its key made a label name, as dcgm-exporter's
 	// --kubernetes-enable-pod-uid and --kubernetes-enable-pod-labels: from
 	// the state's PodMeta (the API server's).
 	PodUID, PodLabels bool
+	// NvidiaResourceNames are, as dcgm-exporter's --nvidia-resource-names,
+	// the device plugin resources besides nvidia.com/gpu and
+	// nvidia.com/mig-* whose holders label the series (nvidia.com/gpu.shared
+	// for time-sliced GPUs renamed by the NVIDIA device plugin). A device
+	// held only through another resource has its series without holder
+	// labels, as dcgm-exporter serves it.
+	NvidiaResourceNames []string
+	// XIDCountWindow is DCGM_EXP_XID_ERRORS_COUNT's window (dcgm-exporter's
+	// --xid-count-window-size); 0 is its default, DefaultXIDCountWindow.
+	XIDCountWindow time.Duration
 }
 
-// Host name label spellings: released dcgm-exporter's and its main branch's.
-const (
-	HostnameLabelReleased = "Hostname"
-	HostnameLabelLower    = "hostname"
-)
-
-// HostnameLabels are the spellings CompatConfig.HostnameLabel accepts.
-var HostnameLabels = []string{HostnameLabelReleased, HostnameLabelLower}
+// DefaultXIDCountWindow is dcgm-exporter's --xid-count-window-size default
+// (300000 ms).
+const DefaultXIDCountWindow = 5 * time.Minute
 
 // compatScope says where a compatibility family's value comes from.
 type compatScope int
@@ -76,13 +85,93 @@ type compatField struct {
 	// needs says what a node must have to give the value, for the log line
 	// of a listed field that no GPU gives.
 	needs string
-	// value reads the field; ok false leaves the series out, as
+	// value reads the field in its base unit (hertz, bytes, joules, bytes
+	// per second, a 0-1 ratio); ok false leaves the series out, as
 	// dcgm-exporter does with blank values.
 	value func(c *compatDevice) (float64, bool)
+	// legacy is the unit DCGM gives the field under its legacy name and
+	// every name of its ID that states no unit (MHz, MiB, mJ, percent).
+	legacy compatUnit
 	// perPod, for the fields dcgm-exporter serves per pod under
 	// --kubernetes-virtual-gpus, reads a pod's own figure from its
-	// processes on the device.
+	// processes on the device, in the base unit.
 	perPod func(u *podUse) (float64, bool)
+}
+
+// compatUnit is a unit a field is served in, from its base unit.
+type compatUnit struct {
+	// scale converts the base unit into this one.
+	scale float64
+	// whole: DCGM gives an integer (MiB, MHz, mJ: truncated).
+	whole bool
+}
+
+// Units of DCGM's legacy fields.
+var (
+	unitBase     = compatUnit{scale: 1}
+	unitMHz      = compatUnit{scale: 1e-6, whole: true}
+	unitMiB      = compatUnit{scale: 1.0 / mib, whole: true}
+	unitMilliJ   = compatUnit{scale: 1000, whole: true}
+	unitPercent  = compatUnit{scale: 100}
+	unitNVLinkMB = compatUnit{scale: 1.0 / 1024 / 1000} // DCGM's "MB/s": KiB/s divided by 1000
+)
+
+// convert is v, in the base unit, in u. A float product a hair off a whole
+// number (0.57 × 100) is that number; a whole unit is truncated as DCGM
+// truncates it: a byte short of a MiB is the MiB below.
+func (u compatUnit) convert(v float64) float64 {
+	v *= u.scale
+	if u.whole {
+		// Relative: a float product a hair under a whole number is that
+		// number, but a byte short of a MiB is not the MiB.
+		return math.Floor(v + 1e-12*max(1, math.Abs(v)))
+	}
+	if r := math.Round(v); math.Abs(v-r) <= 1e-9*max(1, math.Abs(v)) {
+		return r
+	}
+	return v
+}
+
+// baseUnitSuffixes are the endings of DCGM's field naming standard
+// (dcgm_field_naming.py: a unit of BYTES, CELSIUS, HERTZ, JOULES, SECONDS,
+// WATTS, or the RATIO suffix, then an optional TOTAL) that state a base
+// unit; BYTES_PER_SECOND is DCGM 4.8's rate.
+var baseUnitSuffixes = []string{"_RATIO", "_BYTES", "_BYTES_PER_SECOND", "_CELSIUS", "_HERTZ", "_JOULES", "_SECONDS", "_WATTS"}
+
+// statesBaseUnit says whether a field name states its unit: then it is
+// served in that base unit, whatever unit DCGM gives the field's ID under
+// another name. DCGM 4.6 gives the name DCGM_FI_DEV_GPU_UTIL_RATIO to ID
+// 203, which holds a percentage; the name says a 0-1 ratio, and a ratio is
+// what dcgm-exporter 4.9 serves under it.
+func statesBaseUnit(name string) bool {
+	name = strings.TrimSuffix(name, "_TOTAL")
+	for _, s := range baseUnitSuffixes {
+		if strings.HasSuffix(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// compatFieldOf is the field a name serves and the unit it serves it in:
+// the name's own ID, or the legacy field a base-unit name replaces (DCGM
+// 4.6.1's DCGM_FI_DEV_SM_CLOCK_HERTZ is DCGM_FI_DEV_SM_CLOCK in hertz).
+func compatFieldOf(name string) (*compatField, compatUnit, bool) {
+	fn, ok := dcgmFieldNames[name]
+	if !ok {
+		return nil, compatUnit{}, false
+	}
+	f, ok := compatFields[fn.id]
+	if !ok && fn.replaces != "" {
+		f, ok = compatFields[dcgmFieldNames[fn.replaces].id]
+	}
+	if !ok {
+		return nil, compatUnit{}, false
+	}
+	if statesBaseUnit(name) {
+		return f, unitBase, true
+	}
+	return f, f.legacy, true
 }
 
 // compatDevice is what one compatibility series is rendered from.
@@ -94,14 +183,13 @@ type compatDevice struct {
 
 const mib = 1 << 20
 
-func field(f sample.Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
+func field(f sample.Field, scope compatScope) func(c *compatDevice) (float64, bool) {
 	return func(c *compatDevice) (float64, bool) {
 		src := c.d
 		if scope == scopeBoard {
 			src = &c.g.DeviceState
 		}
-		v, ok := src.Values.Get(f)
-		return v * scale, ok
+		return src.Values.Get(f)
 	}
 }
 
@@ -113,18 +201,6 @@ func field(f sample.Field, scale float64, scope compatScope) func(c *compatDevic
 // after every counter reset.
 func rate(f sample.Field) func(c *compatDevice) (float64, bool) {
 	return func(c *compatDevice) (float64, bool) { return c.g.Rates.Get(f) }
-}
-
-// whole is field for DCGM's integer fields (MiB, MHz, mJ): DCGM truncates
-// bytes to MiB, and the float products of our base units are made exact.
-func whole(f sample.Field, scale float64, scope compatScope) func(c *compatDevice) (float64, bool) {
-	get := field(f, scale, scope)
-	return func(c *compatDevice) (float64, bool) {
-		v, ok := get(c)
-		// Relative: a float product a hair under a whole number is that
-		// number, but a byte short of a MiB is not the MiB.
-		return math.Floor(v + 1e-12*max(1, math.Abs(v))), ok
-	}
 }
 
 func healthCount(get func(h *sample.Health) sample.Opt[int]) func(c *compatDevice) (float64, bool) {
@@ -168,84 +244,87 @@ const (
 	needsNVLink    = "NVLink (a board without it)"
 )
 
-// compatFields are the DCGM fields served, by field ID (dcgmfields.go names
-// them), with the units DCGM gives them.
+// compatFields are the DCGM fields served, by the field ID of their legacy
+// name (dcgmfields.go names them, and the base-unit fields that replace
+// some), each read in its base unit with the unit DCGM gives the legacy
+// name.
 var compatFields = map[int]*compatField{
-	100: {scope: scopeBoard, needs: needsNVML, value: whole(sample.FieldSMClock, 1e-6, scopeBoard)},     // DCGM_FI_DEV_SM_CLOCK, MHz
-	101: {scope: scopeBoard, needs: needsNVML, value: whole(sample.FieldMemoryClock, 1e-6, scopeBoard)}, // DCGM_FI_DEV_MEM_CLOCK, MHz
-	112: {scope: scopeBoard, needs: needsNVML, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_CLOCKS_EVENT_REASONS, NVML's bit mask
+	100: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldSMClock, scopeBoard), legacy: unitMHz},     // DCGM_FI_DEV_SM_CLOCK, MHz
+	101: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldMemoryClock, scopeBoard), legacy: unitMHz}, // DCGM_FI_DEV_MEM_CLOCK, MHz
+	112: {scope: scopeBoard, needs: needsNVML, legacy: unitBase, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_CLOCKS_EVENT_REASONS, NVML's bit mask
 		o := c.g.Health.ClockReasons
 		return float64(o.V), o.OK
 	}},
-	140: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldMemoryTemperature, 1, scopeBoard)},                                      // DCGM_FI_DEV_MEMORY_TEMP, C
-	150: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldTemperature, 1, scopeBoard)},                                            // DCGM_FI_DEV_GPU_TEMP, C
-	155: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPower, 1, scopeBoard)},                                                  // DCGM_FI_DEV_POWER_USAGE, W
-	156: {scope: scopeBoard, count: true, needs: needsNVML, value: whole(sample.FieldEnergy, 1000, scopeBoard)},                                 // DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
-	158: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldSlowdownTemperature, 1, scopeBoard)},                                    // DCGM_FI_DEV_SLOWDOWN_TEMP, C
-	159: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldShutdownTemperature, 1, scopeBoard)},                                    // DCGM_FI_DEV_SHUTDOWN_TEMP, C
-	160: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPowerLimit, 1, scopeBoard)},                                             // DCGM_FI_DEV_POWER_MGMT_LIMIT, W
-	202: {scope: scopeBoard, count: true, needs: needsNVML, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.PCIeReplay })}, // DCGM_FI_DEV_PCIE_REPLAY_COUNTER
-	203: {needs: needsNVML, value: field(sample.FieldUtilization, 100, scopeDevice), perPod: podSMPercent},                                      // DCGM_FI_DEV_GPU_UTIL, %
-	204: {needs: needsNVML, value: field(sample.FieldMemoryUtilization, 100, scopeDevice)},                                                      // DCGM_FI_DEV_MEM_COPY_UTIL, %
-	206: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldEncoderUtilization, 100, scopeBoard)},                                   // DCGM_FI_DEV_ENC_UTIL, %
-	207: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldDecoderUtilization, 100, scopeBoard)},                                   // DCGM_FI_DEV_DEC_UTIL, %
-	237: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPCIeLinkGeneration, 1, scopeBoard)},                                     // DCGM_FI_DEV_PCIE_LINK_GEN
-	238: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPCIeLinkWidth, 1, scopeBoard)},                                          // DCGM_FI_DEV_PCIE_LINK_WIDTH
-	250: {needs: needsNVML, value: whole(sample.FieldMemoryTotal, 1.0/mib, scopeDevice)},                                                        // DCGM_FI_DEV_FB_TOTAL, MiB
-	251: {needs: needsNVML, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_FB_FREE, MiB
+	140: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldMemoryTemperature, scopeBoard), legacy: unitBase},                                         // DCGM_FI_DEV_MEMORY_TEMP, C
+	150: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldTemperature, scopeBoard), legacy: unitBase},                                               // DCGM_FI_DEV_GPU_TEMP, C
+	155: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPower, scopeBoard), legacy: unitBase},                                                     // DCGM_FI_DEV_POWER_USAGE, W
+	156: {scope: scopeBoard, count: true, needs: needsNVML, value: field(sample.FieldEnergy, scopeBoard), legacy: unitMilliJ},                                     // DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
+	158: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldSlowdownTemperature, scopeBoard), legacy: unitBase},                                       // DCGM_FI_DEV_SLOWDOWN_TEMP, C
+	159: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldShutdownTemperature, scopeBoard), legacy: unitBase},                                       // DCGM_FI_DEV_SHUTDOWN_TEMP, C
+	160: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPowerLimit, scopeBoard), legacy: unitBase},                                                // DCGM_FI_DEV_POWER_MGMT_LIMIT, W
+	202: {scope: scopeBoard, count: true, needs: needsNVML, legacy: unitBase, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.PCIeReplay })}, // DCGM_FI_DEV_PCIE_REPLAY_COUNTER
+	203: {needs: needsNVML, value: field(sample.FieldUtilization, scopeDevice), legacy: unitPercent, perPod: podSMRatio},                                          // DCGM_FI_DEV_GPU_UTIL, %
+	204: {needs: needsNVML, value: field(sample.FieldMemoryUtilization, scopeDevice), legacy: unitPercent},                                                        // DCGM_FI_DEV_MEM_COPY_UTIL, %
+	206: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldEncoderUtilization, scopeBoard), legacy: unitPercent},                                     // DCGM_FI_DEV_ENC_UTIL, %
+	207: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldDecoderUtilization, scopeBoard), legacy: unitPercent},                                     // DCGM_FI_DEV_DEC_UTIL, %
+	237: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPCIeLinkGeneration, scopeBoard), legacy: unitBase},                                        // DCGM_FI_DEV_PCIE_LINK_GEN
+	238: {scope: scopeBoard, needs: needsNVML, value: field(sample.FieldPCIeLinkWidth, scopeBoard), legacy: unitBase},                                             // DCGM_FI_DEV_PCIE_LINK_WIDTH
+	250: {needs: needsNVML, value: field(sample.FieldMemoryTotal, scopeDevice), legacy: unitMiB},                                                                  // DCGM_FI_DEV_FB_TOTAL, MiB
+	251: {needs: needsNVML, legacy: unitMiB, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_FB_FREE, MiB
 		total, ok1 := c.d.Values.Get(sample.FieldMemoryTotal)
 		used, ok2 := c.d.Values.Get(sample.FieldMemoryUsed)
 		reserved, _ := c.d.Values.Get(sample.FieldMemoryReserved)
 		if !ok1 || !ok2 {
 			return 0, false
 		}
-		return math.Floor(max(0, total-used-reserved) / mib), true
+		return max(0, total-used-reserved), true
 	}},
-	252: {needs: needsNVML, value: whole(sample.FieldMemoryUsed, 1.0/mib, scopeDevice), perPod: podMemoryMiB}, // DCGM_FI_DEV_FB_USED, MiB
-	253: {needs: needsNVML, value: whole(sample.FieldMemoryReserved, 1.0/mib, scopeDevice)},                   // DCGM_FI_DEV_FB_RESERVED, MiB
-	310: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 0)},                                  // DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
-	311: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 0)},                                  // DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
-	312: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 1)},                                  // DCGM_FI_DEV_ECC_SBE_AGG_TOTAL
-	313: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 1)},                                  // DCGM_FI_DEV_ECC_DBE_AGG_TOTAL
-	390: {scope: scopeBoard, count: true, needs: needsECC, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_RETIRED_SBE
+	252: {needs: needsNVML, value: field(sample.FieldMemoryUsed, scopeDevice), legacy: unitMiB, perPod: podMemoryBytes}, // DCGM_FI_DEV_FB_USED, MiB
+	253: {needs: needsNVML, value: field(sample.FieldMemoryReserved, scopeDevice), legacy: unitMiB},                     // DCGM_FI_DEV_FB_RESERVED, MiB
+	310: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 0), legacy: unitBase},                          // DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
+	311: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 0), legacy: unitBase},                          // DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
+	312: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(0, 1), legacy: unitBase},                          // DCGM_FI_DEV_ECC_SBE_AGG_TOTAL
+	313: {scope: scopeBoard, count: true, needs: needsECC, value: ecc(1, 1), legacy: unitBase},                          // DCGM_FI_DEV_ECC_DBE_AGG_TOTAL
+	390: {scope: scopeBoard, count: true, needs: needsECC, legacy: unitBase, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_RETIRED_SBE
 		o := c.g.Health.RetiredPages[0]
 		return float64(o.V), o.OK
 	}},
-	391: {scope: scopeBoard, count: true, needs: needsECC, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_RETIRED_DBE
+	391: {scope: scopeBoard, count: true, needs: needsECC, legacy: unitBase, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_RETIRED_DBE
 		o := c.g.Health.RetiredPages[1]
 		return float64(o.V), o.OK
 	}},
-	392: {scope: scopeBoard, needs: needsECC, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RetiredPending })},                 // DCGM_FI_DEV_RETIRED_PENDING
-	393: {scope: scopeBoard, count: true, needs: needsRemapping, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.RemapUncorr })}, // DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS
-	394: {scope: scopeBoard, count: true, needs: needsRemapping, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.RemapCorr })},   // DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
-	395: {scope: scopeBoard, needs: needsRemapping, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RemapFailed })},              // DCGM_FI_DEV_ROW_REMAP_FAILURE
-	396: {scope: scopeBoard, needs: needsRemapping, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RemapPending })},             // DCGM_FI_DEV_ROW_REMAP_PENDING
-	409: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("crc_flit")},                                                        // DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
-	419: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("crc_data")},                                                        // DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
-	429: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("replay")},                                                          // DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
-	439: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("recovery")},                                                        // DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
-	449: {scope: scopeBoard, needs: needsDCGM, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
+	392: {scope: scopeBoard, needs: needsECC, legacy: unitBase, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RetiredPending })},                 // DCGM_FI_DEV_RETIRED_PENDING
+	393: {scope: scopeBoard, count: true, needs: needsRemapping, legacy: unitBase, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.RemapUncorr })}, // DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS
+	394: {scope: scopeBoard, count: true, needs: needsRemapping, legacy: unitBase, value: healthCount(func(h *sample.Health) sample.Opt[int] { return h.RemapCorr })},   // DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
+	395: {scope: scopeBoard, needs: needsRemapping, legacy: unitBase, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RemapFailed })},              // DCGM_FI_DEV_ROW_REMAP_FAILURE
+	396: {scope: scopeBoard, needs: needsRemapping, legacy: unitBase, value: healthFlag(func(h *sample.Health) sample.Opt[bool] { return h.RemapPending })},             // DCGM_FI_DEV_ROW_REMAP_PENDING
+	409: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("crc_flit"), legacy: unitBase},                                                        // DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+	419: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("crc_data"), legacy: unitBase},                                                        // DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
+	429: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("replay"), legacy: unitBase},                                                          // DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+	439: {scope: scopeBoard, count: true, needs: needsNVLink, value: nvlinkErrors("recovery"), legacy: unitBase},                                                        // DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+	449: {scope: scopeBoard, needs: needsDCGM, legacy: unitNVLinkMB, value: func(c *compatDevice) (float64, bool) { // DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
 		// DCGM reports a rate here despite the counter type: NVML's
 		// NVLink throughput counters (KiB, both directions) per second,
 		// divided by 1000 (DcgmCacheManager's ReadAndCacheNvLinkBandwidth,
-		// as dcgm-exporter's PR 658 reads it: "MiB/s").
+		// as dcgm-exporter's PR 658 reads it: "MiB/s"). The base unit is
+		// the bytes per second of both directions.
 		tx, ok1 := c.g.Rates.Get(sample.FieldNVLinkTxBytes)
 		rx, ok2 := c.g.Rates.Get(sample.FieldNVLinkRxBytes)
-		return (tx + rx) / 1024 / 1000, ok1 && ok2
+		return tx + rx, ok1 && ok2
 	}},
-	526:  {scope: scopeBoard, value: func(*compatDevice) (float64, bool) { return 0, true }}, // DCGM_FI_DEV_VGPU_LICENSE_STATUS: 0 on bare metal, as DCGM answers there
-	1001: {needs: needsDCGM, value: field(sample.FieldGraphicsActive, 1, scopeDevice)},       // DCGM_FI_PROF_GR_ENGINE_ACTIVE
-	1002: {needs: needsDCGM, value: field(sample.FieldSMActive, 1, scopeDevice)},             // DCGM_FI_PROF_SM_ACTIVE
-	1003: {needs: needsDCGM, value: field(sample.FieldSMOccupancy, 1, scopeDevice)},          // DCGM_FI_PROF_SM_OCCUPANCY
-	1004: {needs: needsDCGM, value: field(sample.FieldTensorActive, 1, scopeDevice)},         // DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
-	1005: {needs: needsDCGM, value: field(sample.FieldDRAMActive, 1, scopeDevice)},           // DCGM_FI_PROF_DRAM_ACTIVE
-	1006: {needs: needsDCGM, value: field(sample.FieldFP64Active, 1, scopeDevice)},           // DCGM_FI_PROF_PIPE_FP64_ACTIVE
-	1007: {needs: needsDCGM, value: field(sample.FieldFP32Active, 1, scopeDevice)},           // DCGM_FI_PROF_PIPE_FP32_ACTIVE
-	1008: {needs: needsDCGM, value: field(sample.FieldFP16Active, 1, scopeDevice)},           // DCGM_FI_PROF_PIPE_FP16_ACTIVE
-	1009: {needs: needsDCGM, value: rate(sample.FieldPCIeTxBytes)},                           // DCGM_FI_PROF_PCIE_TX_BYTES, B/s
-	1010: {needs: needsDCGM, value: rate(sample.FieldPCIeRxBytes)},                           // DCGM_FI_PROF_PCIE_RX_BYTES, B/s
-	1011: {needs: needsDCGM, value: rate(sample.FieldNVLinkTxBytes)},                         // DCGM_FI_PROF_NVLINK_TX_BYTES, B/s
-	1012: {needs: needsDCGM, value: rate(sample.FieldNVLinkRxBytes)},                         // DCGM_FI_PROF_NVLINK_RX_BYTES, B/s
+	526:  {scope: scopeBoard, legacy: unitBase, value: func(*compatDevice) (float64, bool) { return 0, true }}, // DCGM_FI_DEV_VGPU_LICENSE_STATUS: 0 on bare metal, as DCGM answers there
+	1001: {needs: needsDCGM, value: field(sample.FieldGraphicsActive, scopeDevice), legacy: unitBase},          // DCGM_FI_PROF_GR_ENGINE_ACTIVE
+	1002: {needs: needsDCGM, value: field(sample.FieldSMActive, scopeDevice), legacy: unitBase},                // DCGM_FI_PROF_SM_ACTIVE
+	1003: {needs: needsDCGM, value: field(sample.FieldSMOccupancy, scopeDevice), legacy: unitBase},             // DCGM_FI_PROF_SM_OCCUPANCY
+	1004: {needs: needsDCGM, value: field(sample.FieldTensorActive, scopeDevice), legacy: unitBase},            // DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+	1005: {needs: needsDCGM, value: field(sample.FieldDRAMActive, scopeDevice), legacy: unitBase},              // DCGM_FI_PROF_DRAM_ACTIVE
+	1006: {needs: needsDCGM, value: field(sample.FieldFP64Active, scopeDevice), legacy: unitBase},              // DCGM_FI_PROF_PIPE_FP64_ACTIVE
+	1007: {needs: needsDCGM, value: field(sample.FieldFP32Active, scopeDevice), legacy: unitBase},              // DCGM_FI_PROF_PIPE_FP32_ACTIVE
+	1008: {needs: needsDCGM, value: field(sample.FieldFP16Active, scopeDevice), legacy: unitBase},              // DCGM_FI_PROF_PIPE_FP16_ACTIVE
+	1009: {needs: needsDCGM, value: rate(sample.FieldPCIeTxBytes), legacy: unitBase},                           // DCGM_FI_PROF_PCIE_TX_BYTES, B/s
+	1010: {needs: needsDCGM, value: rate(sample.FieldPCIeRxBytes), legacy: unitBase},                           // DCGM_FI_PROF_PCIE_RX_BYTES, B/s
+	1011: {needs: needsDCGM, value: rate(sample.FieldNVLinkTxBytes), legacy: unitBase},                         // DCGM_FI_PROF_NVLINK_TX_BYTES, B/s
+	1012: {needs: needsDCGM, value: rate(sample.FieldNVLinkRxBytes), legacy: unitBase},                         // DCGM_FI_PROF_NVLINK_RX_BYTES, B/s
 }
 
 // DCGM field IDs with a rendering of their own.
@@ -255,19 +334,42 @@ const (
 	fieldIDNVMLVersion   = 2   // DCGM_FI_NVML_VERSION: a label
 )
 
+// dcgm-exporter's own XID families (internal/pkg/counters), by the IDs
+// dcgmfields.go gives them.
+var (
+	fieldIDXIDCount = dcgmFieldNames["DCGM_EXP_XID_ERRORS_COUNT"].id
+	fieldIDXIDTotal = dcgmFieldNames["DCGM_EXP_XID_ERRORS_TOTAL"].id
+)
+
 // compatLabelFields are the text fields served as labels, by field ID.
 var compatLabelFields = map[int]func(d *sample.DriverInfo) string{
 	fieldIDDriverVersion: func(d *sample.DriverInfo) string { return d.DriverVersion },
 	fieldIDNVMLVersion:   func(d *sample.DriverInfo) string { return d.NVMLVersion },
 }
 
+// compatKind is where a family's series come from.
+type compatKind int
+
+const (
+	kindField     compatKind = iota // a DCGM field of compatFields
+	kindXIDLast                     // DCGM_FI_DEV_XID_ERRORS: the last XID, err_code, err_msg
+	kindXIDWindow                   // DCGM_EXP_XID_ERRORS_COUNT: XIDs of the window, per xid
+	kindXIDTotal                    // DCGM_EXP_XID_ERRORS_TOTAL: XIDs since the start, per xid
+)
+
 // compatFamily is one family a counters file lists and this exporter
 // serves.
 type compatFamily struct {
 	name, help string
 	valueType  prometheus.ValueType
-	field      *compatField // nil for DCGM_FI_DEV_XID_ERRORS
+	kind       compatKind
+	field      *compatField // kindField
+	unit       compatUnit   // kindField: the unit the name states, or the field's legacy one
 }
+
+// fromXIDs: the family's series come from the XID counter, which has
+// them also for a GPU that does not answer.
+func (f *compatFamily) fromXIDs() bool { return f.kind != kindField }
 
 // compatLabelField is one text field a counters file lists as label.
 type compatLabelField struct {
@@ -276,16 +378,18 @@ type compatLabelField struct {
 }
 
 // compatPlan is what a counters file asks of this exporter: the families
-// served, in the file's order, the label fields, and the fields it lists
-// that the exporter never reads.
+// served, in the file's order, the label fields, the fields it lists that
+// the exporter never reads, and those neither DCGM nor dcgm-exporter
+// defines as far as this exporter knows.
 type compatPlan struct {
 	families []compatFamily
 	labels   []compatLabelField
 	unread   []CompatCounter
+	unknown  []CompatCounter
 }
 
 func planCompat(cs *CompatCounters) compatPlan {
-	var p compatPlan
+	p := compatPlan{unknown: cs.Unknown}
 	for _, c := range cs.Counters {
 		if c.Type == CounterLabel {
 			if v, ok := compatLabelFields[c.ID]; ok {
@@ -295,36 +399,45 @@ func planCompat(cs *CompatCounters) compatPlan {
 			}
 			continue
 		}
-		vt := prometheus.GaugeValue
+		fam := compatFamily{name: c.Field, help: c.Help, valueType: prometheus.GaugeValue}
 		if c.Type == CounterCounter {
-			vt = prometheus.CounterValue
+			fam.valueType = prometheus.CounterValue
 		}
-		switch f, ok := compatFields[c.ID]; {
+		switch f, unit, ok := compatFieldOf(c.Field); {
 		case c.ID == fieldIDXIDErrors:
-			p.families = append(p.families, compatFamily{name: c.Field, help: c.Help, valueType: vt})
+			fam.kind = kindXIDLast
+		case c.ID == fieldIDXIDCount:
+			fam.kind = kindXIDWindow
+		case c.ID == fieldIDXIDTotal:
+			fam.kind = kindXIDTotal
 		case ok:
-			p.families = append(p.families, compatFamily{name: c.Field, help: c.Help, valueType: vt, field: f})
+			fam.field, fam.unit = f, unit
 		default:
 			p.unread = append(p.unread, c)
+			continue
 		}
+		p.families = append(p.families, fam)
 	}
 	return p
 }
 
 // CompatFamilyNames lists the families served without a counters file
-// (dcgm-exporter's default list), for tests and
+// (the default release line's default list), for tests and
 // docs/migration-dcgm-exporter.md.
-func CompatFamilyNames() []string {
+func CompatFamilyNames() []string { return CompatFamilyNamesOf(DefaultCompatCounters()) }
+
+// CompatFamilyNamesOf lists the families served for a counters file.
+func CompatFamilyNamesOf(cs *CompatCounters) []string {
 	var out []string
-	for _, f := range planCompat(DefaultCompatCounters()).families {
+	for _, f := range planCompat(cs).families {
 		out = append(out, f.name)
 	}
 	return out
 }
 
 // CompatUnread lists the fields of a counters file this exporter never
-// reads (per-link NVLink, NVSwitch and CPU fields, dcgm-exporter's
-// DCGM_EXP_* windows...): served by no node, and logged at start.
+// reads (per-link NVLink, NVSwitch and CPU fields, dcgm-exporter's clock
+// event and health families...): served by no node, and logged at start.
 func CompatUnread(cs *CompatCounters) []CompatCounter { return planCompat(cs).unread }
 
 // compatLabels are one series' label names and values, in the same order.
@@ -366,17 +479,28 @@ type compatRenderer struct {
 	// noValue are the listed families no GPU gave a value for in the last
 	// render, logged when they change.
 	noValue []string
+	// windowLabel is DCGM_EXP_XID_ERRORS_COUNT's window_size_in_ms.
+	windowLabel string
 }
 
-func newCompatRenderer(cfg CompatConfig, log zerolog.Logger) *compatRenderer {
+func newCompatRenderer(cfg CompatConfig, log zerolog.Logger) (*compatRenderer, error) {
+	rel, err := CompatReleaseNamed(cmp.Or(cfg.Release, DefaultCompatRelease))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Release = rel.Name
 	if cfg.HostnameLabel == "" {
-		cfg.HostnameLabel = HostnameLabelReleased
+		cfg.HostnameLabel = rel.HostnameLabel
 	}
 	if cfg.Counters == nil {
-		cfg.Counters = DefaultCompatCounters()
+		cfg.Counters = rel.DefaultCounters()
+	}
+	if cfg.XIDCountWindow <= 0 {
+		cfg.XIDCountWindow = DefaultXIDCountWindow
 	}
 	r := &compatRenderer{cfg: cfg, log: log, plan: planCompat(cfg.Counters), descs: map[string]*prometheus.Desc{},
-		labelled: map[sample.UnitKey]state.Holder{}, lastLabels: map[string][]compatLabels{}}
+		labelled: map[sample.UnitKey]state.Holder{}, lastLabels: map[string][]compatLabels{},
+		windowLabel: strconv.FormatInt(cfg.XIDCountWindow.Milliseconds(), 10)}
 	if len(r.plan.unread) > 0 {
 		var names []string
 		for _, c := range r.plan.unread {
@@ -385,7 +509,15 @@ func newCompatRenderer(cfg CompatConfig, log zerolog.Logger) *compatRenderer {
 		log.Warn().Str("counters", cfg.Counters.Source).Strs("fields", names).
 			Msg("the counters file lists DCGM fields this exporter does not read: they are left out (gpu_exporter_compat_fields{state=\"not_read\"} counts them)")
 	}
-	return r
+	if len(r.plan.unknown) > 0 {
+		var names []string
+		for _, c := range r.plan.unknown {
+			names = append(names, fmt.Sprintf("%s (line %d)", c.Field, c.Line))
+		}
+		log.Warn().Str("counters", cfg.Counters.Source).Strs("fields", names).
+			Msg("the counters file lists fields this exporter does not know (neither of DCGM's headers nor of dcgm-exporter's names as far as its table goes: a newer DCGM, or a misspelling): they are left out and the others served (gpu_exporter_compat_fields{state=\"unknown\"} counts them)")
+	}
+	return r, nil
 }
 
 // maxCompatDescs bounds the descriptor cache: label sets of pods that came
@@ -422,14 +554,15 @@ func (r *compatRenderer) updateHolders(st *state.State) {
 		r.holders = nil
 		return
 	}
-	if r.cfg.VirtualGPUs {
-		r.holders = st.Allocations.ByDevice
-		return
-	}
 	r.holders = make(map[sample.UnitKey][]state.Holder, len(st.Allocations.ByDevice))
 	next := make(map[sample.UnitKey]state.Holder, len(st.Allocations.ByDevice))
-	for k, hs := range st.Allocations.ByDevice {
+	for k, all := range st.Allocations.ByDevice {
+		hs := slices.DeleteFunc(slices.Clone(all), func(h state.Holder) bool { return !r.labelledBy(h) })
 		if len(hs) == 0 {
+			continue
+		}
+		if r.cfg.VirtualGPUs {
+			r.holders[k] = hs
 			continue
 		}
 		h, ok := r.labelled[k]
@@ -444,15 +577,33 @@ func (r *compatRenderer) updateHolders(st *state.State) {
 	r.labelled = next
 }
 
+// Device plugin resources whose holders dcgm-exporter always names
+// (internal/pkg/appconfig: NvidiaResourceName, NvidiaMigResourcePrefix).
+const (
+	resourceNVIDIAGPU       = "nvidia.com/gpu"
+	resourceNVIDIAMIGPrefix = "nvidia.com/mig-"
+)
+
+// labelledBy says whether a holder labels the series of the device it holds:
+// as dcgm-exporter, one holding it through nvidia.com/gpu, an
+// nvidia.com/mig-* resource or one of NvidiaResourceNames. A DRA claim
+// (its driver's name, no '/') labels them as the device plugin's do.
+func (r *compatRenderer) labelledBy(h state.Holder) bool {
+	res := h.Resource
+	return !strings.Contains(res, "/") || res == resourceNVIDIAGPU || strings.HasPrefix(res, resourceNVIDIAMIGPrefix) ||
+		slices.Contains(r.cfg.NvidiaResourceNames, res)
+}
+
 // Values of gpu_exporter_compat_fields' state label.
 const (
 	compatFieldsServed  = "served"
 	compatFieldsNoValue = "no_value"
 	compatFieldsNotRead = "not_read"
+	compatFieldsUnknown = "unknown"
 )
 
 var compatFieldsDesc = prometheus.NewDesc("gpu_exporter_compat_fields",
-	"DCGM fields the dcgm-exporter counters file lists, by state: served on this page, read by the exporter but given by no GPU of this node in this sample (no_value: no DCGM profiling, no ECC...), or never read by the exporter (not_read: logged at start).",
+	"DCGM fields the dcgm-exporter counters file lists, by state: served on this page, read by the exporter but given by no GPU of this node in this sample (no_value: no DCGM profiling, no ECC...), never read by the exporter (not_read: logged at start), or not known to it (unknown: a field of a newer DCGM or a misspelling, logged at start).",
 	[]string{"state"}, nil)
 
 // collect renders the compatibility families of the state update saw last.
@@ -462,33 +613,57 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 	for i := range st.XIDLast {
 		lastXID[st.XIDLast[i].GPU] = &st.XIDLast[i]
 	}
+	xids := r.xidCounts(st)
 	served := make([]bool, len(r.plan.families))
 	emit := func(fi int, v float64, l compatLabels) {
 		f := &r.plan.families[fi]
 		served[fi] = true
 		ch <- prometheus.MustNewConstMetric(r.desc(f.name, f.help, l.names), f.valueType, v, l.values...)
 	}
-	xidSeries := func(fi int, last *xid.DeviceLast, l compatLabels) {
-		code := 0
-		if last != nil {
-			code = last.Code
+	// xidSeries are the series of a family from the XID counter.
+	xidSeries := func(fi int, gpu int, l compatLabels) {
+		x := xids[gpu]
+		if x == nil {
+			x = &gpuXIDs{}
 		}
-		// err_msg is never empty; err_code "0" before any XID.
-		l = compatLabels{names: append(slices.Clip(l.names), "err_code", "err_msg"), values: append(slices.Clip(l.values), strconv.Itoa(code), xidMessage(code))}
-		emit(fi, float64(code), l)
+		switch r.plan.families[fi].kind {
+		case kindXIDLast:
+			code := 0
+			if last := lastXID[gpu]; last != nil {
+				code = last.Code
+			}
+			// err_msg is never empty; err_code "0" before any XID.
+			emit(fi, float64(code), l.add("err_code", strconv.Itoa(code)).add("err_msg", xidMessage(code)))
+		case kindXIDWindow:
+			// dcgm-exporter: one series per XID of the window, and one 0
+			// without xid when the window holds none.
+			wl := l.add(xidWindowLabel, r.windowLabel)
+			w := x.window
+			if len(w) == 0 {
+				emit(fi, 0, wl)
+			}
+			for _, c := range w {
+				emit(fi, float64(c.n), wl.add(xidLabel, strconv.Itoa(c.code)))
+			}
+		case kindXIDTotal:
+			// Only the XIDs seen, none for 0 (no error).
+			for _, c := range x.total {
+				emit(fi, float64(c.n), l.add(xidLabel, strconv.Itoa(c.code)))
+			}
+		}
 	}
 	upGPUs := 0
 	for i := range s.GPUs {
 		g := &s.GPUs[i]
 		if !g.Up {
 			// A GPU that does not answer (fallen off the bus: XID 79) keeps
-			// its last XID series, under the labels it had, while it is
-			// lost: the alerts on DCGM_FI_DEV_XID_ERRORS see the XID that
-			// took it. Its other values are unknown, so absent.
+			// its XID series, under the labels it had, while it is lost:
+			// the alerts on DCGM_FI_DEV_XID_ERRORS and the XID counts see
+			// the XID that took it. Its other values are unknown, so absent.
 			for fi := range r.plan.families {
-				if r.plan.families[fi].field == nil {
+				if r.plan.families[fi].fromXIDs() {
 					for _, l := range r.lost[g.GPU] {
-						xidSeries(fi, lastXID[g.GPU], l)
+						xidSeries(fi, g.GPU, l)
 					}
 				}
 			}
@@ -499,9 +674,9 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 			c := &compatDevice{d: ds.d, g: g, last: lastXID[g.GPU]}
 			for fi, f := range r.plan.families {
 				switch {
-				case f.field == nil:
+				case f.fromXIDs():
 					for _, l := range ds.labels {
-						xidSeries(fi, c.last, l)
+						xidSeries(fi, g.GPU, l)
 					}
 				case f.field.perPod != nil && ds.perPod != nil:
 					// dcgm-exporter's --kubernetes-virtual-gpus: the
@@ -511,16 +686,16 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 					if !ok {
 						continue
 					}
-					emit(fi, v, ds.base)
+					emit(fi, f.unit.convert(v), ds.base)
 					for _, ps := range ds.perPod {
 						if pv, ok := f.field.perPod(ps.use); ok {
-							emit(fi, pv, ps.labels)
+							emit(fi, f.unit.convert(pv), ps.labels)
 						}
 					}
 				default:
 					if v, ok := f.field.value(c); ok {
 						for _, l := range ds.labels {
-							emit(fi, v, l)
+							emit(fi, f.unit.convert(v), l)
 						}
 					}
 				}
@@ -536,12 +711,13 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(compatFieldsDesc, prometheus.GaugeValue, float64(len(r.plan.families)-len(noValue)), compatFieldsServed)
 	ch <- prometheus.MustNewConstMetric(compatFieldsDesc, prometheus.GaugeValue, float64(len(noValue)), compatFieldsNoValue)
 	ch <- prometheus.MustNewConstMetric(compatFieldsDesc, prometheus.GaugeValue, float64(len(r.plan.unread)), compatFieldsNotRead)
+	ch <- prometheus.MustNewConstMetric(compatFieldsDesc, prometheus.GaugeValue, float64(len(r.plan.unknown)), compatFieldsUnknown)
 	if upGPUs > 0 && !slices.Equal(noValue, r.noValue) {
 		r.noValue = noValue
 		if len(noValue) > 0 {
 			var why []string
 			for fi, ok := range served {
-				if f := r.plan.families[fi]; !ok && f.field != nil && f.field.needs != "" {
+				if f := r.plan.families[fi]; !ok && f.kind == kindField && f.field.needs != "" {
 					why = append(why, f.name+": needs "+f.field.needs)
 				}
 			}
@@ -549,6 +725,59 @@ func (r *compatRenderer) collect(st *state.State, ch chan<- prometheus.Metric) {
 				Msg("the counters file lists DCGM fields no GPU of this node gives now: they are left out until one does (gpu_exporter_compat_fields{state=\"no_value\"})")
 		}
 	}
+}
+
+// Label names of dcgm-exporter's XID count families.
+const (
+	xidLabel       = "xid"
+	xidWindowLabel = "window_size_in_ms"
+)
+
+// xidCount is the number of XIDs of one code.
+type xidCount struct{ code, n int }
+
+// gpuXIDs are one GPU's XIDs: those of DCGM_EXP_XID_ERRORS_COUNT's window
+// and DCGM_EXP_XID_ERRORS_TOTAL's since the start, by code.
+type gpuXIDs struct{ window, total []xidCount }
+
+// xidCounts are the XIDs of each GPU (by index) for the XID count
+// families, when the counters file lists one. The window ends at the
+// sample's time: as dcgm-exporter's, it counts every XID recorded in the
+// last window; the total counts every XID but 0 (no error) since the
+// exporter started, as dcgm-exporter's does since its start.
+func (r *compatRenderer) xidCounts(st *state.State) map[int]*gpuXIDs {
+	out := map[int]*gpuXIDs{}
+	get := func(gpu int) *gpuXIDs {
+		x := out[gpu]
+		if x == nil {
+			x = &gpuXIDs{}
+			out[gpu] = x
+		}
+		return x
+	}
+	for _, c := range st.XIDs {
+		if c.Code != 0 && c.Total > 0 {
+			x := get(c.GPU)
+			x.total = append(x.total, xidCount{c.Code, int(c.Total)})
+		}
+	}
+	since := st.Sample.Time.Add(-r.cfg.XIDCountWindow)
+	window := map[[2]int]int{}
+	for _, e := range st.XIDRecent {
+		if !e.At.Before(since) {
+			window[[2]int{e.GPU, e.Code}]++
+		}
+	}
+	for k, n := range window {
+		x := get(k[0])
+		x.window = append(x.window, xidCount{k[1], n})
+	}
+	for _, x := range out {
+		for _, l := range [][]xidCount{x.window, x.total} {
+			slices.SortFunc(l, func(a, b xidCount) int { return cmp.Compare(a.code, b.code) })
+		}
+	}
+	return out
 }
 
 // compatSeries is a device with series and the labels of each of its
@@ -580,12 +809,13 @@ type podUse struct {
 	uid string
 }
 
-// podMemoryMiB is a pod's DCGM_FI_DEV_FB_USED: its processes' whole MiB.
-func podMemoryMiB(u *podUse) (float64, bool) { return u.memoryMiB, u.memoryKnown }
+// podMemoryBytes is a pod's DCGM_FI_DEV_FB_USED: its processes' whole MiB
+// (as DCGM reports each), in bytes.
+func podMemoryBytes(u *podUse) (float64, bool) { return u.memoryMiB * mib, u.memoryKnown }
 
-// podSMPercent is a pod's DCGM_FI_DEV_GPU_UTIL: its processes' SM
-// utilisation, in whole percent as NVML samples it.
-func podSMPercent(u *podUse) (float64, bool) { return math.Round(u.sm * 100), u.smKnown }
+// podSMRatio is a pod's DCGM_FI_DEV_GPU_UTIL: its processes' SM
+// utilisation, in the whole percent NVML samples it, as a ratio.
+func podSMRatio(u *podUse) (float64, bool) { return math.Round(u.sm*100) / 100, u.smKnown }
 
 // podUses are the use of each pod with processes on, or holding, the
 // units; nil when their processes are not known (no per-process
@@ -756,7 +986,7 @@ const (
 
 // compatLaterLabels are added to a series after the holder's: a pod label of
 // the same name would make the name twice (a page client_golang refuses).
-var compatLaterLabels = []string{"err_code", "err_msg", podUIDLabel, vgpuLabel}
+var compatLaterLabels = []string{"err_code", "err_msg", podUIDLabel, vgpuLabel, xidLabel, xidWindowLabel}
 
 type labelPair struct{ name, value string }
 

@@ -1,14 +1,13 @@
 package render
 
 import (
-	_ "embed" // the default counters file
 	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
-	"sync"
 )
 
 // CompatCounter is one line of a dcgm-exporter counters file
@@ -32,6 +31,11 @@ type CompatCounters struct {
 	// Source names the file, for log lines and errors.
 	Source   string
 	Counters []CompatCounter
+	// Unknown are the lines whose field neither DCGM's headers nor
+	// dcgm-exporter define as far as this exporter knows (a field of a DCGM
+	// release newer than its table): left out, counted and logged, so
+	// that a table that lags DCGM never stops an exporter from starting.
+	Unknown []CompatCounter
 }
 
 // Counter types of a counters file. dcgm-exporter also accepts histogram
@@ -43,26 +47,6 @@ const (
 	CounterLabel   = "label"
 )
 
-// defaultCountersCSV is dcgm-exporter's etc/default-counters.csv (NVIDIA/
-// dcgm-exporter 4.5.3-4.8.2), what it serves without -f: `make generate`
-// copies it here from deploy/dcgm-exporter/default-counters.csv.
-//
-//go:embed default-counters.csv
-var defaultCountersCSV []byte
-
-// DefaultCompatCountersSource names the built-in counters file.
-const DefaultCompatCountersSource = "dcgm-exporter's etc/default-counters.csv (built in)"
-
-// DefaultCompatCounters are the families served without a counters file:
-// dcgm-exporter's own default list.
-var DefaultCompatCounters = sync.OnceValue(func() *CompatCounters {
-	c, err := ParseCompatCounters(DefaultCompatCountersSource, defaultCountersCSV)
-	if err != nil {
-		panic(err) // the embedded file is checked by the tests
-	}
-	return c
-})
-
 // LoadCompatCounters reads and checks a counters file.
 func LoadCompatCounters(path string) (*CompatCounters, error) {
 	b, err := os.ReadFile(path)
@@ -72,11 +56,17 @@ func LoadCompatCounters(path string) (*CompatCounters, error) {
 	return ParseCompatCounters(path, b)
 }
 
+// fieldName is the form of a DCGM field name: DCGM_FI_* or dcgm-exporter's
+// DCGM_EXP_*, upper case.
+var fieldName = regexp.MustCompile(`^DCGM_(FI|EXP)_[A-Z0-9_]+$`)
+
 // ParseCompatCounters checks a counters file in dcgm-exporter's format: one
 // `DCGM field name, prometheus type, help text` per line, `#` starting a
 // comment line (after blanks too), blank lines ignored, a help text with a comma in double
 // quotes. Every line that is wrong is reported, each with its line number
-// and what to do.
+// and what to do. A well-formed line naming a field this exporter does not
+// know is no mistake of the file's (DCGM and dcgm-exporter add fields): it
+// goes to Unknown.
 func ParseCompatCounters(source string, data []byte) (*CompatCounters, error) {
 	// A comment indented (as a file pasted into YAML keeps it) is a comment
 	// too; blanked rather than dropped, so that line numbers stay the file's.
@@ -124,9 +114,8 @@ func ParseCompatCounters(source string, data []byte) (*CompatCounters, error) {
 			continue
 		}
 		name, typ, help := rec[0], rec[1], rec[2]
-		f, ok := dcgmFieldNames[name]
-		if !ok {
-			bad(line, "unknown DCGM field %q: it is neither a field of DCGM's dcgm_fields.h nor one of dcgm-exporter's DCGM_EXP_* names; check the spelling (names are upper case, e.g. DCGM_FI_DEV_GPU_TEMP) or delete the line", name)
+		if !fieldName.MatchString(name) {
+			bad(line, "%q is no DCGM field name: names are upper case and start DCGM_FI_ (DCGM's, e.g. DCGM_FI_DEV_GPU_TEMP) or DCGM_EXP_ (dcgm-exporter's); check the spelling or delete the line", name)
 			continue
 		}
 		switch typ {
@@ -138,6 +127,16 @@ func ParseCompatCounters(source string, data []byte) (*CompatCounters, error) {
 			bad(line, "prometheus type %q of %s: want gauge, counter or label", typ, name)
 			continue
 		}
+		if prev, dup := seen[name]; dup {
+			bad(line, "%s is listed again (first on line %d): delete one of the two lines", name, prev)
+			continue
+		}
+		seen[name] = line
+		f, ok := dcgmFieldNames[name]
+		if !ok {
+			out.Unknown = append(out.Unknown, CompatCounter{Field: name, Type: typ, Help: help, Line: line})
+			continue
+		}
 		if f.typ == 's' && typ != CounterLabel {
 			bad(line, "%s is a text field: list it as label (it becomes a label of every series), not %s", name, typ)
 			continue
@@ -146,17 +145,12 @@ func ParseCompatCounters(source string, data []byte) (*CompatCounters, error) {
 			bad(line, "%s is a binary field, which no metric can carry; delete the line", name)
 			continue
 		}
-		if prev, dup := seen[name]; dup {
-			bad(line, "%s is listed again (first on line %d): delete one of the two lines", name, prev)
-			continue
-		}
-		seen[name] = line
 		out.Counters = append(out.Counters, CompatCounter{Field: name, ID: f.id, Type: typ, Help: help, Line: line})
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	if len(out.Counters) == 0 {
+	if len(out.Counters)+len(out.Unknown) == 0 {
 		return nil, fmt.Errorf("%s: lists no field: give at least one `DCGM field name, prometheus type, help text` line", source)
 	}
 	return out, nil

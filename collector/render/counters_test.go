@@ -1,6 +1,8 @@
 package render
 
 import (
+	"cmp"
+	"encoding/csv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,8 @@ DCGM_FI_DEV_GPU_TEMP ,gauge,GPU temperature (in C).
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, "Double-bit volatile ECC errors, since the last reset."
 DCGM_FI_DRIVER_VERSION, label, Driver Version
 DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
+DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE, gauge, a field of a newer DCGM
+DCGM_EXP_CLOCK_EVENTS_COUNT, gauge, clock events in the window
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -29,6 +33,7 @@ DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
 		{Field: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", ID: 311, Type: CounterCounter, Help: "Double-bit volatile ECC errors, since the last reset.", Line: 6},
 		{Field: "DCGM_FI_DRIVER_VERSION", ID: 1, Type: CounterLabel, Help: "Driver Version", Line: 7},
 		{Field: "DCGM_EXP_XID_ERRORS_COUNT", ID: 9001, Type: CounterGauge, Help: "XIDs in the window", Line: 8},
+		{Field: "DCGM_EXP_CLOCK_EVENTS_COUNT", ID: 9002, Type: CounterGauge, Help: "clock events in the window", Line: 10},
 	}
 	if len(c.Counters) != len(want) {
 		t.Fatalf("got %d counters, want %d: %+v", len(c.Counters), len(want), c.Counters)
@@ -38,9 +43,12 @@ DCGM_EXP_XID_ERRORS_COUNT, gauge, XIDs in the window
 			t.Errorf("line %d: got %+v, want %+v", want[i].Line, c.Counters[i], want[i])
 		}
 	}
+	if len(c.Unknown) != 1 || c.Unknown[0] != (CompatCounter{Field: "DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE", Type: CounterGauge, Help: "a field of a newer DCGM", Line: 9}) {
+		t.Errorf("unknown = %+v, want DCGM_FI_DEV_GPU_TEMPERATURE_OF_THE_FUTURE (line 9) alone", c.Unknown)
+	}
 	unread := CompatUnread(c)
-	if len(unread) != 1 || unread[0].Field != "DCGM_EXP_XID_ERRORS_COUNT" {
-		t.Errorf("unread = %+v, want DCGM_EXP_XID_ERRORS_COUNT alone", unread)
+	if len(unread) != 1 || unread[0].Field != "DCGM_EXP_CLOCK_EVENTS_COUNT" {
+		t.Errorf("unread = %+v, want DCGM_EXP_CLOCK_EVENTS_COUNT alone", unread)
 	}
 }
 
@@ -50,7 +58,9 @@ func TestParseCompatCountersErrors(t *testing.T) {
 		name, file string
 		want       []string
 	}{
-		{"unknown field", "DCGM_FI_DEV_GPU_TEMP, gauge, t\ndcgm_fi_dev_gpu_temp, gauge, t\n", []string{`f.csv:2: unknown DCGM field "dcgm_fi_dev_gpu_temp"`, "check the spelling"}},
+		{"no field name", "DCGM_FI_DEV_GPU_TEMP, gauge, t\ndcgm_fi_dev_gpu_temp, gauge, t\n", []string{`f.csv:2: "dcgm_fi_dev_gpu_temp" is no DCGM field name`, "check the spelling"}},
+		{"unknown field with a bad type", "DCGM_FI_DEV_MADE_UP, gague, t\n", []string{`f.csv:1: prometheus type "gague" of DCGM_FI_DEV_MADE_UP`}},
+		{"unknown field listed twice", "DCGM_FI_DEV_MADE_UP, gauge, t\nDCGM_FI_DEV_MADE_UP, gauge, t\n", []string{"f.csv:2: DCGM_FI_DEV_MADE_UP is listed again"}},
 		{"bad type", "\n\nDCGM_FI_DEV_GPU_TEMP, gague, t\n", []string{`f.csv:3: prometheus type "gague" of DCGM_FI_DEV_GPU_TEMP: want gauge, counter or label`}},
 		{"histogram", "DCGM_FI_DEV_GPU_TEMP, histogram, t\n", []string{`f.csv:1: prometheus type "histogram"`, "use gauge or counter"}},
 		{"two fields", "DCGM_FI_DEV_GPU_TEMP, gauge\n", []string{"f.csv:1: want 3 comma-separated fields", "got 2"}},
@@ -59,7 +69,7 @@ func TestParseCompatCountersErrors(t *testing.T) {
 		{"listed twice", "DCGM_FI_DEV_GPU_TEMP, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\n", []string{"f.csv:2: DCGM_FI_DEV_GPU_TEMP is listed again (first on line 1)"}},
 		{"bare quote", "DCGM_FI_DEV_GPU_TEMP, gauge, 5\" wide\n", []string{"f.csv:1:", "double quotes"}},
 		{"only comments", "# nothing\n\n", []string{"f.csv: lists no field"}},
-		{"several", "DCGM_FI_X, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\nDCGM_FI_DEV_FB_USED, gauges, c\n", []string{"f.csv:1: unknown", "f.csv:3: prometheus type"}},
+		{"several", "DCGM FI X, gauge, a\nDCGM_FI_DEV_GPU_TEMP, gauge, b\nDCGM_FI_DEV_FB_USED, gauges, c\n", []string{"f.csv:1: \"DCGM FI X\" is no DCGM field name", "f.csv:3: prometheus type"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseCompatCounters("f.csv", []byte(tc.file))
@@ -75,55 +85,149 @@ func TestParseCompatCountersErrors(t *testing.T) {
 	}
 }
 
-// The default list is dcgm-exporter's default-counters.csv (make generate
-// keeps the built-in copy equal to deploy/'s).
+// Each release line's default list is the file deploy/ ships for it (make
+// generate keeps the built-in copies equal to deploy/'s): every field known
+// and served, as many as the line's file lists.
 func TestDefaultCompatCounters(t *testing.T) {
-	c := DefaultCompatCounters()
-	if len(CompatUnread(c)) != 0 {
-		t.Errorf("the default list has fields the exporter does not read: %+v", CompatUnread(c))
+	want := map[string]int{"4.8.2": 26, "4.8.3": 26, "4.9": 27, "4.10": 27}
+	for _, rel := range CompatReleases {
+		t.Run(rel.Name, func(t *testing.T) {
+			c := rel.DefaultCounters()
+			if u := CompatUnread(c); len(u) != 0 || len(c.Unknown) != 0 {
+				t.Errorf("fields the exporter does not read: %+v; does not know: %+v", u, c.Unknown)
+			}
+			if got := len(c.Counters); got != want[rel.Name] {
+				t.Errorf("the default list has %d fields, want %d", got, want[rel.Name])
+			}
+			shipped, err := LoadCompatCounters(filepath.Join("..", "..", "deploy", "dcgm-exporter", rel.Name, "default-counters.csv"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range shipped.Counters {
+				if shipped.Counters[i] != c.Counters[i] {
+					t.Errorf("line %d: deploy/'s %+v, built in %+v: run make generate", shipped.Counters[i].Line, shipped.Counters[i], c.Counters[i])
+				}
+			}
+		})
 	}
-	if got := len(c.Counters); got != 26 {
-		t.Errorf("the default list has %d fields, dcgm-exporter 4.5.3-4.8.2's has 26", got)
+	if DefaultCompatCounters() != CompatReleases[1].DefaultCounters() || CompatReleases[1].Name != DefaultCompatRelease {
+		t.Errorf("without a counters file the families are not the default line's (%s)", DefaultCompatRelease)
 	}
 }
 
-// dcgmFieldNames knows every name of the dcgm_fields.h that go-dcgm (the
-// binding this exporter builds with, at the version go.mod pins) carries,
-// with the same ID: a counters file written for that DCGM release loads.
+// dcgmFieldNames is go-dcgm's dcgm_fields.h (the binding this exporter
+// builds with, at the version go.mod pins), later-names.csv and
+// dcgm-exporter's own names, and nothing else: every header name with the
+// same ID, every base-unit field with the legacy field the header says it
+// replaces, every name not of the header from later-names.csv with its
+// source, and none of those a name the header has since defined. A table
+// that drifts from the header either way fails here until
+// scripts/dcgmfields.sh writes it again.
 func TestDCGMFieldNames(t *testing.T) {
 	dir := goDCGMDir(t)
 	h, err := os.ReadFile(filepath.Join(dir, "pkg", "dcgm", "dcgm_fields.h"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	number := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+([0-9]+)[ \t]*$`)
-	alias := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+DCGM_FI_[A-Z0-9_]+[ \t]*//[ \t]*([0-9]+)$`)
+	number := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+([0-9]+)[ \t]*(?://.*)?$`)
+	alias := regexp.MustCompile(`(?m)^#define (DCGM_FI_[A-Z0-9_]+)[ \t]+(DCGM_FI_[A-Z0-9_]+)[ \t]*(?://.*)?$`)
 	marker := regexp.MustCompile(`(FIRST|LAST)_(.*_)?ID$|^DCGM_FI_MAX_|UNKNOWN$|^DCGM_FI_INTERNAL_FIELDS_`)
-	n := 0
-	for _, re := range []*regexp.Regexp{number, alias} {
-		for _, m := range re.FindAllStringSubmatch(string(h), -1) {
-			if marker.MatchString(m[1]) {
-				continue
-			}
-			n++
-			id, _ := strconv.Atoi(m[2])
-			f, ok := dcgmFieldNames[m[1]]
-			switch {
-			case !ok:
-				t.Errorf("%s (ID %d) of go-dcgm's dcgm_fields.h is not in dcgmfields.go: regenerate it (scripts/dcgmfields.sh)", m[1], id)
-			case f.id != id:
-				t.Errorf("%s: ID %d in dcgmfields.go, %d in go-dcgm's dcgm_fields.h", m[1], f.id, id)
-			}
+	ids := map[string]int{}
+	for _, m := range number.FindAllStringSubmatch(string(h), -1) {
+		if !marker.MatchString(m[1]) {
+			ids[m[1]], _ = strconv.Atoi(m[2])
 		}
 	}
-	if n < 900 {
-		t.Errorf("only %d names read from %s", n, dir)
+	aliases := map[string]string{}
+	for _, m := range alias.FindAllStringSubmatch(string(h), -1) {
+		if !marker.MatchString(m[1]) {
+			aliases[m[1]] = m[2]
+		}
 	}
-	for _, name := range []string{"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS"} {
+	for name, target := range aliases {
+		for i := 0; i < 8 && aliases[target] != ""; i++ {
+			target = aliases[target]
+		}
+		id, ok := ids[target]
+		if !ok {
+			t.Fatalf("go-dcgm's dcgm_fields.h: %s names %s, which has no ID", name, target)
+		}
+		ids[name] = id
+	}
+	header := map[string]bool{}
+	for name, id := range ids {
+		header[name] = true
+		f, ok := dcgmFieldNames[name]
+		switch {
+		case !ok:
+			t.Errorf("%s (ID %d) of go-dcgm's dcgm_fields.h is not in dcgmfields.go: regenerate it (scripts/dcgmfields.sh)", name, id)
+		case f.id != id:
+			t.Errorf("%s: ID %d in dcgmfields.go, %d in go-dcgm's dcgm_fields.h", name, f.id, id)
+		case f.source != "":
+			t.Errorf("%s is in go-dcgm's dcgm_fields.h now: delete its line from scripts/dcgmfields/later-names.csv and regenerate dcgmfields.go", name)
+		}
+	}
+	if len(header) < 900 {
+		t.Errorf("only %d names read from %s", len(header), dir)
+	}
+	// The base-unit fields: "Deprecated: Use <new> instead." on the
+	// legacy field's own numeric ID.
+	replaced := regexp.MustCompile(`Deprecated: Use (DCGM_FI_[A-Z0-9_]+) instead\.?[ \t]*\n[ \t]*\*/[ \t]*\n#define (DCGM_FI_[A-Z0-9_]+)[ \t]+[0-9]+`)
+	pairs := replaced.FindAllStringSubmatch(string(h), -1)
+	if len(pairs) < 13 {
+		t.Errorf("only %d legacy fields with a replacement read from go-dcgm's dcgm_fields.h, want the 13 base-unit fields 1600-1612 at least", len(pairs))
+	}
+	for _, m := range pairs {
+		if got := dcgmFieldNames[m[1]].replaces; got != m[2] {
+			t.Errorf("%s replaces %s in go-dcgm's dcgm_fields.h, %q in dcgmfields.go: regenerate it", m[1], m[2], got)
+		}
+	}
+	later := laterNames(t)
+	for name, f := range dcgmFieldNames {
+		switch {
+		case strings.HasPrefix(name, "DCGM_EXP_"):
+		case f.source != "":
+			if later[name] != f.source {
+				t.Errorf("%s: source %q in dcgmfields.go, %q in later-names.csv: regenerate it", name, f.source, later[name])
+			}
+			if _, ok := dcgmFieldNames[cmp.Or(f.replaces, "-")]; f.replaces != "" && !ok {
+				t.Errorf("%s replaces %s, which is no field", name, f.replaces)
+			}
+		case !header[name]:
+			t.Errorf("%s is in dcgmfields.go but neither in go-dcgm's dcgm_fields.h nor in later-names.csv: regenerate it", name)
+		}
+	}
+	for name := range later {
+		if _, ok := dcgmFieldNames[name]; !ok {
+			t.Errorf("%s of later-names.csv is not in dcgmfields.go: regenerate it", name)
+		}
+	}
+	for _, name := range []string{"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_XID_ERRORS_TOTAL", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_CLOCK_EVENTS_TOTAL", "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS"} {
 		if _, ok := dcgmFieldNames[name]; !ok {
 			t.Errorf("dcgm-exporter's %s is not known", name)
 		}
 	}
+}
+
+// laterNames reads scripts/dcgmfields/later-names.csv: name to source.
+func laterNames(t *testing.T) map[string]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "..", "scripts", "dcgmfields", "later-names.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.Comment = '#'
+	recs, err := r.ReadAll()
+	if err != nil || len(recs) < 2 {
+		t.Fatalf("later-names.csv: %v (%d lines)", err, len(recs))
+	}
+	out := map[string]string{}
+	for _, rec := range recs[1:] {
+		out[rec[0]] = rec[4]
+	}
+	return out
 }
 
 // goDCGMDir is the module directory of go-dcgm at the version go.mod pins.
@@ -142,7 +246,7 @@ func goDCGMDir(t *testing.T) string {
 // examples, and the one deploy's chart test puts in a ConfigMap: each
 // loads, and every field the first two list is served.
 func TestShippedCountersFilesLoad(t *testing.T) {
-	for _, name := range []string{"default-counters.csv", "dcp-metrics-included.csv"} {
+	for _, name := range []string{"4.8.2/default-counters.csv", "4.8.2/dcp-metrics-included.csv", "4.8.3/default-counters.csv", "4.8.3/dcp-metrics-included.csv"} {
 		t.Run(name, func(t *testing.T) {
 			c, err := LoadCompatCounters(filepath.Join("..", "..", "deploy", "dcgm-exporter", name))
 			if err != nil {
@@ -151,8 +255,8 @@ func TestShippedCountersFilesLoad(t *testing.T) {
 			if len(c.Counters) != 26 {
 				t.Errorf("%d fields, want dcgm-exporter's 26", len(c.Counters))
 			}
-			if u := CompatUnread(c); len(u) != 0 {
-				t.Errorf("fields this exporter does not read: %+v", u)
+			if u := CompatUnread(c); len(u) != 0 || len(c.Unknown) != 0 {
+				t.Errorf("fields this exporter does not read: %+v; does not know: %+v", u, c.Unknown)
 			}
 		})
 	}

@@ -102,10 +102,9 @@ func (m *monotonic) seriesKey(name string, labels []*dto.LabelPair) string {
 // but its value goes up and down, and protected it would ratchet up by
 // every fall.
 func CounterProtected(name string) bool {
-	fn, ok := dcgmFieldNames[name]
-	if !ok {
+	if _, ok := dcgmFieldNames[name]; !ok {
 		return true
 	}
-	f, ok := compatFields[fn.id]
+	f, _, ok := compatFieldOf(name)
 	return ok && f.count
 }

@@ -71,7 +71,11 @@ func New(cfg Config) (*Renderer, error) {
 		if l := cfg.Compat.HostnameLabel; l != "" && !slices.Contains(HostnameLabels, l) {
 			return nil, fmt.Errorf("dcgm-exporter host name label %q: want one of %v", l, HostnameLabels)
 		}
-		r.compat = newCompatRenderer(*cfg.Compat, cfg.Log)
+		c, err := newCompatRenderer(*cfg.Compat, cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		r.compat = c
 	}
 	r.collector = &stateCollector{groups: cfg.Groups, compat: r.compat}
 	r.reg.MustRegister(r.collector)

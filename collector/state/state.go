@@ -29,6 +29,9 @@ type State struct {
 	PodMeta map[PodRef]podmap.PodMeta
 	XIDs    []xid.Count
 	XIDLast []xid.DeviceLast
+	// XIDRecent are the XID events the counter keeps the times of
+	// (Counter.KeepEvents): dcgm-exporter's windowed XID count.
+	XIDRecent []xid.RecentEvent
 	// XIDOn: an XID reader runs (XIDUp: its set works). XIDCoverage says
 	// which GPUs are registered for events (nil where the source cannot
 	// tell); XIDUncoveredSeconds is how long no event set was open.

@@ -11,6 +11,7 @@ func joinXIDs(st *State, r *xid.Reader) {
 	s := st.Sample
 	st.XIDs = r.Counter().Snapshot()
 	st.XIDLast = r.Counter().LastPerDevice()
+	st.XIDRecent = r.Counter().Recent()
 	st.XIDInstances = migXIDs(s, r.InstanceCounts())
 	st.ECCEvents = make([]xid.ECCEventCount, len(s.GPUs))
 	for i, g := range s.GPUs {

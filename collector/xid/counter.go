@@ -87,6 +87,22 @@ type Counter struct {
 	recent   map[matchKey][]observation
 	lastSeen map[sourceKey]observation // last-value sources only
 	deduped  uint64
+	// keep is how long the times of counted events are kept (KeepEvents);
+	// events are those times, per series, oldest first.
+	keep   time.Duration
+	events map[seriesKey][]time.Time
+}
+
+// maxKeptEvents bounds the event times kept per series: a storm of one XID
+// on one GPU beyond it within the kept time counts only the newest.
+const maxKeptEvents = 1 << 12
+
+// RecentEvent is one counted Xid event whose time the counter keeps.
+type RecentEvent struct {
+	GPU  int
+	UUID string
+	Code int
+	At   time.Time
 }
 
 type seriesKey struct {
@@ -185,7 +201,63 @@ func (c *Counter) AddFrom(source string, gpu int, uuid string, code int, at time
 	}
 
 	c.recent[mk] = prune(append(recent, observation{source: source, code: code, at: at}), at)
+	if c.keep > 0 {
+		c.keepEvent(key, at)
+	}
 	return true
+}
+
+// KeepEvents keeps the time of every event counted from now on for d after
+// the newest of its series (at most maxKeptEvents per series), for Recent;
+// the longest d asked for wins.
+func (c *Counter) KeepEvents(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keep = max(c.keep, d)
+}
+
+func (c *Counter) keepEvent(key seriesKey, at time.Time) {
+	if c.events == nil {
+		c.events = map[seriesKey][]time.Time{}
+	}
+	ts := append(c.events[key], at)
+	// In time order: a DCGM observation may come after a later NVML one.
+	for i := len(ts) - 1; i > 0 && ts[i].Before(ts[i-1]); i-- {
+		ts[i], ts[i-1] = ts[i-1], ts[i]
+	}
+	newest := ts[len(ts)-1]
+	drop := 0
+	for drop < len(ts) && (newest.Sub(ts[drop]) > c.keep || len(ts)-drop > maxKeptEvents) {
+		drop++
+	}
+	c.events[key] = append(ts[:0:0], ts[drop:]...)
+}
+
+// Recent returns the counted events whose times are kept (KeepEvents),
+// sorted by GPU, UUID, code and time.
+func (c *Counter) Recent() []RecentEvent {
+	c.mu.Lock()
+	var out []RecentEvent
+	for k, ts := range c.events {
+		for _, t := range ts {
+			out = append(out, RecentEvent{GPU: k.gpu, UUID: k.uuid, Code: k.code, At: t})
+		}
+	}
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.GPU != b.GPU {
+			return a.GPU < b.GPU
+		}
+		if a.UUID != b.UUID {
+			return a.UUID < b.UUID
+		}
+		if a.Code != b.Code {
+			return a.Code < b.Code
+		}
+		return a.At.Before(b.At)
+	})
+	return out
 }
 
 // prune drops matched observations and those too old to match anything, and

@@ -253,3 +253,44 @@ func TestFirstAndLastPerSeries(t *testing.T) {
 		t.Errorf("after a duplicate: %+v", s)
 	}
 }
+
+// The counter keeps the times of the events counted once asked, for as
+// long as asked after each series' newest, in time order whatever order
+// they came in; without KeepEvents it keeps none.
+func TestCounterKeepsEventTimes(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	c := NewCounter()
+	c.Add(0, "GPU-a", 13, t0)
+	if r := c.Recent(); len(r) != 0 {
+		t.Fatalf("kept %v without KeepEvents", r)
+	}
+	c.KeepEvents(5 * time.Minute)
+	c.Add(0, "GPU-a", 13, t0.Add(time.Minute))
+	c.Add(0, "GPU-a", 13, t0.Add(30*time.Second)) // late
+	c.Add(1, "GPU-b", 79, t0.Add(2*time.Minute))
+	c.Add(0, "GPU-a", 13, t0.Add(7*time.Minute)) // the first two are 6 and 6.5 minutes older
+	got := c.Recent()
+	want := []RecentEvent{
+		{GPU: 0, UUID: "GPU-a", Code: 13, At: t0.Add(7 * time.Minute)},
+		{GPU: 1, UUID: "GPU-b", Code: 79, At: t0.Add(2 * time.Minute)},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Recent() = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("Recent()[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	c.Add(0, "GPU-a", 13, t0.Add(8*time.Minute))
+	c.Add(0, "GPU-a", 13, t0.Add(7*time.Minute+30*time.Second)) // late, within the window
+	var at []time.Duration
+	for _, e := range c.Recent() {
+		if e.GPU == 0 {
+			at = append(at, e.At.Sub(t0))
+		}
+	}
+	if len(at) != 3 || at[0] != 7*time.Minute || at[1] != 7*time.Minute+30*time.Second || at[2] != 8*time.Minute {
+		t.Errorf("GPU 0's kept times %v, want 7m, 7m30s, 8m in order", at)
+	}
+}

@@ -422,6 +422,8 @@ func TestExporterPodLabelsOnARealAPIServer(t *testing.T) {
 		"--node-name=gpu-node-7", "--compat.dcgm-exporter",
 		"--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--compat.dcgm-exporter.kubernetes-enable-pod-labels",
 		"--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app\\.kubernetes\\.io/",
+		// chat-api-0 holds the time-sliced GPU 6 through nvidia.com/gpu.shared.
+		"--compat.dcgm-exporter.nvidia-resource-names=nvidia.com/gpu.shared",
 		"--kubernetes.kubeconfig="+c.kubeconfig(t, exporterToken))
 	var page string
 	waitUntil(t, "/readyz", func() bool {

@@ -15,6 +15,8 @@ package main
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/csv"
 	"flag"
 	"fmt"
 	"go/format"
@@ -23,6 +25,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // field is one name of the table.
@@ -35,6 +38,13 @@ type field struct {
 	// alias is the name this one is an old spelling of ("" for a current
 	// name).
 	alias string
+	// replaces is the legacy field whose value this one gives in the unit
+	// its name states (the header's "Deprecated: Use <this> instead." on
+	// the legacy field's own ID; later names: the release notes').
+	replaces string
+	// source is, for a name of a DCGM release whose header could not be
+	// read (-later), where the name is known from; "" for a header's.
+	source string
 }
 
 func main() {
@@ -44,6 +54,7 @@ func main() {
 	exporterVersion := flag.String("exporter-version", "", "its tag and commit, cited in the output")
 	goDCGM := flag.String("go-dcgm", "", "the github.com/NVIDIA/go-dcgm module directory whose pkg/dcgm/dcgm_fields.h adds the names of the DCGM release it binds (optional)")
 	goDCGMVersion := flag.String("go-dcgm-version", "", "its module version, cited in the output")
+	later := flag.String("later", "", "a CSV of the field names of later DCGM releases whose headers were not available, each with where it is known from (name,id,replaces,same_id_as,source); optional")
 	out := flag.String("o", "collector/render/dcgmfields.go", "the Go file to write")
 	flag.Parse()
 	if *dcgmDir == "" || *exporterDir == "" || *dcgmVersion == "" || *exporterVersion == "" {
@@ -57,6 +68,11 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	if *later != "" {
+		if fields, err = laterFields(*later, fields); err != nil {
+			fail(err)
+		}
+	}
 	exp, err := exporterFields(*exporterDir)
 	if err != nil {
 		fail(err)
@@ -65,7 +81,7 @@ func main() {
 	if *goDCGM != "" {
 		sources += " and github.com/NVIDIA/go-dcgm " + *goDCGMVersion
 	}
-	src, err := render(fields, exp, sources, *exporterVersion)
+	src, err := render(fields, exp, sources, cmp.Or(*later, "none"), *exporterVersion)
 	if err != nil {
 		fail(err)
 	}
@@ -87,6 +103,9 @@ var (
 	notAField = regexp.MustCompile(`^DCGM_FI_(.*_)?(FIRST|LAST)_(.*_)?(FIELD_)?ID$|^DCGM_FI_MAX_|^DCGM_FI_(SYSTEM_FIELD_)?UNKNOWN$|^DCGM_FI_INTERNAL_FIELDS_[0-9]+_(START|END)$`)
 	populate  = regexp.MustCompile(`DcgmFieldsPopulateOneFieldWithFormatting\(\s*(\w+),\s*(DCGM_FT_\w+)`)
 	loop      = regexp.MustCompile(`for \(unsigned int fieldId = (DCGM_FI_\w+); fieldId <= (DCGM_FI_\w+); fieldId\+\+\)`)
+	// deprecatedFor is a legacy field's doc comment naming the field that
+	// replaces it, right before its numeric #define.
+	deprecatedFor = regexp.MustCompile(`Deprecated: Use (DCGM_FI_[A-Z0-9_]+) instead\.?[ \t]*\n[ \t]*\*/[ \t]*\n#define (DCGM_FI_[A-Z0-9_]+)[ \t]+([0-9]+)`)
 )
 
 // dcgmFields reads the names and IDs of the dcgm_fields.h headers (the
@@ -98,6 +117,7 @@ func dcgmFields(headers []string, cppPath string) ([]field, error) {
 	}
 	ids := map[string]int{}
 	aliases := map[string]string{}
+	replaces := map[string]string{} // successor -> legacy
 	for _, path := range headers {
 		h, err := os.ReadFile(path)
 		if err != nil {
@@ -113,6 +133,11 @@ func dcgmFields(headers []string, cppPath string) ([]field, error) {
 		for _, m := range defineAlias.FindAllStringSubmatch(string(h), -1) {
 			if _, seen := aliases[m[1]]; !seen && !notAField.MatchString(m[1]) {
 				aliases[m[1]] = m[2]
+			}
+		}
+		for _, m := range deprecatedFor.FindAllStringSubmatch(string(h), -1) {
+			if _, seen := replaces[m[1]]; !seen {
+				replaces[m[1]] = m[2]
 			}
 		}
 	}
@@ -156,7 +181,14 @@ func dcgmFields(headers []string, cppPath string) ([]field, error) {
 		if !ok {
 			t = '?'
 		}
-		out = append(out, field{name: name, id: id, typ: t})
+		out = append(out, field{name: name, id: id, typ: t, replaces: replaces[name]})
+	}
+	for legacy, successor := range replaces {
+		a, okA := ids[legacy]
+		b, okB := ids[successor]
+		if !okA || !okB || a == b {
+			return nil, fmt.Errorf("dcgm_fields.h: %s is deprecated for %s, which must be two fields with IDs of their own", legacy, successor)
+		}
 	}
 	for name := range aliases {
 		id, ok := resolve(name)
@@ -178,6 +210,53 @@ func dcgmFields(headers []string, cppPath string) ([]field, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out, nil
+}
+
+// laterFields adds the names of a -later CSV (name,id,replaces,same_id_as,
+// source; '#' comments) to the header's. Each must be new to the headers
+// and name a header's field: one it replaces under a new ID (a base-unit
+// field: id is its own), or one whose ID it takes (a rename that keeps the
+// ID: id is left empty).
+func laterFields(path string, fields []field) ([]field, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.Comment = '#'
+	recs, err := r.ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	const head = "name,id,replaces,same_id_as,source"
+	if len(recs) == 0 || strings.Join(recs[0], ",") != head {
+		return nil, fmt.Errorf("%s: the first line must be %s", path, head)
+	}
+	known := map[string]field{}
+	for _, f := range fields {
+		known[f.name] = f
+	}
+	for i, rec := range recs[1:] {
+		name, idText, repl, sameID, source := rec[0], rec[1], rec[2], rec[3], rec[4]
+		if _, dup := known[name]; dup {
+			return nil, fmt.Errorf("%s: %s is a name of the headers now: delete its line", path, name)
+		}
+		t, ok := known[cmp.Or(repl, sameID)]
+		if source == "" || (repl == "") == (sameID == "") || !ok || t.alias != "" {
+			return nil, fmt.Errorf("%s: line %d: want a source and one of replaces or same_id_as naming a current field of the headers", path, i+2)
+		}
+		nf := field{name: name, typ: '?', replaces: repl, source: source}
+		if sameID != "" {
+			nf.id, nf.typ = t.id, t.typ
+		} else if nf.id, err = strconv.Atoi(idText); err != nil {
+			return nil, fmt.Errorf("%s: line %d: id %q: %w", path, i+2, idText, err)
+		}
+		known[name] = nf
+		fields = append(fields, nf)
+	}
+	sort.Slice(fields, func(i, j int) bool { return fields[i].name < fields[j].name })
+	return fields, nil
 }
 
 func typeLetter(ft string) byte {
@@ -238,7 +317,7 @@ func exporterFields(dir string) ([]field, error) {
 	return out, nil
 }
 
-func render(fields, exp []field, dcgmSources, exporterVersion string) ([]byte, error) {
+func render(fields, exp []field, dcgmSources, laterPath, exporterVersion string) ([]byte, error) {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `// Code generated by scripts/dcgmfields; DO NOT EDIT.
 
@@ -253,20 +332,29 @@ type dcgmFieldName struct {
 	// alias is the current name of a renamed field's old name, "" for a
 	// current name.
 	alias string
+	// replaces is the legacy field whose value this one gives in the unit
+	// its name states (a base-unit field: DCGM_FI_DEV_SM_CLOCK_HERTZ
+	// replaces DCGM_FI_DEV_SM_CLOCK, in MHz), "" for none.
+	replaces string
+	// source is, for a name of a later DCGM release whose header was not
+	// available, where the name is known from; "" for a header's name.
+	source string
 }
 
 // dcgmFieldNames are every field name of %s
 // (dcgm_fields.h; each renamed field's old name too, with the ID of
-// the name it became) with the value type NVIDIA/DCGM's
+// the name it became, and the legacy field each base-unit field replaces)
+// with the value type NVIDIA/DCGM's
 // dcgmlib/src/dcgm_fields.cpp registers it with ('d' double, 'i' int64,
 // 's' string, 'b' binary, 't' timestamp; '?' where it registers a computed
-// range or does not know the name), and dcgm-exporter's
-// own DCGM_EXP_* names (NVIDIA/dcgm-exporter %s,
+// range or does not know the name), the names of later DCGM releases
+// known only from release notes (%s, each with its source), and
+// dcgm-exporter's own DCGM_EXP_* names (NVIDIA/dcgm-exporter %s,
 // internal/pkg/counters).
 var dcgmFieldNames = map[string]dcgmFieldName{
-`, dcgmSources, exporterVersion)
+`, dcgmSources, laterPath, exporterVersion)
 	for _, f := range append(append([]field(nil), fields...), exp...) {
-		fmt.Fprintf(&b, "\t%q: {%d, '%c', %q},\n", f.name, f.id, f.typ, f.alias)
+		fmt.Fprintf(&b, "\t%q: {%d, '%c', %q, %q, %q},\n", f.name, f.id, f.typ, f.alias, f.replaces, f.source)
 	}
 	b.WriteString("}\n")
 	return format.Source(b.Bytes())

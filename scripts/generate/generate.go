@@ -40,6 +40,7 @@ var owned = []string{
 	"dashboards/*.json",
 	chart + "/files/*",
 	chart + "/files/dashboards/*",
+	"collector/render/dcgm-exporter/*/*",
 }
 
 // header is the first line of every generated YAML file but the alerts/
@@ -51,10 +52,10 @@ func header(source string) string {
 // Files returns every generated file in the order make generate writes
 // them: the GMP rules, the shard and global layers, the promtool tests from
 // real pages (alerts/pages), the dashboards, the Helm chart's copies, the
-// kustomize rule objects, the built-in copy of dcgm-exporter's counters
-// file. Its inputs on disk are alerts/gpu-pool-exporter.rules.yml, the
+// kustomize rule objects, the built-in copies of dcgm-exporter's default
+// counters files. Its inputs on disk are alerts/gpu-pool-exporter.rules.yml, the
 // fixture sources alerts/pages/testdata/*.yml and
-// deploy/dcgm-exporter/default-counters.csv under root; the dashboards come from
+// deploy/dcgm-exporter/<release>/default-counters.csv under root; the dashboards come from
 // dashboards/boards, the pages from the exporter's own code.
 func Files(root string) ([]File, error) {
 	src, err := os.ReadFile(filepath.Join(root, rulesSrc))
@@ -172,20 +173,26 @@ func Files(root string) ([]File, error) {
 			"    gpu-pool-exporter/rules-layer: "+l+"\n", rules[s]))
 	}
 
-	// The exporter's built-in counters list: dcgm-exporter's
+	// The exporter's built-in counters lists: each release line's
 	// default-counters.csv as deploy/ ships it for users, embedded where
-	// go:embed can reach it. Byte for byte, like dcgm-exporter's own file:
+	// go:embed can reach it. Byte for byte, like dcgm-exporter's own files:
 	// no header.
-	counters, err := os.ReadFile(filepath.Join(root, countersSrc))
-	if err != nil {
-		return nil, err
+	for _, rel := range countersReleases {
+		counters, err := os.ReadFile(filepath.Join(root, countersDir, rel, "default-counters.csv"))
+		if err != nil {
+			return nil, err
+		}
+		add("collector/render/dcgm-exporter/"+rel+"/default-counters.csv", counters)
 	}
-	add("collector/render/default-counters.csv", counters)
 	return out, nil
 }
 
-// countersSrc is dcgm-exporter's default counters file as deploy/ ships it.
-const countersSrc = "deploy/dcgm-exporter/default-counters.csv"
+// countersDir holds dcgm-exporter's default counters file of each release
+// line (countersReleases) as deploy/ ships it.
+const countersDir = "deploy/dcgm-exporter"
+
+// countersReleases are the release lines of render.CompatReleases.
+var countersReleases = []string{"4.8.2", "4.8.3", "4.9", "4.10"}
 
 var docSeparator = regexp.MustCompile(`^---\s*$`)
 

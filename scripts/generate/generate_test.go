@@ -35,7 +35,11 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 func TestWriteIsIdempotent(t *testing.T) {
 	root := t.TempDir()
 	tree := map[string][]byte{}
-	for _, s := range []string{rulesSrc, countersSrc} {
+	srcs := []string{rulesSrc}
+	for _, rel := range countersReleases {
+		srcs = append(srcs, filepath.Join(countersDir, rel, "default-counters.csv"))
+	}
+	for _, s := range srcs {
 		b, err := os.ReadFile(filepath.Join("../..", s))
 		if err != nil {
 			t.Fatal(err)
