@@ -37,12 +37,14 @@ type MIGDevice struct {
 // (another profile, another tenant): counted by the device's UUID, a
 // tenant's XIDs stay with its device and leave with it.
 type InstanceResolver interface {
-	// MIGDevices returns the MIG devices of the GPU with NVML index gpu
-	// (uuid, when not "", confirms it) in GPU instance in.GPUInstance with
+	// MIGDevices returns the MIG devices of the GPU with that uuid (at NVML
+	// index gpu when uuid is "") in GPU instance in.GPUInstance with
 	// compute instance in.ComputeInstance, or every compute instance of it
-	// when that is -1. known is false while the GPU's MIG devices have not
-	// been read.
-	MIGDevices(gpu int, uuid string, in Instance) (devices []MIGDevice, known bool)
+	// when that is -1, as they were at time at (the XID's). known is false
+	// while the GPU's MIG devices have not been read since at: a device
+	// destroyed and another created with its IDs just before the XID must
+	// not take the new device's XID with it.
+	MIGDevices(gpu int, uuid string, in Instance, at time.Time) (devices []MIGDevice, known bool)
 }
 
 // InstanceCount is the Xid events of one code on one MIG device; they are
@@ -103,7 +105,7 @@ func (c *instanceCounts) add(res InstanceResolver, x instanceXID) {
 		c.count(x, MIGDevice{ComputeInstance: x.in.ComputeInstance})
 		return
 	}
-	devs, known := res.MIGDevices(x.gpu, x.uuid, x.in)
+	devs, known := res.MIGDevices(x.gpu, x.uuid, x.in, x.at)
 	if !known && len(c.pending) < maxPending {
 		c.pending = append(c.pending, x)
 		return
@@ -119,7 +121,7 @@ func (c *instanceCounts) resolvePending(res InstanceResolver, now time.Time) {
 		var devs []MIGDevice
 		known := false
 		if res != nil {
-			devs, known = res.MIGDevices(x.gpu, x.uuid, x.in)
+			devs, known = res.MIGDevices(x.gpu, x.uuid, x.in, x.at)
 		}
 		if !known && now.Sub(x.at) < pendingFor {
 			kept = append(kept, x)
