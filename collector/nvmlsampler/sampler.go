@@ -948,10 +948,11 @@ func (s *Sampler) lost(err error) {
 // MIGDevices names the MIG devices the sampler read last in a GPU instance
 // of a GPU (xid.InstanceResolver): the compute instance in.ComputeInstance,
 // or every one when it is -1. The GPU is the one with that uuid, or at that
-// index when uuid is "". known is false until a sample that began after at
-// found the GPU's MIG devices: an XID may come from a device created (in
-// place of one destroyed, with its IDs) since the previous sample.
-func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance, at time.Time) (devices []xid.MIGDevice, known bool) {
+// index when uuid is "". known is false until a sample that began after the
+// XID was received found the GPU's MIG devices: an XID may come from a
+// device created (in place of one destroyed, with its IDs) since the
+// previous sample.
+func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance, received time.Time) (devices []xid.MIGDevice, known bool) {
 	s.mu.Lock()
 	workers := s.workers
 	s.mu.Unlock()
@@ -962,7 +963,7 @@ func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance, at time.Time
 			continue
 		}
 		defer w.identMu.Unlock()
-		if w.ident.UUID == "" || w.migChecked.Before(at) {
+		if w.ident.UUID == "" || w.migChecked.Before(received) {
 			return nil, false
 		}
 		for _, m := range w.migIdent {

@@ -622,7 +622,7 @@ func (r *Reader) handle(ev Event) {
 			// A tenant's XID 13/31/43 on MIG points at its instance, and
 			// so at its pod.
 			r.mu.Lock()
-			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at})
+			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at, received: time.Now()})
 			r.mu.Unlock()
 		}
 	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:
