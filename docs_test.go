@@ -225,6 +225,7 @@ var typeLine = regexp.MustCompile(`(?m)^# TYPE (\S+) `)
 var absentOnSimulatedNode = map[string]string{
 	"gpu_retired_pages":                                   "page retirement: pre-Ampere GPUs only",
 	"gpu_row_remap_banks_low_availability":                "served only for GPUs with banks short of spare rows; the default scenario has none",
+	"gpu_mig_mode_pending":                                "served only while a MIG mode change waits for a GPU reset; the default scenario has none",
 	"gpu_retired_pages_pending":                           "page retirement: pre-Ampere GPUs only",
 	"gpu_kubelet_unmatched_device_ids":                    "every kubelet device ID matches a device",
 	"gpu_xid_errors_total":                                "no XID in the default scenario",

@@ -252,11 +252,11 @@ func checkGPUNodeAffinity(t *testing.T, where string, a *corev1.Affinity) {
 			continue
 		}
 		// Beyond the selecting expression, only the step-aside during a GPU
-		// Operator driver upgrade (TestStepsAsideForDriverUpgrade).
+		// Operator driver upgrade or MIG change (TestStepsAsideForDriverUpgrade).
 		stepAside := true
 		for _, x := range term.MatchExpressions[1:] {
 			stepAside = stepAside && strings.HasPrefix(x.Key, "nvidia.com/gpu.deploy.") && x.Operator == corev1.NodeSelectorOpNotIn &&
-				slices.Equal(x.Values, []string{"paused-for-driver-upgrade"})
+				slices.Equal(x.Values, []string{"paused-for-driver-upgrade", "paused-for-mig-change"})
 		}
 		if !stepAside {
 			continue

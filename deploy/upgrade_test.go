@@ -43,9 +43,16 @@ func matchesNode(t *testing.T, a *corev1.Affinity, node map[string]string) bool 
 // During a GPU Operator driver upgrade, k8s-driver-manager sets the
 // operator's nvidia.com/gpu.deploy.<component> labels to
 // paused-for-driver-upgrade before it unloads the kernel modules; an
-// exporter that still holds /dev/nvidia* open keeps them loaded. The
-// rendered DaemonSets must not run on such a node, and must on every other
-// GPU node.
+// exporter that still holds /dev/nvidia* open keeps them loaded. During a
+// MIG reconfiguration the MIG manager (mig-parted's k8s-mig-manager,
+// pkg/mig/reconfigure: shutdownKubernetesGPUClients, maybeSetPaused) sets
+// nvidia.com/gpu.deploy.{device-plugin,gpu-feature-discovery,dcgm-exporter,
+// dcgm,nvsm} to paused-for-mig-change (a "false" stays "false") and
+// nvidia.com/mig.config.state to pending, then resets the GPUs, which an
+// open /dev/nvidia* can block; afterwards it sets them back to true and the
+// state to success (or failed). The rendered DaemonSets must not run on
+// such a node, and must on every other GPU node, the MIG manager's success
+// and failure included.
 func TestStepsAsideForDriverUpgrade(t *testing.T) {
 	operatorNode := map[string]string{
 		"nvidia.com/gpu.present":                        "true",
@@ -90,6 +97,27 @@ func TestStepsAsideForDriverUpgrade(t *testing.T) {
 		noDCGMExporter[k] = v
 	}
 	noDCGMExporter["nvidia.com/gpu.deploy.dcgm-exporter"] = "false"
+	// What the MIG manager writes before it changes the MIG layout, and
+	// after: the labels it pauses, and the state label.
+	migState := func(state string, paused bool) map[string]string {
+		out := map[string]string{}
+		for k, v := range operatorNode {
+			out[k] = v
+		}
+		for _, c := range []string{"device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm"} {
+			k := "nvidia.com/gpu.deploy." + c
+			if paused && out[k] != "false" {
+				out[k] = "paused-for-mig-change"
+			} else if !paused && out[k] != "false" {
+				out[k] = "true"
+			}
+		}
+		out["nvidia.com/mig.config"] = "all-1g.10gb"
+		out["nvidia.com/mig.config.state"] = state
+		return out
+	}
+	migNoDCGMExporter := migState("pending", true)
+	migNoDCGMExporter["nvidia.com/gpu.deploy.dcgm-exporter"] = "false"
 	nodes := []struct {
 		name   string
 		labels map[string]string
@@ -98,6 +126,10 @@ func TestStepsAsideForDriverUpgrade(t *testing.T) {
 		{"GPU Operator node", operatorNode, true},
 		{"GPU Operator node during a driver upgrade", upgrading, false},
 		{"driver upgrade, operator without dcgm-exporter", noDCGMExporter, false},
+		{"GPU Operator node during a MIG change", migState("pending", true), false},
+		{"MIG change, operator without dcgm-exporter", migNoDCGMExporter, false},
+		{"GPU Operator node after a MIG change", migState("success", false), true},
+		{"GPU Operator node after a failed MIG change", migState("failed", false), true},
 		{"GPU node without the operator", map[string]string{"nvidia.com/gpu.present": "true"}, true},
 		{"GKE GPU node", map[string]string{"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, true},
 		{"CPU node", map[string]string{"kubernetes.io/os": "linux"}, false},

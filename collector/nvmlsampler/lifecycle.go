@@ -264,6 +264,20 @@ func (g *gatedWaiter) Covered() []xid.Coverage {
 	return nil
 }
 
+// RegisterAgain passes a GPU's new registration through.
+func (g *gatedWaiter) RegisterAgain(gpu int, uuid string) bool {
+	if !g.current() {
+		return true // the set went with its driver: the next one lists the GPUs afresh
+	}
+	r, ok := g.w.(xid.BoardRegistrar)
+	if !ok {
+		return true
+	}
+	g.life.inUse.RLock()
+	defer g.life.inUse.RUnlock()
+	return r.RegisterAgain(gpu, uuid)
+}
+
 // RetryMissing passes a retry of the devices left out through.
 func (g *gatedWaiter) RetryMissing() {
 	if !g.current() {

@@ -64,7 +64,16 @@ func nvmlProfileName(h Device, p probes, id int) string {
 // discoverMIGLayout reads a MIG GPU's profiles, placements and instances.
 // Profile names are NVML's own where the driver gives them.
 func discoverMIGLayout(h Device, p probes) *sample.MIGLayout {
+	l, _ := readMIGLayout(h, p)
+	return l
+}
+
+// readMIGLayout is discoverMIGLayout, also returning the profiles the GPU
+// supports as NVML describes them, to list their GPU instances again
+// (gpuInstancesChanged).
+func readMIGLayout(h Device, p probes) (*sample.MIGLayout, []nvml.GpuInstanceProfileInfo) {
 	l := &sample.MIGLayout{Instances: map[int]sample.MIGPlacement{}}
+	var infos []nvml.GpuInstanceProfileInfo
 	var deviceMemory uint64
 	if m, ret := h.GetMemoryInfo(); ret == nvml.SUCCESS {
 		deviceMemory = m.Total
@@ -89,6 +98,7 @@ func discoverMIGLayout(h Device, p probes) *sample.MIGLayout {
 			}
 		}
 		l.Profiles = append(l.Profiles, p)
+		infos = append(infos, info)
 		if int(info.SliceCount) > l.TotalSlices {
 			l.TotalSlices = int(info.SliceCount)
 		}
@@ -106,7 +116,36 @@ func discoverMIGLayout(h Device, p probes) *sample.MIGLayout {
 		}
 	}
 	if len(l.Profiles) == 0 {
-		return nil
+		return nil, nil
 	}
-	return l
+	return l, infos
+}
+
+// gpuInstancesChanged reports whether the GPU instances differ from the
+// layout's: one created or destroyed (with or without compute instances:
+// one without has no MIG device, so the MIG device UUIDs cannot tell), or
+// moved. It costs one call per profile and one per GPU instance.
+func gpuInstancesChanged(h Device, layout *sample.MIGLayout, profiles []nvml.GpuInstanceProfileInfo) bool {
+	if layout == nil {
+		return false
+	}
+	seen := 0
+	for i := range profiles {
+		gis, ret := h.GetGpuInstances(&profiles[i])
+		if ret != nvml.SUCCESS {
+			continue // as discovery skips it
+		}
+		for _, gi := range gis {
+			info, ret := gi.GetInfo()
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			in, ok := layout.Instances[int(info.Id)]
+			if !ok || in.ProfileID != int(profiles[i].Id) || in.Start != int(info.Placement.Start) || in.Size != int(info.Placement.Size) {
+				return true
+			}
+			seen++
+		}
+	}
+	return seen != len(layout.Instances)
 }

@@ -72,6 +72,14 @@ type Sampler struct {
 	driver  sample.DriverInfo
 	probes  probes
 	workers []*gpuWorker
+	// known are the GPUs of the previous discovery, until every GPU of
+	// this one has told its UUID: those NVML no longer lists become
+	// ghosts.
+	known []*gpuWorker
+	// ghosts are GPUs NVML listed before a re-initialisation and no longer
+	// lists: each stays on the page, down, under the identity it had (a
+	// GPU lost to the driver keeps its series, as one lost from the bus).
+	ghosts []*gpuWorker
 }
 
 // NewSampler returns a sampler of lib. It starts nvmlInit in the background
@@ -140,6 +148,10 @@ func (s *Sampler) discover() error {
 		workers = append(workers, w)
 	}
 	s.mu.Lock()
+	// The GPUs are followed by UUID, not by index: after a re-init that
+	// lists fewer or more GPUs the indices move.
+	s.known = append(append(s.known, s.workers...), s.ghosts...)
+	s.ghosts = nil
 	s.driver, s.probes, s.workers = d, p, workers
 	s.mu.Unlock()
 	timer := time.NewTimer(cfg.DeviceTimeout)
@@ -193,9 +205,10 @@ func (s *Sampler) Sample(ctx context.Context) *sample.NodeSample {
 		out.Duration = time.Since(start)
 		return out
 	}
+	s.settleKnown()
 	s.mu.Lock()
-	workers := s.workers
-	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]sample.GPUState, len(workers))}
+	workers, ghosts := s.workers, s.ghosts
+	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver, GPUs: make([]sample.GPUState, len(workers), len(workers)+len(ghosts))}
 	s.mu.Unlock()
 	done := make(chan struct{}, len(workers))
 	pending := 0
@@ -241,12 +254,50 @@ wait:
 			gone = w.gone
 		}
 	}
+	for _, g := range ghosts {
+		out.GPUs = append(out.GPUs, g.staleState())
+	}
 	if gone != nil {
 		s.lost(gone)
 	}
 	out.NVML = s.life.status()
 	out.Duration = time.Since(start)
 	return out
+}
+
+// settleKnown matches the GPUs of the previous discovery with this one's
+// by UUID, once every GPU of this one has told it (or its discovery
+// returned without): a GPU NVML no longer lists becomes a ghost, reported
+// lost until a later discovery lists it again.
+func (s *Sampler) settleKnown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.known) == 0 {
+		return
+	}
+	listed := map[string]bool{}
+	for _, w := range s.workers {
+		uuid := w.uuid()
+		if uuid == "" && w.busy.Load() {
+			return // still discovering: it may be one of them
+		}
+		listed[uuid] = true
+	}
+	seen := map[string]bool{}
+	for _, k := range s.known {
+		uuid := k.uuid()
+		if uuid == "" || listed[uuid] || seen[uuid] {
+			continue
+		}
+		seen[uuid] = true
+		if !k.ghost {
+			k.ghost = true
+			k.log.Warn().Str("uuid", uuid).Int("last_index", k.index).
+				Msg("NVML no longer lists this GPU after nvmlInit: it stays on the page lost (gpu_up 0) under its last index until NVML lists it again or the exporter restarts")
+		}
+		s.ghosts = append(s.ghosts, k)
+	}
+	s.known = nil
 }
 
 // healthEvery: NVLink error counters (up to 18 links x 4 counters) are read
@@ -280,16 +331,33 @@ type gpuWorker struct {
 	lastSeen   uint64 // newest per-process utilization sample read, in µs
 	// gone is the answer of a call that says the driver went away
 	// (UNINITIALIZED, DRIVER_NOT_LOADED) in the latest read, else nil.
-	gone    error
-	result  sample.GPUState
-	identMu sync.Mutex // guards ident for staleState while a read is stuck
+	gone   error
+	result sample.GPUState
+	// migProfiles are the GPU instance profiles as NVML described them at
+	// discovery, to list the GPU instances again each sample.
+	migProfiles []nvml.GpuInstanceProfileInfo
+	// ghost: NVML no longer lists the GPU (settleKnown); never read again.
+	ghost   bool
+	identMu sync.Mutex // guards ident, migPending and migChecked for staleState and MIGDevices while a read runs
+	// migPending is sample.GPUState.MIGPending.
+	migPending string
+	// migChecked is when the latest sample found the MIG devices to be
+	// those migIdent holds (zero: never): an XID that came later may be
+	// on a device created since (MIGDevices).
+	migChecked time.Time
+}
+
+func (w *gpuWorker) uuid() string {
+	w.identMu.Lock()
+	defer w.identMu.Unlock()
+	return w.ident.UUID
 }
 
 // staleState is the GPU's identity with Up=false and no values.
 func (w *gpuWorker) staleState() sample.GPUState {
 	w.identMu.Lock()
 	defer w.identMu.Unlock()
-	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout}
+	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout, MIGPending: w.migPending}
 	g.Up = false
 	g.Values = sample.Values{}
 	for _, m := range w.migIdent {
@@ -350,22 +418,66 @@ func (w *gpuWorker) discover() {
 	var migHandles []Device
 	var migIdent []sample.DeviceState
 	var layout *sample.MIGLayout
-	mode, _, ret := h.GetMigMode()
+	profiles := w.migProfiles
+	mode, pending, ret := h.GetMigMode()
 	switch {
 	case ret == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE:
 		id.MIGEnabled = true
 		migHandles, migIdent = discoverMIG(h, id)
-		layout = discoverMIGLayout(h, w.probes)
+		layout, profiles = readMIGLayout(h, w.probes)
 	case ret != nvml.SUCCESS && !unsupported(ret) && prev.MIGEnabled:
 		// The GPU does not answer: keep its MIG instances' identities.
 		id.MIGEnabled = true
 		migIdent, layout = w.migIdent, w.layout
 		migHandles = w.migHandles
 	}
+	w.migProfiles = profiles
+	if ret == nvml.SUCCESS {
+		w.notePendingMode(id.UUID, mode, pending)
+	} else if unsupported(ret) {
+		w.notePendingMode(id.UUID, 0, 0)
+	}
 	if n, ok := sysfsNUMANode(w.sysfs, id.PCIBusID); ok {
 		w.numa = sample.Some(n)
 	}
 	w.setIdent(id, migHandles, migIdent, layout)
+}
+
+// migModeName names a MIG mode as gpu_info's mig_mode label does.
+func migModeName(mode int) string {
+	if mode == nvml.DEVICE_MIG_ENABLE {
+		return "enabled"
+	}
+	return "disabled"
+}
+
+// pendingMode is the MIG mode the next reset applies, "" when it is the
+// current one.
+func pendingMode(current, pending int) string {
+	if (current == nvml.DEVICE_MIG_ENABLE) == (pending == nvml.DEVICE_MIG_ENABLE) {
+		return ""
+	}
+	return migModeName(pending)
+}
+
+// notePendingMode records the pending MIG mode and logs when one appears
+// and when it goes (applied by a reset, or withdrawn): once each, however
+// many samples see it.
+func (w *gpuWorker) notePendingMode(uuid string, current, pending int) {
+	next := pendingMode(current, pending)
+	w.identMu.Lock()
+	prev := w.migPending
+	w.migPending = next
+	w.identMu.Unlock()
+	switch {
+	case next != "" && next != prev:
+		w.log.Warn().Str("uuid", uuid).Str("mig_mode", migModeName(current)).Str("pending_mig_mode", next).
+			Msg("MIG mode change is pending: it takes effect at the GPU's next reset (nvidia-smi -r) or a reboot; gpu_mig_mode_pending says so until then")
+	case next == "" && prev != "" && migModeName(current) == prev:
+		w.log.Info().Str("uuid", uuid).Str("mig_mode", prev).Msg("MIG mode change applied: the GPU was reset")
+	case next == "" && prev != "":
+		w.log.Info().Str("uuid", uuid).Str("mig_mode", migModeName(current)).Msg("pending MIG mode change withdrawn: the GPU keeps its mode")
+	}
 }
 
 func (w *gpuWorker) setIdent(id sample.DeviceState, mh []Device, mi []sample.DeviceState, layout *sample.MIGLayout) {
@@ -427,20 +539,26 @@ func pciBusID(p nvml.PciInfo) string {
 	return fmt.Sprintf("%08x:%02x:%02x.0", p.Domain, p.Bus, p.Device)
 }
 
-// migChanged reports whether the GPU's MIG mode or MIG devices differ from
-// what discovery saw, so that a reconfiguration (nvidia-smi mig, the MIG
-// manager) shows in the very next sample. It costs one call for a GPU
-// without MIG and two per MIG device slot with it.
+// migChanged reports whether the GPU's MIG mode (current or pending), MIG
+// devices or GPU instances differ from what discovery saw, so that a
+// reconfiguration (nvidia-smi mig, the MIG manager) shows in the very next
+// sample: compute instances by their MIG devices' UUIDs, GPU instances by
+// listing them (one without compute instances has no MIG device). It costs
+// one call for a GPU without MIG; with it two per MIG device slot, one per
+// GPU instance profile and one per GPU instance.
 func (w *gpuWorker) migChanged() bool {
 	if w.handle == nil {
 		return false
 	}
-	mode, _, ret := w.handle.GetMigMode()
+	mode, pending, ret := w.handle.GetMigMode()
 	if ret != nvml.SUCCESS {
 		return false // unsupported, or failing: the read says which
 	}
 	enabled := mode == nvml.DEVICE_MIG_ENABLE
-	if enabled != w.ident.MIGEnabled {
+	w.identMu.Lock()
+	was := w.migPending
+	w.identMu.Unlock()
+	if enabled != w.ident.MIGEnabled || pendingMode(mode, pending) != was {
 		return true
 	}
 	if !enabled {
@@ -462,17 +580,18 @@ func (w *gpuWorker) migChanged() bool {
 		}
 		seen++
 	}
-	return seen != len(w.migIdent)
+	return seen != len(w.migIdent) || gpuInstancesChanged(w.handle, w.layout, w.migProfiles)
 }
 
 // read samples the GPU and its MIG instances. It runs in its own goroutine.
 func (w *gpuWorker) read() sample.GPUState {
 	w.samples++
 	w.gone = nil
+	checked := time.Now()
 	if w.handle == nil || w.failures >= 3 || w.samples%w.rediscoverEvery == 0 || w.migChanged() {
 		w.discover()
 	}
-	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout}
+	g := sample.GPUState{DeviceState: w.ident, MIGLayout: w.layout, MIGPending: w.migPending}
 	if w.handle == nil {
 		w.failures++
 		return w.staleState()
@@ -515,6 +634,9 @@ func (w *gpuWorker) read() sample.GPUState {
 		g.MIGEnabled, g.MIGLayout = w.ident.MIGEnabled, w.layout
 		g.MIG, _ = w.readMIG()
 	}
+	w.identMu.Lock()
+	w.migChecked = checked
+	w.identMu.Unlock()
 	return g
 }
 
@@ -825,19 +947,23 @@ func (s *Sampler) lost(err error) {
 
 // MIGDevices names the MIG devices the sampler read last in a GPU instance
 // of a GPU (xid.InstanceResolver): the compute instance in.ComputeInstance,
-// or every one when it is -1. known is false until the GPU's identity was
-// read, or when uuid names another GPU than the one at that index.
-func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance) (devices []xid.MIGDevice, known bool) {
+// or every one when it is -1. The GPU is the one with that uuid, or at that
+// index when uuid is "". known is false until a sample that began after the
+// XID was received found the GPU's MIG devices: an XID may come from a
+// device created (in place of one destroyed, with its IDs) since the
+// previous sample.
+func (s *Sampler) MIGDevices(gpu int, uuid string, in xid.Instance, received time.Time) (devices []xid.MIGDevice, known bool) {
 	s.mu.Lock()
 	workers := s.workers
 	s.mu.Unlock()
 	for _, w := range workers {
-		if w.index != gpu {
+		w.identMu.Lock()
+		if (uuid == "" && w.index != gpu) || (uuid != "" && uuid != w.ident.UUID) {
+			w.identMu.Unlock()
 			continue
 		}
-		w.identMu.Lock()
 		defer w.identMu.Unlock()
-		if w.ident.UUID == "" || (uuid != "" && uuid != w.ident.UUID) {
+		if w.ident.UUID == "" || w.migChecked.Before(received) {
 			return nil, false
 		}
 		for _, m := range w.migIdent {
@@ -858,7 +984,7 @@ func (s *Sampler) Status() sample.NVMLStatus { return s.life.status() }
 func (s *Sampler) downSample() *sample.NodeSample {
 	s.mu.Lock()
 	out := &sample.NodeSample{Time: s.cfg.Now(), Driver: s.driver}
-	for _, w := range s.workers {
+	for _, w := range append(append([]*gpuWorker(nil), s.workers...), s.ghosts...) {
 		out.GPUs = append(out.GPUs, w.staleState())
 	}
 	s.mu.Unlock()

@@ -94,7 +94,7 @@ var Groups = []GroupInfo{
 	{GroupThrottleSummary, "instead of throttle: one series per GPU, reason=\"all\", 1 while any slowdown reason holds", false, true},
 	{GroupNVLinkErrorsSummary, "instead of nvlink_errors: one counter per GPU, type=\"all\", every NVLink error type summed", false, true},
 	{GroupDCGMHealthSummary, "instead of dcgm_health: one series per GPU, system=\"all\", the worst subsystem's result", false, true},
-	{GroupNodeSummary, "one series per node (gpu=\"all\", uuid=\"all\") instead of one per GPU for the families that no alert or recording rule reads per GPU and that attribute nothing to a pod: PCIe and NVLink traffic and errors, corrected ECC errors, power and power limit (sums), slowdown temperature (min), SM clock, tensor, DRAM and memory busy ratios (means over whole GPUs); a folded counter keeps a lost GPU's last value, so it never falls", false, true},
+	{GroupNodeSummary, "one series per node (gpu=\"all\", uuid=\"all\") instead of one per GPU for the families that no alert or recording rule reads per GPU and that attribute nothing to a pod: PCIe and NVLink traffic and errors, corrected ECC errors, power and power limit (sums), slowdown temperature (min), SM clock, tensor, DRAM and memory busy ratios (means over whole GPUs); a folded counter keeps a lost GPU's last value, so it never falls; a folded gauge that misses the value of a GPU on the page carries partial=\"true\"", false, true},
 	{GroupAllocation, "who holds which device, device states, kubelet capacity", true, true},
 	{GroupContainer, "per-container memory and busy ratio of the devices a container holds, on shared GPUs from per-process accounting; memory outside pods per device", true, true},
 	{GroupIdle, "idle allocations, idle seconds, prices", true, true},

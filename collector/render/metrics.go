@@ -13,6 +13,9 @@ var (
 	gpuInfoDesc = groupDesc(GroupCore, "gpu_info",
 		"Static facts about a physical GPU; value 1. device is the GKE/kubelet name nvidiaN, N being the NVML minor number.",
 		[]string{"gpu", "uuid", "model", "pci_bus_id", "device", "mig_mode"})
+	migPendingDesc = groupDesc(GroupCore, "gpu_mig_mode_pending",
+		"1 while a MIG mode change waits for the GPU's next reset or a reboot: mig_mode is the mode NVML will apply (gpu_info's mig_mode is the current one). No series while none is pending.",
+		[]string{"gpu", "uuid", "mig_mode"})
 	migInfoDesc = groupDesc(GroupCore, "gpu_mig_info",
 		"Static facts about a MIG instance; value 1.",
 		[]string{"gpu", "uuid", "gpu_instance", "mig_profile", "compute_instance", "mig_uuid"})
@@ -94,6 +97,9 @@ func collectState(st *state.State, ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(gpuInfoDesc, prometheus.GaugeValue, 1,
 			strconv.Itoa(g.GPU), g.UUID, g.Model, g.PCIBusID, device, migMode)
+		if g.MIGPending != "" {
+			ch <- prometheus.MustNewConstMetric(migPendingDesc, prometheus.GaugeValue, 1, strconv.Itoa(g.GPU), g.UUID, g.MIGPending)
+		}
 		collectDevice(&g.DeviceState, ch)
 		collectHealth(g, ch)
 		collectDCGMHealth(g, ch)

@@ -85,7 +85,16 @@ var identityLabels = map[string]string{
 // monotonic layer did not see) counts on from zero.
 type nodeSummary struct {
 	counters map[string]*foldedCounter // family and other labels -> state
+	// gave is, per folded gauge (family and other labels), the GPUs that
+	// have given it a value since the exporter started: one of them on the
+	// page without a value now makes the total partial.
+	gave map[string]map[string]bool
 }
+
+// PartialLabel marks a folded gauge that misses the value of a GPU on the
+// page (lost, not answering, or its read failed) that gave one before:
+// partial="true". A complete total has no such label.
+const PartialLabel = "partial"
 
 type foldedCounter struct {
 	total float64
@@ -93,7 +102,7 @@ type foldedCounter struct {
 }
 
 func newNodeSummary() *nodeSummary {
-	return &nodeSummary{counters: map[string]*foldedCounter{}}
+	return &nodeSummary{counters: map[string]*foldedCounter{}, gave: map[string]map[string]bool{}}
 }
 
 // fold replaces, in place, the per-GPU series of every folded family by one
@@ -102,6 +111,7 @@ func newNodeSummary() *nodeSummary {
 // group without a value on any GPU gets no series, and a family left
 // without series leaves the returned slice.
 func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
+	onPage := pageGPUs(mfs)
 	kept := mfs[:0]
 	for _, mf := range mfs {
 		f, ok := nodeSummaryFolds[mf.GetName()]
@@ -112,10 +122,11 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 		op := f.op
 		counter := mf.GetType() == dto.MetricType_COUNTER
 		type group struct {
-			labels []*dto.LabelPair
-			acc    float64
-			n      int
-			key    string
+			labels  []*dto.LabelPair
+			acc     float64
+			n       int
+			key     string
+			members map[string]bool
 		}
 		groups := map[string]*group{}
 		var order []string
@@ -135,7 +146,7 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 			}
 			g := groups[key]
 			if g == nil {
-				g = &group{labels: foldedLabels(m.Label), key: key}
+				g = &group{labels: foldedLabels(m.Label), key: key, members: map[string]bool{}}
 				if op == foldMin {
 					g.acc = math.Inf(1)
 				}
@@ -143,6 +154,7 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 				order = append(order, key)
 			}
 			g.n++
+			g.members[member] = true
 			switch {
 			case counter:
 				n.count(mf.GetName()+"\xff"+key, member, v)
@@ -164,6 +176,9 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 			default:
 				m.Gauge = &dto.Gauge{Value: proto.Float64(g.acc)}
 			}
+			if !counter && n.partial(mf.GetName()+"\xff"+k, g.members, onPage) {
+				m.Label = withPartial(m.Label)
+			}
 			out = append(out, m)
 		}
 		if len(out) == 0 {
@@ -174,10 +189,59 @@ func (n *nodeSummary) fold(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 		if f.only[0] != "" {
 			what += ", for " + f.only[0] + "=\"" + f.only[1] + "\""
 		}
+		if !counter {
+			what += "; partial=\"true\" while it misses the value of a GPU on the page that gave one before"
+		}
 		mf.Help = proto.String(mf.GetHelp() + " Folded by node_summary: one series per node (gpu=\"" + NodeSummaryGPU + "\"), " + what + ".")
 		kept = append(kept, mf)
 	}
 	return kept
+}
+
+// partial records the GPUs whose values a folded gauge holds now and
+// reports whether it misses one that is on the page and gave a value
+// before. A GPU that never gave one (the board does not have the field)
+// does not make it partial; one that stopped (lost, failing, its read
+// answering an error) does, until it gives one again or leaves the page.
+func (n *nodeSummary) partial(key string, members, onPage map[string]bool) bool {
+	gave := n.gave[key]
+	if gave == nil {
+		gave = map[string]bool{}
+		n.gave[key] = gave
+	}
+	for m := range members {
+		gave[m] = true
+	}
+	for m := range gave {
+		if onPage[m] && !members[m] {
+			return true
+		}
+	}
+	return false
+}
+
+// pageGPUs are the whole GPUs on the page (gpu_up's rows without a GPU
+// instance), by the member key foldKey gives them.
+func pageGPUs(mfs []*dto.MetricFamily) map[string]bool {
+	out := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpu_up" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			if _, member, whole := foldKey(m.Label); whole {
+				out[member] = true
+			}
+		}
+	}
+	return out
+}
+
+// withPartial adds partial="true" to a folded series' labels, in order.
+func withPartial(labels []*dto.LabelPair) []*dto.LabelPair {
+	out := append(labels, &dto.LabelPair{Name: proto.String(PartialLabel), Value: proto.String("true")})
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out
 }
 
 // count adds a member GPU's counter value to a folded counter: its increase

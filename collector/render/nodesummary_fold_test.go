@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -122,6 +123,57 @@ func TestNodeSummaryFoldEdges(t *testing.T) {
 		}
 		if v := folded(t, out)["gpu_pcie_replay_errors_total,gpu=all,gpu_instance=,uuid=all"]; v != s.want {
 			t.Errorf("step %d: folded counter %v, want %v (%v)", i, v, s.want, folded(t, out))
+		}
+	}
+}
+
+// A folded gauge that misses the value of a GPU on the page that gave one
+// before says so with partial="true"; a GPU that never gave one (the board
+// lacks the field) or that left the page does not make it partial, and a
+// folded counter (which keeps a GPU's last count) is never marked.
+func TestNodeSummaryMarksPartialGauges(t *testing.T) {
+	n := newNodeSummary()
+	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
+	up := func(uuids ...string) *dto.MetricFamily {
+		var rows []row
+		for i, u := range uuids {
+			rows = append(rows, row{fmt.Sprint(i), u, "", "", 1})
+		}
+		return family("gpu_up", gauge, rows...)
+	}
+	render := func(onPage []string, power []row, replays []row) map[string]float64 {
+		out := folded(t, n.fold([]*dto.MetricFamily{up(onPage...),
+			family("gpu_power_watts", gauge, power...), family("gpu_pcie_replay_errors_total", counter, replays...)}))
+		for k := range out {
+			if strings.HasPrefix(k, "gpu_up,") {
+				delete(out, k)
+			}
+		}
+		return out
+	}
+	steps := []struct {
+		name        string
+		onPage      []string
+		power, reps []row
+		want        map[string]float64
+	}{
+		{"a and b give power, c never does", []string{"a", "b", "c"},
+			[]row{{"0", "a", "", "", 70}, {"1", "b", "", "", 80}}, []row{{"0", "a", "", "", 1}, {"1", "b", "", "", 1}},
+			map[string]float64{"gpu_power_watts,gpu=all,gpu_instance=,uuid=all": 150, "gpu_pcie_replay_errors_total,gpu=all,gpu_instance=,uuid=all": 2}},
+		{"b's read fails", []string{"a", "b", "c"},
+			[]row{{"0", "a", "", "", 70}}, []row{{"0", "a", "", "", 1}},
+			map[string]float64{"gpu_power_watts,gpu=all,gpu_instance=,partial=true,uuid=all": 70, "gpu_pcie_replay_errors_total,gpu=all,gpu_instance=,uuid=all": 2}},
+		{"b answers again", []string{"a", "b", "c"},
+			[]row{{"0", "a", "", "", 70}, {"1", "b", "", "", 90}}, []row{{"0", "a", "", "", 1}, {"1", "b", "", "", 1}},
+			map[string]float64{"gpu_power_watts,gpu=all,gpu_instance=,uuid=all": 160, "gpu_pcie_replay_errors_total,gpu=all,gpu_instance=,uuid=all": 2}},
+		{"b leaves the page", []string{"a", "c"},
+			[]row{{"0", "a", "", "", 70}}, []row{{"0", "a", "", "", 1}},
+			map[string]float64{"gpu_power_watts,gpu=all,gpu_instance=,uuid=all": 70, "gpu_pcie_replay_errors_total,gpu=all,gpu_instance=,uuid=all": 2}},
+	}
+	for _, s := range steps {
+		got := render(s.onPage, s.power, s.reps)
+		if fmt.Sprint(got) != fmt.Sprint(s.want) {
+			t.Errorf("%s: folded %v, want %v", s.name, got, s.want)
 		}
 	}
 }

@@ -72,6 +72,10 @@ type GPUState struct {
 	// Hung: driver calls on the GPU did not return within the device
 	// timeout (unlike a lost GPU, which answers with an error).
 	Hung bool
+	// MIGPending is the MIG mode ("enabled" or "disabled") NVML holds for
+	// the GPU's next reset, when it differs from the current one: the
+	// change waits for a GPU reset or a reboot. "" when none is pending.
+	MIGPending string
 	// DCGMGPUInstances are DCGM's values of the GPU instances split into
 	// several compute instances, by GPU instance ID: each of their compute
 	// instances carries only what DCGM measures for it, and what is labelled

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +98,24 @@ type MissingRetrier interface {
 	RetryMissing()
 }
 
+// BoardRegistrar is a Waiter that can register one GPU on its set again,
+// by UUID (by index when uuid is ""), whatever its slot says: a board that
+// fell off the bus and came back is a new device to the driver, and a
+// registration made before it left does not deliver its events. It reports
+// false when the set has no slot for the GPU (a GPU NVML did not list when
+// the set was created).
+type BoardRegistrar interface {
+	RegisterAgain(gpu int, uuid string) bool
+}
+
+// Board is one GPU as the latest sample saw it, for Reader.Follow.
+type Board struct {
+	GPU  int
+	UUID string
+	// Up: the GPU answered NVML in the sample.
+	Up bool
+}
+
 // Event is one device event.
 type Event struct {
 	// GPU is the NVML index, -1 when the device could not be identified.
@@ -166,10 +186,17 @@ type Reader struct {
 	events      atomic.Uint64
 
 	mu        sync.Mutex
-	ecc       map[int]*eccCount
-	watched   map[int]uint64 // by GPU: the event types it was ever registered for, or sent
+	ecc       map[string]*eccCount
+	watched   map[string]uint64 // by GPU (boardKey): the event types it was ever registered for, or sent
 	instances instanceCounts
 	lastErr   error
+	// cur is the open set (nil: none), for Follow and Coverage.
+	cur Waiter
+	// boards is whether each GPU (boardKey) answered in the latest sample
+	// Follow saw.
+	boards map[string]bool
+	// renew asks Run to replace the set (a GPU the set has no slot for).
+	renew chan struct{}
 	// Coverage: the GPUs of the latest set, and the time with no set open.
 	covered        []Coverage
 	uncovered      time.Duration
@@ -184,7 +211,74 @@ func NewReader(src EventSource, counter *Counter) *Reader {
 	if counter == nil {
 		counter = NewCounter()
 	}
-	return &Reader{src: src, counter: counter, ecc: map[int]*eccCount{}, watched: map[int]uint64{}}
+	return &Reader{src: src, counter: counter, ecc: map[string]*eccCount{}, watched: map[string]uint64{},
+		boards: map[string]bool{}, renew: make(chan struct{}, 1)}
+}
+
+// boardKey names a GPU by UUID, which follows it when NVML's indices move
+// (a re-init that lists fewer or more GPUs), by index when NVML did not
+// tell the UUID.
+func boardKey(gpu int, uuid string) string {
+	if uuid != "" {
+		return uuid
+	}
+	return "#" + strconv.Itoa(gpu)
+}
+
+// Follow tells the Reader which GPUs the latest sample saw, and whether
+// each answered. A GPU that answers again after it did not (a board back
+// from a reset or from falling off the bus) is registered again on the
+// open set at once, so its XIDs are seen from the next sample on; a GPU
+// the set has no slot for makes Run replace the set. Boards that stay
+// unregistered for other reasons are tried again every RetryMissing.
+func (r *Reader) Follow(boards []Board) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range boards {
+		k := boardKey(b.GPU, b.UUID)
+		was, seen := r.boards[k]
+		r.boards[k] = b.Up
+		if !b.Up || (seen && was) || !seen {
+			continue
+		}
+		reg, ok := r.cur.(BoardRegistrar)
+		if !ok {
+			continue
+		}
+		if !reg.RegisterAgain(b.GPU, b.UUID) {
+			select {
+			case r.renew <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if r.cur == nil || r.covered == nil {
+		return
+	}
+	// A GPU that answers and that no slot of the set names (NVML lists
+	// more GPUs than when the set was created) needs a new set.
+	known := map[string]bool{}
+	for _, c := range r.liveCoverage() {
+		known[boardKey(c.GPU, c.UUID)] = true
+	}
+	slots := len(r.covered)
+	for _, b := range boards {
+		if b.Up && b.UUID != "" && !known[b.UUID] && b.GPU >= slots {
+			select {
+			case r.renew <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// liveCoverage is the open set's coverage now (r.mu held).
+func (r *Reader) liveCoverage() []Coverage {
+	if c, ok := r.cur.(CoverageReporter); ok {
+		return c.Covered()
+	}
+	return r.covered
 }
 
 // Coverage returns, per GPU of the latest event set, whether it is
@@ -192,6 +286,9 @@ func NewReader(src EventSource, counter *Counter) *Reader {
 func (r *Reader) Coverage() []Coverage {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.cur != nil && r.covered != nil {
+		r.covered = r.liveCoverage() // registrations that finished since
+	}
 	out := append([]Coverage(nil), r.covered...)
 	if !r.uncoveredSince.IsZero() {
 		for i := range out {
@@ -232,11 +329,12 @@ func (r *Reader) setOpen(w Waiter) {
 	case w == nil && r.uncoveredSince.IsZero():
 		r.uncoveredSince = now
 	}
+	r.cur = w
 	if c, ok := w.(CoverageReporter); ok {
 		r.covered = c.Covered()
 		for _, g := range r.covered {
 			if g.Registered {
-				r.watched[g.GPU] |= g.Types
+				r.watched[boardKey(g.GPU, g.UUID)] |= g.Types
 			}
 		}
 	} else if w != nil {
@@ -282,15 +380,27 @@ type ECCEventCount struct {
 	SingleWatched, DoubleWatched bool
 }
 
-// ECCEvents returns a GPU's ECC error events.
-func (r *Reader) ECCEvents(gpu int) ECCEventCount {
+// ECCEvents returns the ECC error events of the GPU with that uuid (at
+// NVML index gpu when uuid is ""): the count follows the board when its
+// index moves.
+func (r *Reader) ECCEvents(gpu int, uuid string) ECCEventCount {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w := r.watched[gpu]
-	c := ECCEventCount{SingleWatched: w&nvml.EventTypeSingleBitEccError != 0, DoubleWatched: w&nvml.EventTypeDoubleBitEccError != 0}
-	if n := r.ecc[gpu]; n != nil {
-		c.Single, c.Double = n.single, n.double
+	// A source that cannot name a GPU's UUID keys it by index.
+	keys := []string{boardKey(gpu, "")}
+	if uuid != "" {
+		keys = append(keys, uuid)
 	}
+	var w uint64
+	var c ECCEventCount
+	for _, k := range keys {
+		w |= r.watched[k]
+		if n := r.ecc[k]; n != nil {
+			c.Single += n.single
+			c.Double += n.double
+		}
+	}
+	c.SingleWatched, c.DoubleWatched = w&nvml.EventTypeSingleBitEccError != 0, w&nvml.EventTypeDoubleBitEccError != 0
 	return c
 }
 
@@ -335,6 +445,9 @@ func (r *Reader) Run(ctx context.Context) error {
 	r.setOpen(nil)
 	closeSet := func() {
 		if w != nil {
+			r.mu.Lock()
+			r.cur = nil // Follow must not register on a set being freed
+			r.mu.Unlock()
 			if err := w.Close(); err != nil {
 				r.logf("xid: closing the event set: %v", err)
 			}
@@ -344,6 +457,7 @@ func (r *Reader) Run(ctx context.Context) error {
 	}
 	defer closeSet()
 	lastRetry := time.Now()
+	var lastRenew time.Time
 
 	for ctx.Err() == nil {
 		if w == nil {
@@ -386,6 +500,31 @@ func (r *Reader) Run(ctx context.Context) error {
 				m.RetryMissing()
 			}
 		}
+		select {
+		case <-r.renew:
+			if time.Since(lastRenew) < retryEvery {
+				break // at most one set per RetryMissing for this
+			}
+			lastRenew = time.Now()
+			// NVML lists a GPU the set has no slot for: a new set lists
+			// the GPUs afresh.
+			r.logf("xid: a GPU answers that the event set does not cover: creating a new set")
+			r.setOpen(nil)
+			nw, oerr := r.replace(w)
+			w = nil
+			if oerr != nil {
+				if !errors.Is(oerr, ErrNotReady) {
+					r.fail(fmt.Errorf("opening the event set: %w", oerr))
+				}
+				sleep(ctx, backoff)
+				backoff = min(backoff*2, maxB)
+				continue
+			}
+			w = nw
+			r.recreated.Add(1)
+			r.setOpen(w)
+		default:
+		}
 
 		ev, err := w.Wait(waitTimeout)
 		switch {
@@ -398,6 +537,9 @@ func (r *Reader) Run(ctx context.Context) error {
 			backoff = minB
 		default:
 			r.fail(fmt.Errorf("waiting for events: %w", err))
+			r.mu.Lock()
+			r.cur = nil // Follow must not register on a set being freed
+			r.mu.Unlock()
 			nw, oerr := r.replace(w)
 			w = nil
 			if oerr == nil {
@@ -480,17 +622,18 @@ func (r *Reader) handle(ev Event) {
 			// A tenant's XID 13/31/43 on MIG points at its instance, and
 			// so at its pod.
 			r.mu.Lock()
-			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at})
+			r.instances.add(r.Instances, instanceXID{gpu: ev.GPU, uuid: ev.UUID, in: *ev.Instance, code: int(ev.Data), at: at, received: time.Now()})
 			r.mu.Unlock()
 		}
 	case ev.Type&(nvml.EventTypeSingleBitEccError|nvml.EventTypeDoubleBitEccError) != 0:
 		r.mu.Lock()
-		c := r.ecc[ev.GPU]
+		k := boardKey(ev.GPU, ev.UUID)
+		c := r.ecc[k]
 		if c == nil {
 			c = &eccCount{}
-			r.ecc[ev.GPU] = c
+			r.ecc[k] = c
 		}
-		r.watched[ev.GPU] |= ev.Type // a GPU that sent one has them, whatever its source says
+		r.watched[k] |= ev.Type // a GPU that sent one has them, whatever its source says
 		if ev.Type&nvml.EventTypeSingleBitEccError != 0 {
 			c.single++
 		}
@@ -782,6 +925,9 @@ func (w *nvmlWaiter) register(i int) {
 		return
 	}
 	w.mu.Lock()
+	// A GPU registered again replaces its earlier entry: its index may
+	// have moved since.
+	w.regs = slices.DeleteFunc(w.regs, func(r registered) bool { return r.uuid == uuid })
 	w.regs = append(w.regs, registered{dev: d, gpu: gpu, uuid: uuid})
 	w.slots[i].Registered, w.slots[i].Types = true, types
 	w.mu.Unlock()
@@ -824,6 +970,27 @@ func (w *nvmlWaiter) RetryMissing() {
 	for _, i := range missing {
 		w.start(i, nil)
 	}
+}
+
+// RegisterAgain registers the GPU's slot on the set again (BoardRegistrar),
+// without waiting for it: by UUID, by index where the UUID is unknown.
+func (w *nvmlWaiter) RegisterAgain(gpu int, uuid string) bool {
+	w.mu.Lock()
+	slot := -1
+	for i, c := range w.slots {
+		if (uuid != "" && c.UUID == uuid) || (slot < 0 && c.UUID == "" && c.GPU == gpu) {
+			slot = i
+		}
+	}
+	if slot >= 0 {
+		w.slots[slot].Registered, w.slots[slot].Unsupported = false, false
+	}
+	w.mu.Unlock()
+	if slot < 0 {
+		return false
+	}
+	w.start(slot, nil)
+	return true
 }
 
 // Wait blocks in NVML for up to timeout (rounded up to a millisecond).

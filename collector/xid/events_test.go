@@ -150,7 +150,7 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 			t.Fatalf("count went down: %d -> %d", prev, sum)
 		}
 		prev = sum
-		return sum == 5 && r.ECCEvents(1).Single == 2 && r.Up()
+		return sum == 5 && r.ECCEvents(1, "").Single == 2 && r.Up()
 	})
 	if err := cancel(); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run returned %v", err)
@@ -163,10 +163,10 @@ func TestReaderCountsMonotonicAcrossRecreation(t *testing.T) {
 	if got := total(c, 1, 79); got != 2 {
 		t.Errorf("GPU 1 Xid 79: %d, want 2", got)
 	}
-	if e := r.ECCEvents(1); e.Single != 2 || e.Double != 1 || !e.SingleWatched || !e.DoubleWatched {
+	if e := r.ECCEvents(1, ""); e.Single != 2 || e.Double != 1 || !e.SingleWatched || !e.DoubleWatched {
 		t.Errorf("ECCEvents(1) = %+v; want 2 and 1, both seen", e)
 	}
-	if e := r.ECCEvents(0); e != (ECCEventCount{}) {
+	if e := r.ECCEvents(0, ""); e != (ECCEventCount{}) {
 		t.Errorf("ECCEvents(0) = %+v: no event, and a source that cannot say what GPU 0 is registered for", e)
 	}
 	if r.Recreated() != 2 {

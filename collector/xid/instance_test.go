@@ -23,7 +23,7 @@ func TestEventInstance(t *testing.T) {
 // devices by GPU instance; a GPU not listed is not read yet.
 type devicesAt map[int]map[int][]MIGDevice
 
-func (d devicesAt) MIGDevices(gpu int, _ string, in Instance) ([]MIGDevice, bool) {
+func (d devicesAt) MIGDevices(gpu int, _ string, in Instance, _ time.Time) ([]MIGDevice, bool) {
 	gis, ok := d[gpu]
 	if !ok {
 		return nil, false

@@ -37,12 +37,15 @@ type MIGDevice struct {
 // (another profile, another tenant): counted by the device's UUID, a
 // tenant's XIDs stay with its device and leave with it.
 type InstanceResolver interface {
-	// MIGDevices returns the MIG devices of the GPU with NVML index gpu
-	// (uuid, when not "", confirms it) in GPU instance in.GPUInstance with
+	// MIGDevices returns the MIG devices of the GPU with that uuid (at NVML
+	// index gpu when uuid is "") in GPU instance in.GPUInstance with
 	// compute instance in.ComputeInstance, or every compute instance of it
-	// when that is -1. known is false while the GPU's MIG devices have not
-	// been read.
-	MIGDevices(gpu int, uuid string, in Instance) (devices []MIGDevice, known bool)
+	// when that is -1, as they were when the XID was received (received,
+	// by this process's clock, time.Now). known is false while the GPU's
+	// MIG devices have not been read since: a device destroyed and another
+	// created with its IDs just before the XID must not take the new
+	// device's XID with it.
+	MIGDevices(gpu int, uuid string, in Instance, received time.Time) (devices []MIGDevice, known bool)
 }
 
 // InstanceCount is the Xid events of one code on one MIG device; they are
@@ -80,6 +83,9 @@ type instanceXID struct {
 	in   Instance
 	code int
 	at   time.Time
+	// received is when the Reader got it, by time.Now: the event's own
+	// time may come from another clock (a simulated node's).
+	received time.Time
 }
 
 // Events waiting for their GPU's MIG devices to be read are kept at most
@@ -103,7 +109,7 @@ func (c *instanceCounts) add(res InstanceResolver, x instanceXID) {
 		c.count(x, MIGDevice{ComputeInstance: x.in.ComputeInstance})
 		return
 	}
-	devs, known := res.MIGDevices(x.gpu, x.uuid, x.in)
+	devs, known := res.MIGDevices(x.gpu, x.uuid, x.in, x.received)
 	if !known && len(c.pending) < maxPending {
 		c.pending = append(c.pending, x)
 		return
@@ -119,7 +125,7 @@ func (c *instanceCounts) resolvePending(res InstanceResolver, now time.Time) {
 		var devs []MIGDevice
 		known := false
 		if res != nil {
-			devs, known = res.MIGDevices(x.gpu, x.uuid, x.in)
+			devs, known = res.MIGDevices(x.gpu, x.uuid, x.in, x.received)
 		}
 		if !known && now.Sub(x.at) < pendingFor {
 			kept = append(kept, x)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -108,8 +109,17 @@ func launchExporter(t testing.TB, variant, nodePath string, env []string, extra 
 	bin := exporterBinary(t)
 	lib := library(t, variant)
 	// Every metric group: these tests check what NVML gives, not budgets.
-	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off", "--collector.profile=full",
-		"--web.listen-address=127.0.0.1:0", "--collect-interval=1s", "--nvml.device-timeout=500ms"}, extra...)
+	args := []string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off",
+		"--web.listen-address=127.0.0.1:0", "--nvml.device-timeout=500ms"}
+	// The defaults below, unless the test names its own (kingpin refuses a
+	// flag given twice).
+	for _, d := range []string{"--collector.profile=full", "--collect-interval=1s"} {
+		name, _, _ := strings.Cut(d, "=")
+		if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, name+"=") }) {
+			args = append(args, d)
+		}
+	}
+	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), fakenvml.EnvNode+"="+nodePath, "LD_LIBRARY_PATH="), env...)
 	e := &exporter{t: t, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}

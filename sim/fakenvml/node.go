@@ -198,7 +198,12 @@ type NVLink struct {
 
 // MIG is a GPU's MIG mode, profiles and instances.
 type MIG struct {
+	// Enabled is the current MIG mode. Pending is the mode set for the
+	// next GPU reset (nvidia-smi -mig 1 on a GPU in use, the MIG manager
+	// before its reboot): nvmlDeviceGetMigMode answers it as pendingMode
+	// until the reset; nil: the same as Enabled.
 	Enabled bool
+	Pending *bool
 	// MaxDevices is nvmlDeviceGetMaxMigDeviceCount (7 on A100/H100).
 	MaxDevices int
 	// Profiles by profile index (nvml.GPU_INSTANCE_PROFILE_*).
@@ -211,6 +216,9 @@ type MIG struct {
 	// instance re-created after RemoveGPUInstance gets a new UUID, as
 	// with the driver.
 	created int
+	// ciCreated counts the compute instances CreateComputeInstances made
+	// in GPU instances that stood alone, for the same.
+	ciCreated int
 	// geo numbers the GPU instances by placement, as the driver does (nil:
 	// the lowest free ID from 1).
 	geo *miggeometry.Model
@@ -530,7 +538,11 @@ func (x *MIG) encode(m kv, p string) error {
 	if x.Enabled {
 		mode = nvml.DEVICE_MIG_ENABLE
 	}
-	m.set(p+"mig_mode", fmt.Sprintf("%d %d", mode, mode))
+	pending := mode
+	if x.Pending != nil {
+		pending = b2i(*x.Pending) * nvml.DEVICE_MIG_ENABLE
+	}
+	m.set(p+"mig_mode", fmt.Sprintf("%d %d", mode, pending))
 	m.set(p+"mig_max", x.MaxDevices)
 	for idx, pr := range x.Profiles {
 		if idx < 0 || idx >= nvml.GPU_INSTANCE_PROFILE_COUNT {

@@ -133,41 +133,111 @@ func (g *GPU) AddGPUInstance(profileIndex, computeInstances int) (*GPUInstance, 
 		return nil, fmt.Errorf("%s: no free placement for %s", g.Name, p.Name)
 	}
 	id := g.MIG.instanceID(*place)
-	gi := GPUInstance{ID: id, ProfileID: p.Info.Id, Placement: *place, ComputeProfiles: map[int]ComputeInstanceProfile{}}
-	per := p.Info.SliceCount / uint32(max(1, computeInstances))
+	g.MIG.GPUInstances = append(g.MIG.GPUInstances, GPUInstance{ID: id, ProfileID: p.Info.Id, Placement: *place})
+	sort.Slice(g.MIG.GPUInstances, func(i, j int) bool { return g.MIG.GPUInstances[i].ID < g.MIG.GPUInstances[j].ID })
+	if err := g.createComputeInstances(id, computeInstances, g.MIG.created<<16); err != nil {
+		return nil, err
+	}
+	g.MIG.created++
+	// Real MIG GPUs answer no utilisation on the parent.
+	g.Utilization = nil
+	return g.MIG.instance(id), nil
+}
+
+func (m *MIG) instance(id int) *GPUInstance {
+	for i := range m.GPUInstances {
+		if m.GPUInstances[i].ID == id {
+			return &m.GPUInstances[i]
+		}
+	}
+	return nil
+}
+
+// CreateComputeInstances creates n compute instances of equal size
+// (slices/n each) in a GPU instance that has none (nvidia-smi mig -cci
+// after -cgi without -C), one MIG device each, with UUIDs no earlier
+// device had.
+func (g *GPU) CreateComputeInstances(giID, n int) error {
+	if g.MIG == nil {
+		return fmt.Errorf("%s does not support MIG", g.Name)
+	}
+	g.MIG.ciCreated++
+	return g.createComputeInstances(giID, n, g.MIG.created<<16|g.MIG.ciCreated<<8)
+}
+
+// createComputeInstances makes the compute instances; serial|c is the last
+// field of the UUID of compute instance c.
+func (g *GPU) createComputeInstances(giID, n, serial int) error {
+	if g.MIG == nil {
+		return fmt.Errorf("%s does not support MIG", g.Name)
+	}
+	gi := g.MIG.instance(giID)
+	if gi == nil {
+		return fmt.Errorf("%s has no GPU instance %d", g.Name, giID)
+	}
+	if len(gi.ComputeInstances) > 0 {
+		return fmt.Errorf("GPU instance %d already has %d compute instances", giID, len(gi.ComputeInstances))
+	}
+	var p GPUInstanceProfile
+	for _, x := range g.MIG.Profiles {
+		if x.Info.Id == gi.ProfileID {
+			p = x
+		}
+	}
+	if n < 0 || n > int(p.Info.SliceCount) {
+		return fmt.Errorf("%d compute instances do not fit %d slices", n, p.Info.SliceCount)
+	}
+	per := p.Info.SliceCount / uint32(max(1, n))
 	ciIndex := map[uint32]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
 		3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE}[per]
 	ciName := fmt.Sprintf("%dc.%s", per, p.Name)
 	if per == p.Info.SliceCount {
 		ciName = p.Name
 	}
-	gi.ComputeProfiles[ciIndex] = ComputeInstanceProfile{Name: ciName, Info: nvml.ComputeInstanceProfileInfo{
-		Id: uint32(ciIndex), SliceCount: per, InstanceCount: uint32(max(1, computeInstances)),
-		MultiprocessorCount: p.Info.MultiprocessorCount / uint32(max(1, computeInstances)), SharedCopyEngineCount: p.Info.CopyEngineCount,
-	}}
+	gi.ComputeProfiles = map[int]ComputeInstanceProfile{ciIndex: {Name: ciName, Info: nvml.ComputeInstanceProfileInfo{
+		Id: uint32(ciIndex), SliceCount: per, InstanceCount: uint32(max(1, n)),
+		MultiprocessorCount: p.Info.MultiprocessorCount / uint32(max(1, n)), SharedCopyEngineCount: p.Info.CopyEngineCount,
+	}}}
 	memTotal := p.Info.MemorySizeMB << 20
-	for c := 0; c < computeInstances; c++ {
+	for c := 0; c < n; c++ {
 		gi.ComputeInstances = append(gi.ComputeInstances, ComputeInstance{ID: c, ProfileID: uint32(ciIndex),
 			Placement: nvml.ComputeInstancePlacement{Start: uint32(c) * per, Size: per}})
 		g.MIG.Devices = append(g.MIG.Devices, MIGDevice{
 			Device: Device{
-				UUID:   fmt.Sprintf("MIG-%08x-%04x-4000-8000-%012x", 0xfa4e0000+g.Minor, id, g.MIG.created<<16|c),
+				UUID:   fmt.Sprintf("MIG-%08x-%04x-4000-8000-%012x", 0xfa4e0000+g.Minor, giID, serial|c),
 				Name:   fmt.Sprintf("%s MIG %s", g.Name, ciName),
 				Memory: &Memory{Total: memTotal, Used: 0},
-				Attributes: &nvml.DeviceAttributes{MultiprocessorCount: p.Info.MultiprocessorCount / uint32(computeInstances),
+				Attributes: &nvml.DeviceAttributes{MultiprocessorCount: p.Info.MultiprocessorCount / uint32(n),
 					SharedCopyEngineCount: p.Info.CopyEngineCount, GpuInstanceSliceCount: p.Info.SliceCount,
 					ComputeInstanceSliceCount: per, MemorySizeMB: p.Info.MemorySizeMB},
 				Processes: &Processes{},
 			},
-			GPUInstance: id, ComputeInstance: c,
+			GPUInstance: giID, ComputeInstance: c,
 		})
 	}
-	g.MIG.created++
-	g.MIG.GPUInstances = append(g.MIG.GPUInstances, gi)
-	sort.Slice(g.MIG.GPUInstances, func(i, j int) bool { return g.MIG.GPUInstances[i].ID < g.MIG.GPUInstances[j].ID })
-	// Real MIG GPUs answer no utilisation on the parent.
-	g.Utilization = nil
-	return &g.MIG.GPUInstances[len(g.MIG.GPUInstances)-1], nil
+	return nil
+}
+
+// RemoveComputeInstances destroys every compute instance of a GPU
+// instance and their MIG devices (nvidia-smi mig -dci): the GPU instance
+// stays, holding its slices, with no MIG device to list.
+func (g *GPU) RemoveComputeInstances(giID int) error {
+	if g.MIG == nil {
+		return fmt.Errorf("%s does not support MIG", g.Name)
+	}
+	gi := g.MIG.instance(giID)
+	if gi == nil {
+		return fmt.Errorf("%s has no GPU instance %d", g.Name, giID)
+	}
+	gi.ComputeInstances, gi.ComputeProfiles = nil, nil
+	devs := g.MIG.Devices[:0]
+	for _, d := range g.MIG.Devices {
+		if d.GPUInstance != giID {
+			devs = append(devs, d)
+		}
+	}
+	g.MIG.Devices = devs
+	return nil
 }
 
 // instanceID is the ID of a new GPU instance at place: the driver's, from
