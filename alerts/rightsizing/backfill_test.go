@@ -842,7 +842,8 @@ func checkWithoutKSM(t *testing.T, gpupool, prom string, at time.Time) {
 		}
 	}
 	out, errOut, code = runCommand(t, gpupool, "report", "--by=namespace", "--since=7d", "-o", "csv", "--prometheus="+prom, atFlag)
-	if code != 0 || !strings.Contains(errOut, "each pod is its own workload") || !strings.Contains(out, "(unallocated),NVIDIA L4,free,168.000,,,119.28,,,\n") {
+	if code != 0 || !strings.Contains(errOut, "each pod is its own workload") || !strings.Contains(errOut, "cordons and time-sharing replicas are unknown") ||
+		!strings.Contains(out, "(unallocated),NVIDIA L4,free,168.000,,,119.28,,,\n") {
 		t.Errorf("report --by=namespace without kube-state-metrics: exit %d, stderr %q, printed\n%s", code, errOut, out)
 	}
 	checkInvoice(t, "--by=namespace without kube-state-metrics", out, false)

@@ -153,6 +153,7 @@ func (o *Observation) unallocated(charged map[DeviceKey]float64) map[string]mode
 		out[reason][model] += steps * stepHours
 	}
 	migCovered := map[[2]string]float64{}
+	scale := o.migScales()
 	keys := make([]DeviceKey, 0, len(o.devices))
 	for k := range o.devices {
 		keys = append(keys, k)
@@ -164,6 +165,9 @@ func (o *Observation) unallocated(charged map[DeviceKey]float64) map[string]mode
 		fraction, free := 1.0, ReasonFree
 		if k.GPUInstance != "" {
 			fraction, free = CostShare(model, d.Profile), ReasonFreeMIG
+			if sc, ok := scale[[2]string{k.Node, k.UUID}]; ok {
+				fraction /= sc
+			}
 			migCovered[[2]string{k.Node, k.UUID}] += d.Present * fraction
 		}
 		unheld := max(0, d.Present-d.Held)
@@ -191,6 +195,43 @@ func (o *Observation) unallocated(charged map[DeviceKey]float64) map[string]mode
 		add(ReasonRemainder, model, g.MIGSteps-migCovered[k])
 	}
 	return out
+}
+
+// migScales are, per GPU in MIG mode whose devices together would cost
+// more than the GPU (a 3g.40gb, a 2g.20gb and two 1g.10gb on an H100 use
+// all 7 compute and all 8 memory slices, but cost 1/2 + 2/7 + 1/7 + 1/7 =
+// 15/14 of it by their larger fractions), what their cost shares are
+// divided by so that they cost the GPU: the sum of their cost shares,
+// weighted by the steps each device was there over the GPU's steps in
+// MIG mode (exact for a layout that did not change in the window). GPUs
+// whose devices cost at most the GPU are not listed (1).
+func (o *Observation) migScales() map[[2]string]float64 {
+	if o.scales != nil {
+		return o.scales
+	}
+	sum := map[[2]string]float64{}
+	for k, d := range o.devices {
+		if k.GPUInstance != "" {
+			sum[[2]string{k.Node, k.UUID}] += CostShare(o.ModelOf(k), d.Profile) * d.Present
+		}
+	}
+	o.scales = map[[2]string]float64{}
+	for k, total := range sum {
+		if g := o.gpus[k]; g != nil && g.MIGSteps > 0 && total > g.MIGSteps*(1+1e-9) {
+			o.scales[k] = total / g.MIGSteps
+		}
+	}
+	return o.scales
+}
+
+// chargeShare is the part of its GPU a MIG device costs the holders: its
+// cost share, scaled down where its GPU's layout costs more than the GPU.
+func (o *Observation) chargeShare(k DeviceKey, model, profile string) float64 {
+	f := CostShare(model, profile)
+	if s, ok := o.migScales()[[2]string{k.Node, k.UUID}]; ok {
+		f /= s
+	}
+	return f
 }
 
 func lessDevice(a, b DeviceKey) bool {

@@ -71,8 +71,8 @@ type Holding struct {
 	// Share, Busy and Idle are its device share summed over those steps,
 	// weighted by activity, and while the exporter judged it idle.
 	Steps, Share, Busy, Idle float64
-	// AtStart and Current: held at the window's first step, and at its end.
-	AtStart, Current bool
+	// Current: held at the window's end.
+	Current bool
 	// First and Last are the first and the last step it was held at.
 	First, Last time.Time
 	PeakMemory  *float64 // bytes
@@ -133,8 +133,9 @@ type deviceSteps struct {
 type Observation struct {
 	Window   Window
 	Holdings []*Holding
-	// KSM says whether kube-state-metrics' pod objects are in Prometheus.
-	KSM    bool
+	// KSM says whether kube-state-metrics' pod objects are in Prometheus;
+	// NodeObjects whether its node objects (kube_node_labels) are.
+	KSM, NodeObjects bool
 	Owners *Owners
 	// gpuModel is each GPU's model; nodeModel each node's (the last in
 	// the window), for GPUs no longer served.
@@ -151,6 +152,8 @@ type Observation struct {
 	devices map[DeviceKey]*deviceSteps
 	// nodeProfiles are the MIG profiles each node's devices had at the end.
 	nodeProfiles map[string]map[string]bool
+	scales       map[[2]string]float64 // migScales, once read
+	poolList     []*nodePool           // pools, once read
 	// Quantile is the activity percentile read (0.95 by default).
 	Quantile float64
 	// converted is the activity percentile of a workload that held
@@ -335,16 +338,6 @@ func (o *Observation) readHoldings(ctx context.Context, q querier) error {
 			}
 		}
 	}
-	// Held at the first step: not started in the window.
-	atStart, err := q.vectorAt(ctx, RecordShare, o.Window.Start().Add(o.Window.Step))
-	if err != nil {
-		return err
-	}
-	for _, smp := range atStart {
-		if h := byKey[holdingKey(smp.Metric)]; h != nil {
-			h.AtStart = true
-		}
-	}
 	for _, h := range byKey {
 		o.Holdings = append(o.Holdings, h)
 	}
@@ -481,6 +474,7 @@ func (o *Observation) readKSM(ctx context.Context, q querier) error {
 	if err != nil {
 		return err
 	}
+	o.NodeObjects = len(nodeLabelsVec) > 0
 	for _, s := range nodeLabelsVec {
 		n := nodeLabels{accelerator: label(s.Metric, "label_cloud_google_com_gke_accelerator")}
 		if n.accelerator == "" {

@@ -31,6 +31,13 @@ func (p *nodePool) whole() bool { return len(p.profiles) == 0 && p.replicas < 2 
 
 // pools are the cluster's GPU node pools at the window's end.
 func (o *Observation) pools() []*nodePool {
+	if o.poolList == nil {
+		o.poolList = o.readPools()
+	}
+	return o.poolList
+}
+
+func (o *Observation) readPools() []*nodePool {
 	byName := map[string]*nodePool{}
 	nodes := map[string]bool{}
 	for n := range o.nodeModel {

@@ -205,7 +205,7 @@ func (o *Observation) Report(by By, prices Prices, mode string) (*Showback, erro
 		charged[h.DeviceKey] += charge
 		fraction := 1.0
 		if h.GPUInstance != "" {
-			fraction = CostShare(model, h.MIGProfile)
+			fraction = o.chargeShare(h.DeviceKey, model, h.MIGProfile)
 		}
 		idle := h.Idle
 		if h.Share > 0 {

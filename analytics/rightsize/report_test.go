@@ -245,3 +245,36 @@ func TestCostShare(t *testing.T) {
 func sameCost(a, b *float64) bool {
 	return a == nil && b == nil || a != nil && b != nil && math.Abs(*a-*b) < 1e-9
 }
+
+// TestFullMIGLayoutCostsTheGPU: a 3g.40gb, a 2g.20gb and two 1g.10gb fill
+// an H100 (7 compute, 8 memory slices) but cost 15/14 of it by their
+// larger fractions: each is scaled by 14/15, so the rows add up to the
+// GPU and nothing is left over.
+func TestFullMIGLayoutCostsTheGPU(t *testing.T) {
+	o := showbackFixture()
+	o.Holdings = o.Holdings[1:3] // tune (3g.40gb) and eval (2g.20gb, half the hour)
+	o.gpus = map[[2]string]*gpuSteps{{"mig", "GPU-m"}: {Model: h100Model, Steps: 60, MIGSteps: 60}}
+	o.devices[DeviceKey{Node: "mig", UUID: "GPU-m", GPUInstance: "3", ComputeInstance: "0"}] = &deviceSteps{Profile: "1g.10gb", Present: 60}
+	o.devices[DeviceKey{Node: "mig", UUID: "GPU-m", GPUInstance: "4", ComputeInstance: "0"}] = &deviceSteps{Profile: "1g.10gb", Present: 60}
+	for k := range o.devices {
+		if k.Node != "mig" {
+			delete(o.devices, k)
+		}
+	}
+	sb, err := o.Report(By{Kind: ByNamespace}, Prices{Exporters: o.ExporterPrices}, UnallocatedShow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b: 3g.40gb 1/2 x 14/15 an hour, 2g.20gb 2/7 x 14/15 half of it.
+	if want := roundTo((0.5+1.0/7)*14/15, 3); len(sb.Rows) != 1 || sb.Rows[0].AllocatedHours != want {
+		t.Errorf("rows %+v, want b with %v GPU-hours", sb.Rows, want)
+	}
+	for _, f := range sb.Free {
+		if f.Reason == ReasonRemainder {
+			t.Errorf("a remainder %+v of a GPU its devices fill", f)
+		}
+	}
+	if b := sb.Bill[0]; b.Hours != 1 || b.RowsHours != 1 || !b.Adds(false) {
+		t.Errorf("bill %+v: want 1 GPU-hour and rows adding up to it", b)
+	}
+}

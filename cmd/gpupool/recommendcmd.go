@@ -55,19 +55,7 @@ func runRecommend(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rows := o.Recommend(rightsize.RecommendOptions{Headroom: *headroom, IdleThreshold: *idleThreshold, Prices: prices,
 		MinCoverage: *minCoverage, AllowNewPools: *allowNew})
-	if len(notes) == 0 {
-		// Models without a price, whatever else the notes say.
-		var unpriced []string
-		for _, r := range rows {
-			if r.MonthlySaving == nil && r.Recommendation != rightsize.InsufficientData {
-				unpriced = append(unpriced, r.Model)
-			}
-		}
-		notes = unpricedNote(dedupe(unpriced))
-	}
-	if !o.KSM {
-		notes = append(notes, noKSMNote)
-	}
+	notes = recommendNotes(notes, rows, o.KSM)
 	rs := &rightsize.Recommendations{At: o.Window.End.UTC(), Window: *windowFlag, Headroom: *headroom, Percentile: *percentile,
 		MinCoverage: *minCoverage, AllowNewPools: *allowNew, Workloads: rows, Notes: notes}
 	if rs.Workloads == nil {
@@ -77,6 +65,27 @@ func runRecommend(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		rs.Notes = []string{}
 	}
 	return app.finish(stdout, &f, rs, rs.Notes)
+}
+
+// recommendNotes are the notes under the recommendations: those of the
+// prices (none at all), else the models without a price, whatever else
+// is said; and that workloads are pods where kube-state-metrics is
+// missing.
+func recommendNotes(priceNotes []string, rows []rightsize.Row, ksm bool) []string {
+	notes := priceNotes
+	if len(notes) == 0 {
+		var unpriced []string
+		for _, r := range rows {
+			if r.MonthlySaving == nil && r.Recommendation != rightsize.InsufficientData {
+				unpriced = append(unpriced, r.Model)
+			}
+		}
+		notes = unpricedNote(dedupe(unpriced))
+	}
+	if !ksm {
+		notes = append(notes, noKSMNote)
+	}
+	return notes
 }
 
 func dedupe(s []string) []string {

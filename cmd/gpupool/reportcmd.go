@@ -43,6 +43,9 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if !o.KSM {
 		notes = append(notes, noKSMNote)
 	}
+	if !o.NodeObjects {
+		notes = append(notes, noNodeObjectsNote)
+	}
 	sr := &rightsize.ShowbackReport{At: o.Window.End.UTC(), Window: *since, Showback: sb, Notes: notes}
 	if sr.Notes == nil {
 		sr.Notes = []string{}
@@ -70,3 +73,7 @@ func unpricedHoursNote(sb *rightsize.Showback) []string {
 	}
 	return []string{"no price for " + strings.Join(parts, ", ") + ": their hours are listed without cost, and the priced totals leave them out; add them with --idle.price-file or --idle.price"}
 }
+
+// noNodeObjectsNote says what the report cannot tell without
+// kube-state-metrics' node objects.
+const noNodeObjectsNote = "kube-state-metrics' node objects (kube_node_labels) are not in Prometheus: cordons and time-sharing replicas are unknown, so a cordoned node's free GPUs count as free and a time-sliced GPU's holders share it among themselves (no unheld replicas); scrape kube-state-metrics with the node labels of docs/rightsizing.md"

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/analytics/rightsize"
 )
 
 // TestRightsizeUsageErrors: what the user wrote wrong stops recommend and
@@ -63,6 +65,22 @@ func TestRightsizeUnreachablePrometheus(t *testing.T) {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), []string{cmd, "--prometheus=http://127.0.0.1:1"}, &out, &errb); code != exitError || !strings.Contains(errb.String(), "cannot reach Prometheus at http://127.0.0.1:1") {
 			t.Errorf("%s: exit %d, %q; want exit 1, cannot reach Prometheus", cmd, code, errb.String())
+		}
+	}
+}
+
+// TestRecommendNotesKeepUnpricedWithoutKSM: without kube-state-metrics,
+// the note that a model has no price is still printed beside the one
+// that workloads are pods.
+func TestRecommendNotesKeepUnpricedWithoutKSM(t *testing.T) {
+	rows := []rightsize.Row{{Model: "Tesla T4", Recommendation: rightsize.RecommendKeep}}
+	for _, ksm := range []bool{true, false} {
+		notes := strings.Join(recommendNotes(nil, rows, ksm), "\n")
+		if !strings.Contains(notes, "no price for Tesla T4") {
+			t.Errorf("kube-state-metrics %v: notes %q lack the unpriced T4", ksm, notes)
+		}
+		if strings.Contains(notes, "each pod is its own workload") == ksm {
+			t.Errorf("kube-state-metrics %v: notes %q", ksm, notes)
 		}
 	}
 }
