@@ -136,7 +136,7 @@ type Observation struct {
 	// KSM says whether kube-state-metrics' pod objects are in Prometheus;
 	// NodeObjects whether its node objects (kube_node_labels) are.
 	KSM, NodeObjects bool
-	Owners *Owners
+	Owners           *Owners
 	// gpuModel is each GPU's model; nodeModel each node's (the last in
 	// the window), for GPUs no longer served.
 	gpuModel  map[[2]string]string // node, uuid
