@@ -351,7 +351,7 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.file == "docs/rightsizing.md" && b.lang == "sh" && allPrefixed(commands(b.text), "gpupool re"):
 			by = "needs a Prometheus with the rules' recordings; alerts/rightsizing runs recommend and report on a backfilled week, alerts/e2e on the simulated node"
 		case b.file == "docs/rightsizing.md" && b.lang == "text":
-			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked example with what recommend prints on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"
+			by = "alerts/rightsizing.TestRecommendAndReportOnABackfilledWeek compares the worked examples with what recommend (table, -o yaml) and report print on its week; the allowlist is kube-state-metrics' flag, its labels the ones the commands read"
 		case b.file == "docs/migration-dcgm-exporter.md" && b.lang == "yaml" && strings.Contains(b.text, "nvidia-dcgm-exporter"):
 			by = "alerts/e2e reads this block into the scrape config of its honor_labels: true job and runs dcgm-exporter's dashboard pinned to job=\"nvidia-dcgm-exporter\""
 		case b.file == "docs/pod-mapping.md" && b.lang == "yaml" && strings.Contains(b.text, "kube_pod_labels"):

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -195,10 +196,28 @@ scrape_configs:
 	}
 	var namespaces []string
 	for _, r := range rows[1:] {
-		namespaces = append(namespaces, r[0])
+		if r[0] != rightsize.UnallocatedGroup && !slices.Contains(namespaces, r[0]) {
+			namespaces = append(namespaces, r[0])
+		}
 	}
-	if want := []string{"inference", "ml-training", "research"}; !slices.Equal(namespaces, want) || rows[0][0] != "namespace" {
-		t.Errorf("report --by=namespace: header %v, rows for %v; want a row for each of %v", rows[0], namespaces, want)
+	if want := []string{"inference", "ml-training", "research"}; !slices.Equal(namespaces, want) || rows[0][0] != "namespace" || rows[0][1] != "model" {
+		t.Errorf("report --by=namespace: header %v, rows for %v; want a row for each of %v, and its model", rows[0], namespaces, want)
+	}
+	// The rows add up to the simulated node's bill: its 8 GPUs over the
+	// window, whatever holds them (MIG devices, time-sliced replicas, a
+	// free GPU).
+	var rep struct {
+		Bill []struct {
+			Model     string
+			Hours     float64 `json:"gpu_hours"`
+			RowsHours float64 `json:"rows_gpu_hours"`
+		} `json:"bill"`
+	}
+	if err := json.Unmarshal([]byte(run("report", "--by=namespace", "--since=3m", "-o", "json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if want := 8 * rightsizingWindow.Hours(); len(rep.Bill) != 1 || math.Abs(rep.Bill[0].Hours-want) > 0.002 || math.Abs(rep.Bill[0].RowsHours-rep.Bill[0].Hours) > 0.002 {
+		t.Errorf("report -o json: bill %+v; want one model, %.3f GPU-hours (8 GPUs over %s), and rows adding up to it", rep.Bill, want, rightsizingWindow)
 	}
 	if t.Failed() {
 		tailFile(t, promLog, 20)

@@ -27,8 +27,12 @@ const gib = 1 << 30
 const (
 	h100       = "NVIDIA H100 80GB HBM3"
 	l4         = "NVIDIA L4"
+	a100       = "NVIDIA A100-SXM4-80GB"
+	t4         = "Tesla T4"
 	h100Memory = 85899345920 // 80 GiB
 	l4Memory   = 24152899584 // 23034 MiB
+	a100Memory = 85899345920 // 81920 MiB
+	t4Memory   = 16106127360 // 15360 MiB
 )
 
 // The MIG devices of gpu-d, with the memory NVML reports for them on an H100.
@@ -53,6 +57,9 @@ type fleet struct {
 	tl       timeline
 	families map[string][]series // exporter series
 	ksm      map[string][]series // kube-state-metrics series
+	// unhealthyFrom: GPUs (by uuid) lost from a time on (gpu_up 0);
+	// cordonedFrom: nodes cordoned from a time on.
+	unhealthyFrom, cordonedFrom map[string]time.Time
 }
 
 type series struct {
@@ -106,6 +113,9 @@ type holder struct {
 	gap                       [2]time.Time // no sample of it in [gap[0], gap[1])
 	activity, memory          curve
 	idle                      bool
+	// owner declares the pod's kube-state-metrics objects while it runs
+	// (a pod gone before the window's end is in them only until then).
+	owner func(from, to time.Time)
 	// activitySource: "dcgm" (its device's gpu_sm_active_ratio), "device"
 	// (NVML busy time of a GPU it holds alone) or "processes" (its own on
 	// a shared GPU); the latter two are gpu_container_utilization_ratio.
@@ -134,6 +144,9 @@ func (f *fleet) hold(h holder) {
 		idle = 1
 	}
 	f.add("gpu_allocation_info", series{h.dev.labels(append(who, "resource", h.resource)...), h.from, h.to, h.gapped(constant(1))})
+	if h.owner != nil {
+		h.owner(h.from, h.to)
+	}
 	f.add("gpu_allocation_idle", series{h.dev.labels(append(who, "resource", h.resource)...), h.from, h.to, h.gapped(constant(idle))})
 	f.add("gpu_container_memory_used_bytes", series{h.dev.labels(who...), h.from, h.to, h.gapped(h.memory)})
 	switch h.activitySource {
@@ -144,40 +157,57 @@ func (f *fleet) hold(h holder) {
 	}
 }
 
-// gpu declares a physical GPU: gpu_info where the commands read it (the
-// window's first hour, for the check that the recordings reach back that
-// far, and its last), its memory and price at the end.
+// gpu declares a physical GPU: gpu_info and gpu_up all along (what the
+// bill counts, and its health), its memory and price (a negative price:
+// none) at the end.
 func (f *fleet) gpu(d device, model string, memory float64, price float64, migMode string) {
-	info := series{d.labels("model", model, "mig_mode", migMode, "device", "nvidia"+d.gpu, "pci_bus_id", "00000000:"+d.gpu+"0:00.0"), f.tl.start, f.tl.start.Add(2 * time.Hour), constant(1)}
-	f.add("gpu_info", info)
-	info.from, info.to = f.lastHour()
-	f.add("gpu_info", info)
+	f.add("gpu_info", series{d.labels("model", model, "mig_mode", migMode, "device", "nvidia"+d.gpu, "pci_bus_id", "00000000:"+d.gpu+"0:00.0"), f.tl.start, f.tl.end, constant(1)})
+	f.add("gpu_up", series{d.labels(), f.tl.start, f.tl.end, func(t time.Time) (float64, bool) {
+		if !f.unhealthyFrom[d.uuid].IsZero() && !t.Before(f.unhealthyFrom[d.uuid]) {
+			return 0, true
+		}
+		return 1, true
+	}})
 	from, to := f.lastHour()
 	f.add("gpu_memory_total_bytes", series{d.labels(), from, to, constant(memory)})
-	if migMode != "enabled" {
+	if migMode != "enabled" && price >= 0 {
 		f.add("gpu_price_dollars_per_hour", series{d.labels("model", model), from, to, constant(price)})
 	}
 }
 
-// migDevice declares a MIG device's memory.
+// migDevice declares a MIG device: gpu_mig_info all along, its memory at
+// the end.
 func (f *fleet) migDevice(d device, memory float64) {
+	f.add("gpu_mig_info", series{d.labels("mig_uuid", "MIG-"+d.uuid+"-"+d.gi), f.tl.start, f.tl.end, constant(1)})
 	from, to := f.lastHour()
 	f.add("gpu_memory_total_bytes", series{d.labels(), from, to, constant(memory)})
 }
 
 // node declares an exporter's node: up, and its kube-state-metrics node
-// object (labels and GPU capacity).
-func (f *fleet) node(name, accelerator string, capacity float64, extraLabels ...string) {
+// object (pool, accelerator and other labels, GPU capacity at the end,
+// and whether it is cordoned, all along).
+func (f *fleet) node(name, pool, accelerator string, capacity float64, extraLabels ...string) {
 	from, to := f.lastHour()
 	f.add("up", series{labelString("job", "gpu-pool-exporter", "instance", name+":9947", "node", name), from, to, constant(1)})
 	f.addKSM("kube_node_labels", series{labelString(append([]string{"job", "kube-state-metrics", "node", name,
-		"label_cloud_google_com_gke_nodepool", "pool-" + accelerator, "label_cloud_google_com_gke_accelerator", accelerator}, extraLabels...)...), from, to, constant(1)})
+		"label_cloud_google_com_gke_nodepool", pool, "label_cloud_google_com_gke_accelerator", accelerator}, extraLabels...)...), from, to, constant(1)})
 	f.addKSM("kube_node_status_capacity", series{labelString("job", "kube-state-metrics", "node", name, "resource", "nvidia_com_gpu", "unit", "integer"), from, to, constant(capacity)})
+	f.addKSM("kube_node_spec_unschedulable", series{labelString("job", "kube-state-metrics", "node", name), f.tl.start, f.tl.end, func(t time.Time) (float64, bool) {
+		if !f.cordonedFrom[name].IsZero() && !t.Before(f.cordonedFrom[name]) {
+			return 1, true
+		}
+		return 0, true
+	}})
 }
 
-// owner declares a pod's controller and its team label.
+// owner declares a pod's controller and its team label at the window's end.
 func (f *fleet) owner(namespace, pod, kind, name, team string) {
 	from, to := f.lastHour()
+	f.ownerDuring(from, to, namespace, pod, kind, name, team)
+}
+
+// ownerDuring declares a pod's controller and its team label while it runs.
+func (f *fleet) ownerDuring(from, to time.Time, namespace, pod, kind, name, team string) {
 	controller := "true"
 	if kind == "<none>" {
 		controller = "<none>"
@@ -195,6 +225,10 @@ func (f *fleet) replicaSet(namespace, rs, deployment string) {
 
 func (f *fleet) job(namespace, job, kind, name string) {
 	from, to := f.lastHour()
+	f.jobDuring(from, to, namespace, job, kind, name)
+}
+
+func (f *fleet) jobDuring(from, to time.Time, namespace, job, kind, name string) {
 	f.addKSM("kube_job_owner", series{labelString("job", "kube-state-metrics", "namespace", namespace, "job_name", job,
 		"owner_kind", kind, "owner_name", name, "owner_is_controller", "true"), from, to, constant(1)})
 }

@@ -101,6 +101,35 @@ func SliceShare(model, profile string) float64 {
 	return share
 }
 
+// CostShare is the part of a GPU a MIG device costs: the larger of its
+// compute and memory slice fractions of the GPU (NVIDIA's profile table:
+// a 3g.40gb takes 3 of an H100's 7 compute slices but 4 of its 8 memory
+// slices, so only two fit on a GPU and each costs half of it). A compute
+// instance ("1c.3g.40gb") costs its compute slices' part of its GPU
+// instance's. A model or profile the table does not know costs its
+// compute share (SliceShare).
+func CostShare(model, profile string) float64 {
+	ci, gi := 0, profile
+	if c, rest, ok := strings.Cut(profile, "c."); ok {
+		if n, err := strconv.Atoi(c); err == nil {
+			ci, gi = n, rest
+		}
+	}
+	m, ok := miggeometry.ByNVMLName(model)
+	if !ok || m.ComputeSlices == 0 || m.MemorySlices == 0 {
+		return SliceShare(model, profile)
+	}
+	p, ok := m.ProfileByName(gi)
+	if !ok || p.Compute == 0 {
+		return SliceShare(model, profile)
+	}
+	share := max(float64(p.Compute)/float64(m.ComputeSlices), float64(p.Memory)/float64(m.MemorySlices))
+	if ci > 0 && ci < p.Compute {
+		share *= float64(ci) / float64(p.Compute)
+	}
+	return share
+}
+
 // migProfiles are the plain GPU instance profiles of a model and their
 // memory: the sizes the cluster's exporters serve where it has instances
 // of the profile, else NVIDIA's documented ones.
@@ -136,7 +165,7 @@ func (o *Observation) CurrentShape(h *Holding, sharedWith int, prices Prices) Sh
 		if s.Memory == 0 {
 			s.Memory = o.migProfiles(model)[h.MIGProfile]
 		}
-		s.PricePerHour = scaled(gpuPrice, s.Compute)
+		s.PricePerHour = scaled(gpuPrice, CostShare(model, h.MIGProfile))
 	case strings.HasSuffix(h.Resource, ".shared") || sharedWith > 1 || o.nodes[h.Node].replicas > 1:
 		n := o.nodes[h.Node].replicas
 		if n < 2 {
@@ -163,41 +192,87 @@ func ActivityScale(s Shape) float64 {
 	return 1
 }
 
-// Candidates are the shapes the cluster offers instead of current: the
-// plain MIG profiles of the same model, the time-sliced shares its nodes
-// of the same accelerator offer, and whole GPUs of the cluster's other
-// accelerators whose throughput the accelerator table knows (relative to
-// the current model's).
-func (o *Observation) Candidates(current Shape, prices Prices) []Shape {
+// Candidates are the shapes instead of current that a pool of the
+// cluster serves: MIG profiles of the same model a pool partitions its
+// GPUs into, time-sliced shares of the same accelerator a pool offers, and
+// whole GPUs of the other accelerators a pool has, whose throughput the
+// accelerator table knows (relative to the current model's). With
+// allowNew, also the shapes a new pool would serve: every plain MIG
+// profile of the model (NVIDIA's table), shares of 2 to 8 replicas, and
+// the table's accelerators the price list prices. Each names the pool
+// that serves it (Pool), or the labels of the one to create.
+func (o *Observation) Candidates(current Shape, prices Prices, allowNew bool) []Shape {
+	pools := o.pools()
 	var out []Shape
+	offer := func(s Shape) {
+		if p := servingPool(pools, s); p != nil {
+			s.Pool = p.name
+		} else if allowNew {
+			s.Pool, s.NewPool = NewPoolPrefix+labelList(o.newPoolLabels(s)), true
+		} else {
+			return
+		}
+		out = append(out, s)
+	}
 	gpuPrice := prices.PerGPUHour(current.Model, current.Accelerator)
 	for profile, mem := range o.migProfiles(current.Model) {
 		if current.Kind == KindMIG && profile == current.Profile {
 			continue
 		}
-		share := SliceShare(current.Model, profile)
-		out = append(out, Shape{Kind: KindMIG, Model: current.Model, Accelerator: current.Accelerator, Profile: profile,
-			Memory: mem, Compute: share, PricePerHour: scaled(gpuPrice, share)})
+		offer(Shape{Kind: KindMIG, Model: current.Model, Accelerator: current.Accelerator, Profile: profile,
+			Memory: mem, Compute: SliceShare(current.Model, profile), PricePerHour: scaled(gpuPrice, CostShare(current.Model, profile))})
 	}
 	gpuMemory := o.modelMem[current.Model]
+	if gpuMemory == 0 {
+		if f, ok := LookupFacts(current.Accelerator, current.Model); ok {
+			gpuMemory = f.MemoryGB * 1e9
+		}
+	}
 	offered := map[int]bool{}
-	for node, n := range o.nodes {
-		if n.replicas > 1 && o.AcceleratorOf(node, o.nodeModel[node]) == current.Accelerator {
-			offered[n.replicas] = true
+	for _, p := range pools {
+		if p.replicas > 1 && p.accelerator == current.Accelerator {
+			offered[p.replicas] = true
+		}
+	}
+	if allowNew {
+		for n := 2; n <= maxNewReplicas; n++ {
+			offered[n] = true
 		}
 	}
 	for n := range offered {
 		if (current.Kind == KindShare && n == current.Replicas) || gpuMemory == 0 {
 			continue
 		}
-		out = append(out, Shape{Kind: KindShare, Model: current.Model, Accelerator: current.Accelerator, Replicas: n,
+		offer(Shape{Kind: KindShare, Model: current.Model, Accelerator: current.Accelerator, Replicas: n,
 			Memory: gpuMemory / float64(n), Compute: 1 / float64(n), PricePerHour: scaled(gpuPrice, 1/float64(n))})
 	}
 	here, ok := LookupFacts(current.Accelerator, current.Model)
 	if !ok {
 		return sortShapes(out)
 	}
-	for name, model := range o.accelerators() {
+	accels := o.accelerators()
+	if allowNew {
+		gke := o.gke()
+		for _, f := range Facts() {
+			name := ""
+			if gke && len(f.GKE) > 0 {
+				name = f.GKE[0]
+			} else if len(f.NVML) > 0 {
+				name = f.NVML[0]
+			}
+			if _, have := accels[name]; have || name == "" || hasAccelerator(accels, f) {
+				continue
+			}
+			model := ""
+			if len(f.NVML) > 0 {
+				model = f.NVML[0]
+			}
+			if prices.PerGPUHour(model, name) != nil {
+				accels[name] = model
+			}
+		}
+	}
+	for name, model := range accels {
 		if name == current.Accelerator {
 			continue
 		}
@@ -212,10 +287,29 @@ func (o *Observation) Candidates(current Shape, prices Prices) []Shape {
 		if model == "" && len(f.NVML) > 0 {
 			model = f.NVML[0]
 		}
-		out = append(out, Shape{Kind: KindGPU, Model: model, Accelerator: name, Memory: mem,
+		offer(Shape{Kind: KindGPU, Model: model, Accelerator: name, Memory: mem,
 			Compute: f.TFLOPS / here.TFLOPS, PricePerHour: prices.PerGPUHour(model, name)})
 	}
 	return sortShapes(out)
+}
+
+// maxNewReplicas is the most time-sliced replicas per GPU a new pool is
+// proposed with.
+const maxNewReplicas = 8
+
+// hasAccelerator: the cluster has an accelerator of the table's row under
+// another of its names.
+func hasAccelerator(accels map[string]string, f AcceleratorFacts) bool {
+	for name, model := range accels {
+		if g, ok := LookupFacts(name, model); ok && sameFacts(g, f) {
+			return true
+		}
+	}
+	return false
+}
+
+func sameFacts(a, b AcceleratorFacts) bool {
+	return strings.Join(a.GKE, ",") == strings.Join(b.GKE, ",") && strings.Join(a.NVML, ",") == strings.Join(b.NVML, ",")
 }
 
 // accelerators are the cluster's accelerators and their models: those of

@@ -71,10 +71,30 @@ type Holding struct {
 	// Share, Busy and Idle are its device share summed over those steps,
 	// weighted by activity, and while the exporter judged it idle.
 	Steps, Share, Busy, Idle float64
-	// AtStart and Current: held at the window's first step, and at its end.
-	AtStart, Current         bool
-	PeakMemory               *float64 // bytes
+	// Current: held at the window's end.
+	Current bool
+	// First and Last are the first and the last step it was held at.
+	First, Last time.Time
+	PeakMemory  *float64 // bytes
+	// P95Activity is the percentile of its activity the commands were
+	// asked for (--percentile, the 95th by default).
 	P95Activity, MaxActivity *float64
+}
+
+// Span is the number of steps from its first to its last, both counted:
+// the steps a pod held the device, recorded or not.
+func (h *Holding) Span(step time.Duration) float64 {
+	if h.Last.Before(h.First) {
+		return h.Steps
+	}
+	return math.Round(float64(h.Last.Sub(h.First))/float64(step)) + 1
+}
+
+// GapSteps are the steps between its first and its last at which nothing
+// was recorded: an exporter, its pod map or Prometheus away for longer
+// than the lookback, while the pod held the device.
+func (h *Holding) GapSteps(step time.Duration) float64 {
+	return max(0, h.Span(step)-h.Steps)
 }
 
 // Node facts from kube-state-metrics' node objects.
@@ -82,6 +102,30 @@ type nodeLabels struct {
 	accelerator string // GKE's accelerator label, else GPU Feature Discovery's product
 	replicas    int    // time-sliced replicas per GPU offered (>1), 0 if none
 	capacity    float64
+	// pool is the node's pool as its labels name it (poolLabel: GKE's,
+	// Karpenter's, EKS's or AKS's label), "" where none does.
+	pool, poolLabel string
+	// partitionSize is GKE's MIG partition size label; migStrategy and
+	// migConfig the GPU Operator's (nvidia.com/mig.strategy, mig.config);
+	// product GPU Feature Discovery's nvidia.com/gpu.product.
+	partitionSize, migStrategy, migConfig, product string
+	gke                                            bool // a GKE node (cloud.google.com/gke-nodepool)
+}
+
+// gpuSteps is one physical GPU over the window: the steps gpu_info was
+// served, and of them those in MIG mode.
+type gpuSteps struct {
+	Model           string
+	Steps, MIGSteps float64
+}
+
+// deviceSteps is one schedulable device over the window (a whole GPU out
+// of MIG mode, or a MIG device): the steps it was there, those at which
+// someone held it, and those at which nobody held it while its node was
+// cordoned or its GPU unhealthy.
+type deviceSteps struct {
+	Profile                    string
+	Present, Held, Unavailable float64
 }
 
 // Observation is what Prometheus holds of the window: every holding, the
@@ -89,9 +133,10 @@ type nodeLabels struct {
 type Observation struct {
 	Window   Window
 	Holdings []*Holding
-	// KSM says whether kube-state-metrics' pod objects are in Prometheus.
-	KSM    bool
-	Owners *Owners
+	// KSM says whether kube-state-metrics' pod objects are in Prometheus;
+	// NodeObjects whether its node objects (kube_node_labels) are.
+	KSM, NodeObjects bool
+	Owners           *Owners
 	// gpuModel is each GPU's model; nodeModel each node's (the last in
 	// the window), for GPUs no longer served.
 	gpuModel  map[[2]string]string // node, uuid
@@ -101,6 +146,19 @@ type Observation struct {
 	migSizes  map[string]map[string]float64 // model -> profile -> bytes seen
 	modelMem  map[string]float64            // model -> whole-GPU bytes
 	nodes     map[string]nodeLabels
+	// gpus and devices are every GPU and schedulable device the exporters
+	// served in the window: the bill's GPU-hours and the unallocated ones.
+	gpus    map[[2]string]*gpuSteps // node, uuid
+	devices map[DeviceKey]*deviceSteps
+	// nodeProfiles are the MIG profiles each node's devices had at the end.
+	nodeProfiles map[string]map[string]bool
+	scales       map[[2]string]float64 // migScales, once read
+	poolList     []*nodePool           // pools, once read
+	// Quantile is the activity percentile read (0.95 by default).
+	Quantile float64
+	// converted is the activity percentile of a workload that held
+	// devices of several models or shapes, in its current device's units.
+	converted map[rowKey]float64
 	// ExporterPrices are the exporters' configured prices of whole GPUs
 	// by model (gpu_price_dollars_per_hour).
 	ExporterPrices map[string]float64
@@ -146,14 +204,28 @@ func holdingKey(m model.Metric) [7]string {
 
 func promDuration(d time.Duration) string { return model.Duration(d).String() }
 
+// ObserveOptions are what the commands ask of the window beyond its time.
+type ObserveOptions struct {
+	// Quantile is the percentile of activity read, 0-1 (default 0.95).
+	Quantile float64
+}
+
 // Observe reads the window from Prometheus.
-func Observe(ctx context.Context, api Querier, w Window) (*Observation, error) {
+func Observe(ctx context.Context, api Querier, w Window, opt ObserveOptions) (*Observation, error) {
 	q := querier{api: api, at: w.End}
 	if err := checkCoverage(ctx, q, w); err != nil {
 		return nil, err
 	}
+	if opt.Quantile <= 0 || opt.Quantile > 1 {
+		opt.Quantile = 0.95
+	}
 	o := &Observation{
 		Window:         w,
+		Quantile:       opt.Quantile,
+		gpus:           map[[2]string]*gpuSteps{},
+		devices:        map[DeviceKey]*deviceSteps{},
+		nodeProfiles:   map[string]map[string]bool{},
+		converted:      map[rowKey]float64{},
 		Owners:         NewOwners(),
 		gpuModel:       map[[2]string]string{},
 		nodeModel:      map[string]string{},
@@ -171,6 +243,12 @@ func Observe(ctx context.Context, api Querier, w Window) (*Observation, error) {
 		return nil, err
 	}
 	if err := o.readKSM(ctx, q); err != nil {
+		return nil, err
+	}
+	if err := o.readCapacity(ctx, q); err != nil {
+		return nil, err
+	}
+	if err := o.readConverted(ctx, q); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -239,7 +317,10 @@ func (o *Observation) readHoldings(ctx context.Context, q querier) error {
 		{"sum_over_time(" + RecordShare + sub + ")", func(h *Holding, v float64) { h.Share = v }},
 		{"sum_over_time(" + RecordBusy + sub + ")", func(h *Holding, v float64) { h.Busy = v }},
 		{"sum_over_time(" + RecordIdle + sub + ")", func(h *Holding, v float64) { h.Idle = v }},
-		{"quantile_over_time(0.95, " + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.P95Activity = &v }},
+		{"quantile_over_time(" + strconv.FormatFloat(o.Quantile, 'g', -1, 64) + ", " + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.P95Activity = &v }},
+		// The first and last steps held: the step's time where it is held.
+		{"min_over_time((" + RecordShare + " * 0 + time())" + sub + ")", func(h *Holding, v float64) { h.First = secondsTime(v) }},
+		{"max_over_time((" + RecordShare + " * 0 + time())" + sub + ")", func(h *Holding, v float64) { h.Last = secondsTime(v) }},
 		{"max_over_time(" + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.MaxActivity = &v }},
 		{"max_over_time(" + RecordMemory + "[" + w + "])", func(h *Holding, v float64) { h.PeakMemory = &v }},
 		{RecordShare, func(h *Holding, _ float64) { h.Current = true }},
@@ -257,21 +338,16 @@ func (o *Observation) readHoldings(ctx context.Context, q querier) error {
 			}
 		}
 	}
-	// Held at the first step: not started in the window.
-	atStart, err := q.vectorAt(ctx, RecordShare, o.Window.Start().Add(o.Window.Step))
-	if err != nil {
-		return err
-	}
-	for _, smp := range atStart {
-		if h := byKey[holdingKey(smp.Metric)]; h != nil {
-			h.AtStart = true
-		}
-	}
 	for _, h := range byKey {
 		o.Holdings = append(o.Holdings, h)
 	}
 	sort.Slice(o.Holdings, func(i, j int) bool { return lessHolding(o.Holdings[i], o.Holdings[j]) })
 	return nil
+}
+
+// secondsTime is a time PromQL gave in Unix seconds, to the millisecond.
+func secondsTime(v float64) time.Time {
+	return time.UnixMilli(int64(math.Round(v * 1000))).UTC()
 }
 
 func lessHolding(a, b *Holding) bool {
@@ -319,6 +395,10 @@ func (o *Observation) readDevices(ctx context.Context, q querier) error {
 		if gi == "" {
 			o.modelMem[model] = math.Max(o.modelMem[model], v)
 		} else if plainProfile.MatchString(profile) {
+			if o.nodeProfiles[node] == nil {
+				o.nodeProfiles[node] = map[string]bool{}
+			}
+			o.nodeProfiles[node][profile] = true
 			if o.migSizes[model] == nil {
 				o.migSizes[model] = map[string]float64{}
 			}
@@ -362,14 +442,27 @@ func (o *Observation) AcceleratorOf(node, model string) string {
 	return model
 }
 
-// Node labels read for sharing offers and accelerators without exporters.
+// Node labels read for the pools, their sharing and MIG offers, and
+// accelerators without exporters.
 var nodeLabelNames = []string{
 	"label_cloud_google_com_gke_accelerator",
 	"label_nvidia_com_gpu_product",
 	"label_cloud_google_com_gke_gpu_sharing_strategy",
 	"label_cloud_google_com_gke_max_shared_clients_per_gpu",
 	"label_nvidia_com_gpu_replicas",
+	"label_cloud_google_com_gke_gpu_partition_size",
+	"label_nvidia_com_mig_strategy",
+	"label_nvidia_com_mig_config",
+	"label_nvidia_com_gpu_sharing_strategy",
+	"label_cloud_google_com_gke_nodepool",
+	"label_karpenter_sh_nodepool",
+	"label_eks_amazonaws_com_nodegroup",
+	"label_kubernetes_azure_com_agentpool",
 }
+
+// poolLabels are the labels that name a node's pool, in the order read:
+// GKE's, Karpenter's, EKS's and AKS's (as node:gpu_nodepool:info reads them).
+var poolLabels = []string{"cloud.google.com/gke-nodepool", "karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "kubernetes.azure.com/agentpool"}
 
 func (o *Observation) readKSM(ctx context.Context, q querier) error {
 	present, err := q.vector(ctx, "count(kube_pod_owner)")
@@ -381,6 +474,7 @@ func (o *Observation) readKSM(ctx context.Context, q querier) error {
 	if err != nil {
 		return err
 	}
+	o.NodeObjects = len(nodeLabelsVec) > 0
 	for _, s := range nodeLabelsVec {
 		n := nodeLabels{accelerator: label(s.Metric, "label_cloud_google_com_gke_accelerator")}
 		if n.accelerator == "" {
@@ -395,6 +489,17 @@ func (o *Observation) readKSM(ctx context.Context, q querier) error {
 		if n.replicas < 2 {
 			n.replicas = 0
 		}
+		for _, l := range poolLabels {
+			if v := label(s.Metric, KSMLabelName(l)); v != "" {
+				n.pool, n.poolLabel = v, l
+				break
+			}
+		}
+		n.gke = label(s.Metric, "label_cloud_google_com_gke_nodepool") != ""
+		n.partitionSize = label(s.Metric, "label_cloud_google_com_gke_gpu_partition_size")
+		n.migStrategy = label(s.Metric, "label_nvidia_com_mig_strategy")
+		n.migConfig = label(s.Metric, "label_nvidia_com_mig_config")
+		n.product = label(s.Metric, "label_nvidia_com_gpu_product")
 		o.nodes[label(s.Metric, "node")] = n
 	}
 	capacity, err := q.vector(ctx, `max by (node) (kube_node_status_capacity{resource="nvidia_com_gpu"})`)

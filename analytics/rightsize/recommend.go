@@ -9,19 +9,21 @@ import (
 
 // RecommendOptions are recommend's settings.
 type RecommendOptions struct {
-	Headroom      float64 // 0.2: the shape must hold 120% of the peak and the p95
+	Headroom      float64 // 0.2: the shape must hold 120% of the peak and the percentile
 	IdleThreshold float64 // activity under which a device counts as idle
 	Prices        Prices
+	// MinCoverage is the coverage of the window under which a workload's
+	// data carry no recommendation (DefaultMinCoverage).
+	MinCoverage float64
+	// AllowNewPools also proposes shapes no pool of the cluster serves,
+	// naming the pool to create.
+	AllowNewPools bool
 }
 
-// A holding there from the window's start to its end must be recorded at
-// all of its steps but 1% (and ten steps): more missing means gaps in the
-// data (an exporter, its pod map or Prometheus away for longer than the
-// lookback).
-const (
-	minCoverage     = 0.99
-	gapStepsAllowed = 10
-)
+// DefaultMinCoverage is 0.8: a week's recommendation needs the workload's data
+// over 80% of it (5.6 days). A daily job first seen within a day of the
+// window's start covers at least 6/7 of a week.
+const DefaultMinCoverage = 0.8
 
 // InsufficientData is the recommendation of a workload whose data cannot
 // carry one.
@@ -37,13 +39,16 @@ type Row struct {
 	Pods        int    `json:"pods"`
 	Accelerator string `json:"accelerator"`
 	Model       string `json:"model"`
-	// Holds is the device shape each pod holds now, as Shape.Describe.
+	// Holds is the device shape each pod holds now (or last held, for a
+	// workload gone before the window's end), as Shape.Describe.
 	Holds string `json:"holds"`
 	// Devices is how many each pod holds.
 	Devices int `json:"devices"`
 	// What it used, per device, over the window (the most of any device
-	// of any of its pods): peak VRAM, p95 activity (of the device it
-	// holds), and the share of its device-time the exporter judged idle.
+	// of any of its pods): peak VRAM, the percentile of its activity (of
+	// the device it holds; over devices of other models or shapes, in
+	// its current device's units), and the share of its device-time the
+	// exporter judged idle.
 	PeakMemoryBytes *float64 `json:"peak_memory_bytes"`
 	P95Activity     *float64 `json:"p95_activity"`
 	IdleShare       *float64 `json:"idle_share"`
@@ -51,62 +56,146 @@ type Row struct {
 	IdleDevices        int    `json:"idle_devices"`
 	Recommendation     string `json:"recommendation"`
 	RecommendedDevices int    `json:"recommended_devices"`
-	// MonthlySaving is in US dollars at the configured prices; nil where a
-	// price is missing.
+	// MonthlySaving is in US dollars at the configured prices, for a
+	// month at the rate the workload held devices in the window; nil
+	// where a price is missing.
 	MonthlySaving *float64 `json:"monthly_saving_dollars"`
 	// Reason says why the data is insufficient.
 	Reason string `json:"reason,omitempty"`
+	// Samples are the per-minute samples of its devices the figures come
+	// from; Coverage the part of the window they cover (from its first
+	// step to the window's end, less its longest gap); FirstSeen and
+	// LastSeen its first and last step.
+	Samples   int       `json:"samples"`
+	Coverage  float64   `json:"coverage"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
+	// Pool is the node pool that serves the recommendation, or
+	// NewPoolPrefix and the labels of the pool to create.
+	Pool string `json:"pool"`
+
+	change         *podChange
+	percentileName string // "p95": the table's name of P95Activity
 }
 
-// workloadHoldings are one workload's holdings in the window.
-type workloadHoldings struct {
+// rowKey is a row of recommend: a workload, and the model where its
+// devices' models cannot be converted into one another (else "").
+type rowKey struct {
 	Workload
+	Model string
+}
+
+// workloadHoldings are one row's holdings in the window, and those it
+// holds at the end (or, for a workload gone by then, its last ones).
+type workloadHoldings struct {
+	rowKey
 	all, current []*Holding
 }
 
 // byWorkload groups the holdings; without kube-state-metrics each pod is
-// its own workload.
+// its own workload. A workload that held devices of models the
+// accelerator table cannot convert into one another is a row per model.
 func (o *Observation) byWorkload() []*workloadHoldings {
-	m := map[Workload]*workloadHoldings{}
+	m := map[Workload][]*Holding{}
 	var order []Workload
 	for _, h := range o.Holdings {
 		w := Workload{h.Namespace, "Pod", h.Pod}
 		if o.KSM {
 			w = o.Owners.Resolve(h.Namespace, h.Pod)
 		}
-		wh := m[w]
-		if wh == nil {
-			wh = &workloadHoldings{Workload: w}
-			m[w] = wh
+		if _, ok := m[w]; !ok {
 			order = append(order, w)
 		}
-		wh.all = append(wh.all, h)
-		if h.Current {
-			wh.current = append(wh.current, h)
-		}
+		m[w] = append(m[w], h)
 	}
-	out := make([]*workloadHoldings, 0, len(order))
+	var out []*workloadHoldings
 	for _, w := range order {
-		out = append(out, m[w])
+		hs := m[w]
+		models, convertible := map[string]bool{}, true
+		for _, h := range hs {
+			model := o.ModelOf(h.DeviceKey)
+			models[model] = true
+			if _, ok := LookupFacts(o.AcceleratorOf(h.Node, model), model); !ok {
+				convertible = false
+			}
+		}
+		if len(models) < 2 || convertible {
+			out = append(out, o.withCurrent(rowKey{Workload: w}, hs))
+			continue
+		}
+		byModel := map[string][]*Holding{}
+		var names []string
+		for _, h := range hs {
+			model := o.ModelOf(h.DeviceKey)
+			if byModel[model] == nil {
+				names = append(names, model)
+			}
+			byModel[model] = append(byModel[model], h)
+		}
+		sort.Strings(names)
+		for _, model := range names {
+			out = append(out, o.withCurrent(rowKey{Workload: w, Model: model}, byModel[model]))
+		}
 	}
 	return out
 }
 
-// Recommend gives every workload that holds a device at the window's end
-// a recommendation.
-func (o *Observation) Recommend(opt RecommendOptions) []Row {
-	sharedWith := map[DeviceKey]int{}
-	for _, h := range o.Holdings {
+// withCurrent sets a row's current holdings: those held at the window's
+// end, else those held at its last step (a finished Job's last pods).
+func (o *Observation) withCurrent(k rowKey, hs []*Holding) *workloadHoldings {
+	wh := &workloadHoldings{rowKey: k, all: hs}
+	var last time.Time
+	for _, h := range hs {
 		if h.Current {
-			sharedWith[h.DeviceKey]++
+			wh.current = append(wh.current, h)
+		}
+		if h.Last.After(last) {
+			last = h.Last
 		}
 	}
+	if len(wh.current) == 0 {
+		for _, h := range hs {
+			if !h.Last.Before(last.Add(-o.Window.Step)) {
+				wh.current = append(wh.current, h)
+			}
+		}
+	}
+	if len(wh.current) == 0 {
+		wh.current = hs
+	}
+	return wh
+}
+
+// sharedWith counts the holders of each device among holdings.
+func sharedWith(hs []*Holding) map[DeviceKey]int {
+	out := map[DeviceKey]int{}
+	for _, h := range hs {
+		out[h.DeviceKey]++
+	}
+	return out
+}
+
+// Recommend gives every workload that held a device in the window a
+// recommendation; one gone by the window's end is judged on the shape it
+// held last.
+func (o *Observation) Recommend(opt RecommendOptions) []Row {
+	if opt.MinCoverage == 0 {
+		opt.MinCoverage = DefaultMinCoverage
+	}
+	var currentAll []*Holding
+	for _, h := range o.Holdings {
+		if h.Current {
+			currentAll = append(currentAll, h)
+		}
+	}
+	holders := sharedWith(currentAll)
 	var rows []Row
 	for _, wh := range o.byWorkload() {
-		if len(wh.current) == 0 {
-			continue // gone before the window's end: nothing to resize
+		shared := holders
+		if !wh.current[0].Current {
+			shared = sharedWith(wh.current)
 		}
-		rows = append(rows, o.recommendOne(wh, sharedWith, opt))
+		rows = append(rows, o.recommendOne(wh, shared, opt))
 	}
 	sort.SliceStable(rows, func(i, j int) bool {
 		a, b := rows[i], rows[j]
@@ -120,7 +209,10 @@ func (o *Observation) Recommend(opt RecommendOptions) []Row {
 		if a.Namespace != b.Namespace {
 			return a.Namespace < b.Namespace
 		}
-		return a.Workload < b.Workload
+		if a.Workload != b.Workload {
+			return a.Workload < b.Workload
+		}
+		return a.Model < b.Model
 	})
 	return rows
 }
@@ -130,6 +222,64 @@ func saving(r Row) float64 {
 		return -1
 	}
 	return *r.MonthlySaving
+}
+
+// windowSteps is the number of steps in the window, and lastStep the
+// time of its last: the query steps are multiples of the step since the
+// Unix epoch, the last at or before its end.
+func (w Window) windowSteps() float64 { return math.Round(w.Length.Seconds() / w.Step.Seconds()) }
+
+func (w Window) lastStep() time.Time {
+	step := w.Step.Milliseconds()
+	return time.UnixMilli(w.End.UnixMilli() / step * step).UTC()
+}
+
+// confidence is a row's samples, coverage and first and last step, and
+// the longest gap of any of its devices (in steps) and where it was.
+type confidence struct {
+	samples     float64
+	coverage    float64
+	first, last time.Time
+	gap         float64
+	gapAt       *Holding
+}
+
+func (o *Observation) confidenceOf(hs []*Holding) confidence {
+	var c confidence
+	for _, h := range hs {
+		c.samples += h.Steps
+		if c.first.IsZero() || h.First.Before(c.first) {
+			c.first = h.First
+		}
+		if h.Last.After(c.last) {
+			c.last = h.Last
+		}
+		if g := h.GapSteps(o.Window.Step); g > c.gap {
+			c.gap, c.gapAt = g, h
+		}
+	}
+	w := o.Window
+	fromFirst := math.Round(float64(w.lastStep().Sub(c.first))/float64(w.Step)) + 1
+	c.coverage = min(1, max(0, (fromFirst-c.gap)/w.windowSteps()))
+	return c
+}
+
+// activityFactor converts a holding's activity into whole GPUs of a row's
+// reference (current) model: a MIG device's by its compute slices,
+// another model's by its throughput over the reference's (the accelerator
+// table); ok is false where the table cannot convert it.
+func (o *Observation) activityFactor(h *Holding, ref Shape) (float64, bool) {
+	s := o.CurrentShape(h, 1, Prices{})
+	f := ActivityScale(s)
+	if s.Model == ref.Model {
+		return f, true
+	}
+	a, okA := LookupFacts(s.Accelerator, s.Model)
+	b, okB := LookupFacts(ref.Accelerator, ref.Model)
+	if !okA || !okB {
+		return 0, false
+	}
+	return f * a.TFLOPS / b.TFLOPS, true
 }
 
 func (o *Observation) recommendOne(wh *workloadHoldings, sharedWith map[DeviceKey]int, opt RecommendOptions) Row {
@@ -155,6 +305,7 @@ func (o *Observation) recommendOne(wh *workloadHoldings, sharedWith map[DeviceKe
 			idle = n // a device counts idle when it is in every pod
 		}
 	}
+	c := o.confidenceOf(wh.all)
 	r := Row{
 		Namespace:   wh.Namespace,
 		Workload:    wh.String(),
@@ -166,36 +317,71 @@ func (o *Observation) recommendOne(wh *workloadHoldings, sharedWith map[DeviceKe
 		Holds:       current.Describe(),
 		Devices:     devices,
 		IdleDevices: idle,
+		Samples:     int(c.samples),
+		Coverage:    roundTo(c.coverage, 4),
+		FirstSeen:   c.first,
+		LastSeen:    c.last,
 	}
-	var peak, p95 *float64
+	// Activity in whole GPUs of the current model: converted where the
+	// row's devices differ in model or shape.
+	var peak, used *float64
 	var share, idleShare float64
 	for _, h := range wh.all {
 		peak = maxOf(peak, h.PeakMemory)
-		p95 = maxOf(p95, h.P95Activity)
+		if h.P95Activity != nil {
+			if f, ok := o.activityFactor(h, current); ok {
+				used = maxOf(used, ptr(*h.P95Activity*f))
+			}
+		}
 		share += h.Share
 		idleShare += h.Idle
 	}
-	r.PeakMemoryBytes, r.P95Activity = roundedPtr(peak, 0), roundedPtr(p95, 4)
+	if v, ok := o.converted[wh.rowKey]; ok {
+		used = &v
+	}
+	scale := ActivityScale(current)
+	if used != nil && scale > 0 {
+		r.P95Activity = roundedPtr(ptr(*used/scale), 4)
+	}
+	r.PeakMemoryBytes = roundedPtr(peak, 0)
 	if share > 0 {
 		v := roundTo(idleShare/share, 4)
 		r.IdleShare = &v
 	}
-	if reason := o.insufficient(wh); reason != "" {
+	if reason := o.insufficient(wh, c, opt.MinCoverage); reason != "" {
 		r.Recommendation, r.Reason = InsufficientData, reason
 		return r
 	}
 	need := Need{
 		Memory:      *peak * (1 + opt.Headroom),
-		Compute:     *p95 * ActivityScale(current) * (1 + opt.Headroom),
+		Compute:     *used * (1 + opt.Headroom),
 		Devices:     devices,
 		IdleDevices: idle,
 	}
-	c := Choose(current, need, o.Candidates(current, opt.Prices))
-	r.Recommendation, r.RecommendedDevices = c.Recommendation, c.Devices
-	if c.SavingPerPodHour != nil {
-		v := roundTo(*c.SavingPerPodHour*HoursPerMonth*float64(r.Pods), 2)
+	choice := Choose(current, need, o.Candidates(current, opt.Prices, opt.AllowNewPools))
+	r.Recommendation, r.RecommendedDevices = choice.Recommendation, choice.Devices
+	here := o.poolOf(first.Node)
+	switch {
+	case choice.Shape != nil && choice.Shape.Pool != "":
+		r.Pool = choice.Shape.Pool
+	case choice.Recommendation != RecommendRelease && here != nil:
+		r.Pool = here.name
+	}
+	if choice.SavingPerPodHour != nil {
+		// A month at the rate its pods held devices in the window: the
+		// pods holding all along, a nightly job's hours a night.
+		podSteps := 0.0
+		spans := map[string]float64{}
+		for _, h := range wh.all {
+			spans[h.Pod] = max(spans[h.Pod], h.Span(o.Window.Step))
+		}
+		for _, s := range spans {
+			podSteps += s
+		}
+		v := roundTo(*choice.SavingPerPodHour*HoursPerMonth*podSteps/o.Window.windowSteps(), 2)
 		r.MonthlySaving = &v
 	}
+	r.change = o.changeFor(wh, current, choice)
 	return r
 }
 
@@ -207,30 +393,16 @@ func maxOf(a, b *float64) *float64 {
 }
 
 // insufficient says why a workload's data cannot carry a recommendation,
-// or "": none of its pods held a device at the window's start (it is
-// younger than the window), a holding there from start to end was not
-// recorded all along (gaps), or a device it holds has no activity or memory recorded.
-func (o *Observation) insufficient(wh *workloadHoldings) string {
-	w := o.Window
-	steps := w.Length.Seconds() / w.Step.Seconds()
-	old, longest := false, 0.0
-	for _, h := range wh.all {
-		old = old || h.AtStart
-		longest = max(longest, h.Steps)
-	}
-	if !old {
-		age := time.Duration(longest * float64(w.Step))
-		if age >= time.Hour {
-			age = age.Round(time.Hour)
-		} else {
-			age = age.Round(time.Minute)
+// or "": its data cover less of the window than minCoverage (it is
+// younger than the window, or its data have gaps), or a device it holds
+// has no activity or memory recorded.
+func (o *Observation) insufficient(wh *workloadHoldings, c confidence, minCoverage float64) string {
+	if c.coverage < minCoverage {
+		why := fmt.Sprintf("first seen %s before its end", promDuration(roundAge(o.Window.End.Sub(c.first))))
+		if c.gap > 0 && c.gapAt != nil {
+			why += fmt.Sprintf(", a gap of %s in %s/%s on %s", promDuration(roundAge(time.Duration(c.gap*float64(o.Window.Step)))), c.gapAt.Namespace, c.gapAt.Pod, c.gapAt.Node)
 		}
-		return fmt.Sprintf("younger than the window: first seen %s before its end", promDuration(age))
-	}
-	for _, h := range wh.all {
-		if h.AtStart && h.Current && h.Steps < min(minCoverage*steps, steps-gapStepsAllowed) {
-			return fmt.Sprintf("gaps in the data: %s/%s on %s recorded %.0f%% of the window", h.Namespace, h.Pod, h.Node, 100*h.Steps/steps)
-		}
+		return fmt.Sprintf("coverage %.0f%% of the window (%s) is under --min-coverage=%g", 100*c.coverage, why, minCoverage)
 	}
 	for _, h := range wh.current {
 		if h.P95Activity == nil {
@@ -241,6 +413,15 @@ func (o *Observation) insufficient(wh *workloadHoldings) string {
 		}
 	}
 	return ""
+}
+
+// roundAge rounds a duration for people: to the hour from an hour, else
+// to the minute.
+func roundAge(d time.Duration) time.Duration {
+	if d >= time.Hour {
+		return d.Round(time.Hour)
+	}
+	return d.Round(time.Minute)
 }
 
 func roundTo(v float64, decimals int) float64 {

@@ -11,16 +11,23 @@ import (
 	"time"
 )
 
-// Formats of -o.
-var Formats = []string{"table", "csv", "json"}
+// Formats of -o: every command's, and recommend's also yaml (the
+// changes a person would apply).
+var (
+	Formats          = []string{"table", "csv", "json"}
+	RecommendFormats = []string{"table", "csv", "json", "yaml"}
+)
 
 // Recommendations is recommend's answer.
 type Recommendations struct {
-	At        time.Time `json:"at"`
-	Window    string    `json:"window"`
-	Headroom  float64   `json:"headroom"`
-	Workloads []Row     `json:"workloads"`
-	Notes     []string  `json:"notes"`
+	At            time.Time `json:"at"`
+	Window        string    `json:"window"`
+	Headroom      float64   `json:"headroom"`
+	Percentile    float64   `json:"percentile"`
+	MinCoverage   float64   `json:"min_coverage"`
+	AllowNewPools bool      `json:"allow_new_pools"`
+	Workloads     []Row     `json:"workloads"`
+	Notes         []string  `json:"notes"`
 }
 
 const gib = 1 << 30
@@ -52,7 +59,17 @@ func (r Row) used() string {
 	if r.PeakMemoryBytes != nil {
 		peak = fmt.Sprintf("%.1f GiB", *r.PeakMemoryBytes/gib)
 	}
-	return fmt.Sprintf("peak %s, p95 %s, idle %s", peak, percent(r.P95Activity), percent(r.IdleShare))
+	return fmt.Sprintf("peak %s, %s %s, idle %s", peak, r.percentileName, percent(r.P95Activity), percent(r.IdleShare))
+}
+
+// data is how much data the row stands on: its coverage of the window
+// and samples, and when it was last seen where that is before the end.
+func (r Row) data(at time.Time, step time.Duration) string {
+	s := fmt.Sprintf("%.0f%%, %d samples", 100*r.Coverage, r.Samples)
+	if at.Sub(r.LastSeen) > 5*time.Minute+step {
+		s += ", last " + r.LastSeen.UTC().Format("2006-01-02T15:04Z")
+	}
+	return s
 }
 
 func (r Row) recommendation() string {
@@ -70,21 +87,28 @@ func (rs *Recommendations) Write(w io.Writer, format string) error {
 	switch format {
 	case "json":
 		return writeJSON(w, rs)
+	case "yaml":
+		return rs.writeYAML(w)
 	case "csv":
 		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"namespace", "workload", "pods", "accelerator", "model", "holds", "devices", "peak_memory_bytes", "p95_activity", "idle_share", "idle_devices", "recommendation", "recommended_devices", "monthly_saving_dollars", "reason"})
+		_ = cw.Write([]string{"namespace", "workload", "pods", "accelerator", "model", "holds", "devices", "peak_memory_bytes", "p95_activity", "idle_share", "idle_devices", "recommendation", "recommended_devices", "monthly_saving_dollars", "reason",
+			"samples", "coverage", "first_seen", "last_seen", "pool"})
 		for _, r := range rs.Workloads {
 			_ = cw.Write([]string{r.Namespace, r.Workload, strconv.Itoa(r.Pods), r.Accelerator, r.Model, r.Holds, strconv.Itoa(r.Devices),
 				csvNum(r.PeakMemoryBytes, "%.0f"), csvNum(r.P95Activity, "%.4f"), csvNum(r.IdleShare, "%.4f"), strconv.Itoa(r.IdleDevices),
-				r.Recommendation, strconv.Itoa(r.RecommendedDevices), csvNum(r.MonthlySaving, "%.2f"), r.Reason})
+				r.Recommendation, strconv.Itoa(r.RecommendedDevices), csvNum(r.MonthlySaving, "%.2f"), r.Reason,
+				strconv.Itoa(r.Samples), fmt.Sprintf("%.4f", r.Coverage), csvTime(r.FirstSeen), csvTime(r.LastSeen), r.Pool})
 		}
 		cw.Flush()
 		return cw.Error()
 	}
+	name := rs.percentileName()
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tWORKLOAD\tHOLDS\tUSED (PER DEVICE)\tRECOMMENDATION\tSAVING $/MONTH")
+	fmt.Fprintln(tw, "NAMESPACE\tWORKLOAD\tHOLDS\tUSED (PER DEVICE)\tRECOMMENDATION\tPOOL\tSAVING $/MONTH\tDATA")
 	for _, r := range rs.Workloads {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Workload, r.holds(), r.used(), r.recommendation(), optFormat(r.MonthlySaving, "%.2f"))
+		r.percentileName = name
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Workload, r.holds(), r.used(), r.recommendation(), orDash(r.Pool),
+			optFormat(r.MonthlySaving, "%.2f"), r.data(rs.At, time.Minute))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -97,6 +121,28 @@ func (rs *Recommendations) Write(w io.Writer, format string) error {
 		}
 	}
 	return writeNotes(w, rs.Notes)
+}
+
+// percentileName is "p95" for --percentile=95.
+func (rs *Recommendations) percentileName() string {
+	if rs.Percentile == 0 {
+		return "p95"
+	}
+	return "p" + strconv.FormatFloat(rs.Percentile, 'g', -1, 64)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func csvTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -129,29 +175,116 @@ type ShowbackReport struct {
 	Notes []string `json:"notes"`
 }
 
-// Write prints the report as a table, CSV or JSON.
+// aboveShare marks a row whose busy hours exceed its allocated ones.
+const aboveShare = "*"
+
+// efficiency is busy over allocated, marked where above 100% (a holder of
+// a time-sliced GPU busier than its replica's share).
+func efficiency(r ShowbackRow) string {
+	if r.AllocatedHours <= 0 {
+		return "-"
+	}
+	e := r.BusyHours / r.AllocatedHours
+	s := fmt.Sprintf("%.0f%%", 100*e)
+	if e > 1.0005 {
+		s += aboveShare
+	}
+	return s
+}
+
+// BillLines say, per model, what its GPUs cost over the window and what
+// the report's rows add up to.
+func (sb *Showback) BillLines() []string {
+	var out []string
+	shared := sb.Unallocated == UnallocatedShare
+	for _, b := range sb.Bill {
+		var line string
+		if b.PricePerHour != nil && b.Cost != nil && b.RowsCost != nil {
+			pct := 100.0
+			if *b.Cost > 0 {
+				pct = 100 * *b.RowsCost / *b.Cost
+			}
+			line = fmt.Sprintf("bill %s: %.3f GPU-hours x %.2f $/h = %.2f $; the rows add up to %.2f $ (%.2f%%)", b.Model, b.Hours, *b.PricePerHour, *b.Cost, *b.RowsCost, pct)
+		} else {
+			line = fmt.Sprintf("bill %s: %.3f GPU-hours, no price; the rows add up to %.3f GPU-hours", b.Model, b.Hours, b.RowsHours)
+		}
+		if !b.Adds(shared) {
+			line += fmt.Sprintf(": they do NOT add up to the bill within %.1f%% (holders on GPUs whose gpu_info was not recorded, or series missing from Prometheus)", 100*BillTolerance)
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// Write prints the report as a table, CSV or JSON. The table ends with
+// the bill per model; CSV holds the rows only (the command prints the
+// bill lines with the notes on standard error).
 func (sr *ShowbackReport) Write(w io.Writer, format string) error {
+	shared := sr.Unallocated == UnallocatedShare
 	switch format {
 	case "json":
 		return writeJSON(w, sr)
 	case "csv":
 		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{sr.By, "allocated_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "allocated_cost_dollars", "busy_cost_dollars", "idle_cost_dollars"})
+		_ = cw.Write([]string{sr.By, "model", "reason", "allocated_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "allocated_cost_dollars", "busy_cost_dollars", "idle_cost_dollars", "shared_unallocated_cost_dollars"})
 		for _, r := range sr.Rows {
-			_ = cw.Write([]string{r.Group, fmt.Sprintf("%.3f", r.AllocatedHours), fmt.Sprintf("%.3f", r.BusyHours), fmt.Sprintf("%.3f", r.IdleHours),
-				csvNum(r.AllocatedCost, "%.2f"), csvNum(r.BusyCost, "%.2f"), csvNum(r.IdleCost, "%.2f")})
+			_ = cw.Write([]string{r.Group, r.Model, "", fmt.Sprintf("%.3f", r.AllocatedHours), fmt.Sprintf("%.3f", r.BusyHours), fmt.Sprintf("%.3f", r.IdleHours),
+				csvNum(r.AllocatedCost, "%.2f"), csvNum(r.BusyCost, "%.2f"), csvNum(r.IdleCost, "%.2f"), csvNum(r.SharedCost, "%.2f")})
+		}
+		for _, f := range sr.Free {
+			_ = cw.Write([]string{UnallocatedGroup, f.Model, f.Reason, fmt.Sprintf("%.3f", f.Hours), "", "", csvNum(f.Cost, "%.2f"), "", "", ""})
 		}
 		cw.Flush()
 		return cw.Error()
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "%s\tGPU-HOURS\tBUSY GPU-HOURS\tIDLE GPU-HOURS\tCOST $\tBUSY $\tIDLE $\n", strings.ToUpper(sr.By))
-	for _, r := range append(append([]ShowbackRow{}, sr.Rows...), sr.Total) {
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%s\t%s\t%s\n", r.Group, r.AllocatedHours, r.BusyHours, r.IdleHours,
-			optFormat(r.AllocatedCost, "%.2f"), optFormat(r.BusyCost, "%.2f"), optFormat(r.IdleCost, "%.2f"))
+	header := fmt.Sprintf("%s\tMODEL\tGPU-HOURS\tBUSY GPU-HOURS\tIDLE GPU-HOURS\tBUSY/ALLOCATED\tCOST $\tBUSY $\tIDLE $", strings.ToUpper(sr.By))
+	if shared {
+		header += "\tSHARED UNALLOCATED $"
 	}
+	fmt.Fprintln(tw, header)
+	above := false
+	for _, r := range sr.Rows {
+		e := efficiency(r)
+		above = above || strings.HasSuffix(e, aboveShare)
+		line := fmt.Sprintf("%s\t%s\t%.3f\t%.3f\t%.3f\t%s\t%s\t%s\t%s", r.Group, r.Model, r.AllocatedHours, r.BusyHours, r.IdleHours, e,
+			optFormat(r.AllocatedCost, "%.2f"), optFormat(r.BusyCost, "%.2f"), optFormat(r.IdleCost, "%.2f"))
+		if shared {
+			line += "\t" + optFormat(r.SharedCost, "%.2f")
+		}
+		fmt.Fprintln(tw, line)
+	}
+	for _, f := range sr.Free {
+		line := fmt.Sprintf("%s %s\t%s\t%.3f\t-\t-\t-\t%s\t-\t-", UnallocatedGroup, f.Reason, f.Model, f.Hours, optFormat(f.Cost, "%.2f"))
+		if shared {
+			line += "\t-"
+		}
+		fmt.Fprintln(tw, line)
+	}
+	t := sr.Total
+	total := fmt.Sprintf("%s\t(priced models)\t-\t-\t-\t-\t%s\t%s\t%s", t.Group, optFormat(sumPtr(t.AllocatedCost, t.UnallocatedCost), "%.2f"), optFormat(t.BusyCost, "%.2f"), optFormat(t.IdleCost, "%.2f"))
+	if shared {
+		total += "\t" + optFormat(t.SharedCost, "%.2f")
+	}
+	fmt.Fprintln(tw, total)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	lines := sr.BillLines()
+	if above {
+		lines = append(lines, aboveShare+" busy above allocated: time-sliced GPUs' holders busier than their replica's share, the other replicas idle (their own part of the GPU's busy time, not clamped)")
+	}
+	for _, l := range lines {
+		if _, err := fmt.Fprintln(w, l); err != nil {
+			return err
+		}
+	}
 	return writeNotes(w, sr.Notes)
+}
+
+func sumPtr(a, b *float64) *float64 {
+	if a == nil || b == nil {
+		return nil
+	}
+	return ptr(*a + *b)
 }

@@ -33,9 +33,13 @@ type Shape struct {
 	// the GPU's, 1/n for a share, another accelerator's throughput over
 	// the current one's.
 	Compute float64
-	// PricePerHour is what the device costs an hour; nil where no price
-	// is known.
+	// PricePerHour is what the device costs an hour (a MIG device its
+	// cost share of the GPU's price); nil where no price is known.
 	PricePerHour *float64
+	// Pool is the node pool that serves the shape, or NewPoolPrefix and
+	// the labels of the pool to create (NewPool).
+	Pool    string
+	NewPool bool
 }
 
 // Name is the shape as the recommendation column names it.

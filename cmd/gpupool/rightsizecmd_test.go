@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/analytics/rightsize"
 )
 
 // TestRightsizeUsageErrors: what the user wrote wrong stops recommend and
@@ -27,7 +29,14 @@ func TestRightsizeUsageErrors(t *testing.T) {
 		{[]string{"recommend", prom, "--window=0s"}, "--window=0s"},
 		{[]string{"recommend", prom, "--headroom=-0.1"}, "--headroom=-0.1"},
 		{[]string{"recommend", prom, "--idle.threshold=2"}, "--idle.threshold=2"},
-		{[]string{"recommend", prom, "-o", "yaml"}, "--output=yaml: want table, csv, json"},
+		{[]string{"recommend", prom, "-o", "xml"}, "--output=xml: want table, csv, json, yaml"},
+		{[]string{"report", prom, "-o", "yaml"}, "--output=yaml: want table, csv, json"},
+		{[]string{"recommend", prom, "--percentile=0"}, "--percentile=0: want a percentile above 0 and at most 100"},
+		{[]string{"recommend", prom, "--percentile=101"}, "--percentile=101"},
+		{[]string{"recommend", prom, "--min-coverage=1.5"}, "--min-coverage=1.5: want a fraction of the window from 0 to 1"},
+		{[]string{"recommend", prom, "--percentile=high"}, "--percentile=high: want a number"},
+		{[]string{"recommend", prom, "--headroom=lots"}, "--headroom=lots: want a number"},
+		{[]string{"report", prom, "--unallocated=hide"}, "--unallocated=hide: want show"},
 		{[]string{"recommend", prom, "--at=yesterday"}, "--at=yesterday: want an RFC 3339 time"},
 		{[]string{"recommend", prom, "--idle.price=H100"}, "--idle.price=H100"},
 		{[]string{"recommend", prom, "--idle.price-file=/nonexistent.yaml"}, "--idle.price-file"},
@@ -56,6 +65,22 @@ func TestRightsizeUnreachablePrometheus(t *testing.T) {
 		var out, errb bytes.Buffer
 		if code := run(context.Background(), []string{cmd, "--prometheus=http://127.0.0.1:1"}, &out, &errb); code != exitError || !strings.Contains(errb.String(), "cannot reach Prometheus at http://127.0.0.1:1") {
 			t.Errorf("%s: exit %d, %q; want exit 1, cannot reach Prometheus", cmd, code, errb.String())
+		}
+	}
+}
+
+// TestRecommendNotesKeepUnpricedWithoutKSM: without kube-state-metrics,
+// the note that a model has no price is still printed beside the one
+// that workloads are pods.
+func TestRecommendNotesKeepUnpricedWithoutKSM(t *testing.T) {
+	rows := []rightsize.Row{{Model: "Tesla T4", Recommendation: rightsize.RecommendKeep}}
+	for _, ksm := range []bool{true, false} {
+		notes := strings.Join(recommendNotes(nil, rows, ksm), "\n")
+		if !strings.Contains(notes, "no price for Tesla T4") {
+			t.Errorf("kube-state-metrics %v: notes %q lack the unpriced T4", ksm, notes)
+		}
+		if strings.Contains(notes, "each pod is its own workload") == ksm {
+			t.Errorf("kube-state-metrics %v: notes %q", ksm, notes)
 		}
 	}
 }

@@ -28,6 +28,7 @@ type rightsizeFlags struct {
 	output    string
 	priceFile string
 	priceFlag string
+	formats   []string // -o's values; default rightsize.Formats
 }
 
 // rightsizeApp is a subcommand's flags and how it reports a failure.
@@ -47,7 +48,6 @@ func newRightsizeApp(name, help string, stdout, stderr io.Writer, f *rightsizeFl
 	// Reading a week of recordings takes longer than fleet's instant figures.
 	f.prom = promapi.AddFlags(app.Application, "2m")
 	app.Flag("at", "End of the window: RFC 3339 time or Unix seconds (default: now).").StringVar(&f.at)
-	app.Flag("output", "Output format: table, csv or json.").Short('o').Default("table").StringVar(&f.output)
 	app.Flag("idle.price-file", "YAML price list, as the exporter's (per GPU-hour by NVML model name, or by GKE accelerator name; see deploy/prices-gke-on-demand.yaml). Default: the exporters' configured prices (gpu_price_dollars_per_hour).").StringVar(&f.priceFile)
 	app.Flag("idle.price", "Prices per GPU-hour by model, e.g. \"NVIDIA H100 80GB HBM3=11.06\"; added to --idle.price-file.").StringVar(&f.priceFlag)
 	return app
@@ -77,7 +77,7 @@ func (a *rightsizeApp) parse(args []string, f *rightsizeFlags) int {
 // read builds the window and the prices and reads the window from
 // Prometheus: the observation, the prices and their notes, or the exit
 // code to stop with.
-func (a *rightsizeApp) read(ctx context.Context, f *rightsizeFlags, flag, length string) (*rightsize.Observation, rightsize.Prices, []string, int) {
+func (a *rightsizeApp) read(ctx context.Context, f *rightsizeFlags, flag, length string, quantile float64) (*rightsize.Observation, rightsize.Prices, []string, int) {
 	w, err := f.window(flag, length)
 	if err != nil {
 		return nil, rightsize.Prices{}, nil, a.fail(exitUsage, err)
@@ -86,7 +86,7 @@ func (a *rightsizeApp) read(ctx context.Context, f *rightsizeFlags, flag, length
 	if err != nil {
 		return nil, rightsize.Prices{}, nil, a.fail(exitUsage, err)
 	}
-	o, err := f.observe(ctx, w, a.stderr)
+	o, err := f.observe(ctx, w, quantile, a.stderr)
 	if err != nil {
 		return nil, rightsize.Prices{}, nil, a.fail(exitFor(err), err)
 	}
@@ -158,15 +158,19 @@ func (f *rightsizeFlags) prices() (*fragmentation.PriceList, error) {
 }
 
 func (f *rightsizeFlags) checkOutput() error {
-	if !slices.Contains(rightsize.Formats, f.output) {
-		return fmt.Errorf("--output=%s: want %s", f.output, strings.Join(rightsize.Formats, ", "))
+	formats := f.formats
+	if formats == nil {
+		formats = rightsize.Formats
+	}
+	if !slices.Contains(formats, f.output) {
+		return fmt.Errorf("--output=%s: want %s", f.output, strings.Join(formats, ", "))
 	}
 	return nil
 }
 
 // observe reads the window from Prometheus, its warnings to warnings; its
 // errors are the machine's or the data's (exit 1), explained.
-func (f *rightsizeFlags) observe(ctx context.Context, w rightsize.Window, warnings io.Writer) (*rightsize.Observation, error) {
+func (f *rightsizeFlags) observe(ctx context.Context, w rightsize.Window, quantile float64, warnings io.Writer) (*rightsize.Observation, error) {
 	c, err := f.prom.NewClient()
 	if err != nil {
 		return nil, usageError{err}
@@ -174,7 +178,7 @@ func (f *rightsizeFlags) observe(ctx context.Context, w rightsize.Window, warnin
 	c.Warnings = warnings
 	ctx, cancel := f.prom.Context(ctx)
 	defer cancel()
-	return rightsize.Observe(ctx, c, w)
+	return rightsize.Observe(ctx, c, w, rightsize.ObserveOptions{Quantile: quantile})
 }
 
 // usageError is an error in what the user wrote, found after parsing.

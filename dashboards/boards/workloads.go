@@ -171,7 +171,7 @@ and on (namespace, pod)
 		}, stacked))
 
 	d = d.WithRow(dashboard.NewRowBuilder("Right-sizing")).
-		WithPanel(tablePanel("Right-sizing per pod", "Over the dashboard's time range, per pod: its devices' memory against its peak VRAM, its p95 activity (DCGM SM activity, else NVML; a shared GPU's holder its own processes'), and the device-hours it held, busy (weighted by activity) and idle (as the exporter judges it). A MIG device counts as one device here; `gpupool recommend` turns this into a shape per workload and `report` into GPU-hours and cost per team (docs/rightsizing.md). Hours assume the rules' one-minute recordings.", 24, 10,
+		WithPanel(tablePanel("Right-sizing per pod", "Over the dashboard's time range, per pod: its devices' memory against its peak VRAM, its p95 activity (DCGM SM activity, else NVML; a shared GPU's holder its own processes'), and the device-hours it held, busy (its own activity: on a time-sliced GPU its processes' part of the GPU, so a GPU's holders add up to the GPU's busy time, and one can be busier than its share) and idle (as the exporter judges it). A MIG device counts as one device here; `gpupool recommend` turns this into a shape per workload a node pool serves and `report` into GPU-hours and cost per team and model, with MIG devices at their cost share and the GPU-hours nobody held, adding up to the bill (docs/rightsizing.md). Hours assume the rules' one-minute recordings.", 24, 10,
 			[]string{"namespace", "pod"}, "Device-hours held",
 			column{"VRAM held", "bytes", `
 max by (namespace, pod) (
@@ -185,12 +185,34 @@ max by (namespace, pod) (
 			column{"Busy device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_busy_devices:share{` + held + `}[$__range])) / 60`},
 			column{"Idle device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_idle_devices:share{` + held + `}[$__range])) / 60`},
 		)).
-		WithPanel(timeseriesPanel("Busy and idle devices by namespace", "Devices held, weighted by their holders' activity (busy), and held by holders the exporter judges idle (idle), by namespace: the gap between the two and the devices held is what right-sizing can give back.", "none", 24, 8, []*prometheus.DataqueryBuilder{
+		WithPanel(timeseriesPanel("Busy and idle devices by namespace", "Devices its holders kept busy (each its own activity) and devices held by holders the exporter judges idle, by namespace: the gap between the two and the devices held is what right-sizing can give back.", "none", 12, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (namespace) (allocation:gpu_busy_devices:share{`+held+`})`, "{{namespace}} busy"),
 			series(`sum by (namespace) (allocation:gpu_idle_devices:share{`+held+`})`, "{{namespace}} idle"),
+		})).
+		WithPanel(timeseriesPanel("GPUs on the bill and nobody's", "Every GPU of the chosen nodes (the bill: gpu_info, whatever holds it), the GPUs out of MIG mode that no container holds, and of those the ones on a cordoned node or unhealthy; whatever the namespace filter says, these are nobody's. `gpupool report` splits the unallocated GPU-hours by reason over a window (free, unheld time-sliced replicas, free MIG devices, the remainder of a MIG layout, unhealthy or cordoned), at MIG devices' cost shares, so that its rows add up to the bill (docs/rightsizing.md).", "none", 12, 8, []*prometheus.DataqueryBuilder{
+			series(`count(gpu_info{`+job+`, node=~"$node"}) or vector(0)`, "GPUs on the bill"),
+			series(`count(`+unheldGPUs+`) or vector(0)`, "whole GPUs nobody holds"),
+			series(`count(`+unheldGPUs+` and on (node, uuid) `+unavailableGPUs+`) or vector(0)`, "of them unhealthy or cordoned"),
 		}))
 	return d
 }
+
+// unheldGPUs are the GPUs out of MIG mode of the chosen nodes that no
+// container holds.
+const unheldGPUs = `group by (node, uuid) (gpu_info{` + job + `, node=~"$node", mig_mode!="enabled"})
+  unless on (node, uuid) group by (node, uuid) (gpu_allocation_info{` + job + `, node=~"$node"})`
+
+// unavailableGPUs are the GPUs no pod can be given: on a cordoned node
+// (kube-state-metrics), or unhealthy as the exporter judges it (as
+// gpupool report reads them).
+const unavailableGPUs = `group by (node, uuid) (
+    gpu_info{` + job + `, node=~"$node"} and on (node) (kube_node_spec_unschedulable == 1)
+  or gpu_up{` + job + `, node=~"$node", gpu_instance=""} == 0
+  or gpu_remapped_rows_failed{` + job + `, node=~"$node"} == 1
+  or gpu_remapped_rows_pending{` + job + `, node=~"$node"} == 1
+  or gpu_retired_pages_pending{` + job + `, node=~"$node"} == 1
+  or gpu_recovery_action_code{` + job + `, node=~"$node"} > 0
+)`
 
 // sharedDevices are the devices with more than one holder (time-slicing or
 // MPS replicas held by several containers).
