@@ -86,6 +86,80 @@ type ProcsConfig struct {
 	CRISocket   string
 }
 
+// flagValues are the flags as given, before check turns them into a
+// Config; the *Set fields say whether the user gave a flag whose default
+// depends on another flag.
+type flagValues struct {
+	listen          server.ListenConfig
+	listenSet       bool
+	webConfigFile   string
+	maxRequests     int
+	maxConnections  int
+	pprof           bool
+	shutdownTimeout time.Duration
+
+	interval         time.Duration
+	deviceTimeout    time.Duration
+	deviceTimeoutSet bool
+	nvmlInitTimeout  time.Duration
+	nvmlRestartAfter time.Duration
+	nvmlLibrary      string
+	sysfs            string
+
+	logLevel  zerolog.Level
+	logFormat string
+	nodeName  string
+
+	idle      fragmentation.IdleConfig
+	shapes    []fragmentation.Shape
+	priceFile string
+	prices    map[string]float64
+
+	dcgmMode       dcgm.Mode
+	dcgmHostEngine string
+	dcgmOn         bool
+	dcgmOnSet      bool
+
+	kubeletEnabled    bool
+	kubelet           podmap.Config
+	kubeletSocketSet  bool
+	kubeletTimeoutSet bool
+	kubeletMaxBytes   units.Base2Bytes
+	kubeletOn         bool
+	kubeletOnSet      bool
+
+	procsEnabled   bool
+	procsRoot      string
+	procsRootSet   bool
+	procsLogDir    string
+	procsLogDirSet bool
+	procsCRISocket string
+
+	profile    string
+	groupFlags map[render.Group]*groupFlag
+
+	compatDCGM           bool
+	compatRelease        string
+	compatHostnameLabel  string
+	compatResourceNames  []string
+	compatXIDWindowMS    int64
+	compatVirtualGPUs    bool
+	compatCollectors     string
+	compatPodLabels      bool
+	compatPodUID         bool
+	compatLabelAllowlist []string
+	kubeconfig           string
+
+	// simulated: a Simulation stands in for the node (its own name then
+	// serves where --node-name is needed).
+	simulated bool
+}
+
+// groupFlag is one --[no-]collector.<group> flag and whether it was given.
+type groupFlag struct {
+	on, set bool
+}
+
 // Upper bounds of duration flags: past them a typo (1000000h) would leave
 // the exporter serving a page that never changes.
 const (
@@ -108,7 +182,7 @@ const (
 // flag, what was wrong and what it accepts, and is the user's (exit 2)
 // unless the machine failed (exit 1). Nothing is built here to be thrown
 // away.
-func (f *flagValues) check(sim Simulation) (*Config, error) {
+func (f *flagValues) check() (*Config, error) {
 	c := &Config{
 		MaxRequests: f.maxRequests, MaxConnections: f.maxConnections, Pprof: f.pprof,
 		LogLevel: f.logLevel, LogFormat: f.logFormat, NodeName: f.nodeName,
@@ -118,13 +192,6 @@ func (f *flagValues) check(sim Simulation) (*Config, error) {
 		if err := check(c); err != nil {
 			return nil, err
 		}
-	}
-	if sim != nil {
-		s, err := sim.Check(c)
-		if err != nil {
-			return nil, err
-		}
-		c.Simulation = s
 	}
 	return c, nil
 }

@@ -22,85 +22,10 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
-	"github.com/gpu-pool-exporter/gpu-pool-exporter/server"
 )
 
 // terminated is what --help and --version panic with to end parsing.
 type terminated struct{}
-
-// flagValues are the flags as given, before check turns them into a
-// Config; the *Set fields say whether the user gave a flag whose default
-// depends on another flag.
-type flagValues struct {
-	listen          server.ListenConfig
-	listenSet       bool
-	webConfigFile   string
-	maxRequests     int
-	maxConnections  int
-	pprof           bool
-	shutdownTimeout time.Duration
-
-	interval         time.Duration
-	deviceTimeout    time.Duration
-	deviceTimeoutSet bool
-	nvmlInitTimeout  time.Duration
-	nvmlRestartAfter time.Duration
-	nvmlLibrary      string
-	sysfs            string
-
-	logLevel  zerolog.Level
-	logFormat string
-	nodeName  string
-
-	idle      fragmentation.IdleConfig
-	shapes    []fragmentation.Shape
-	priceFile string
-	prices    map[string]float64
-
-	dcgmMode       dcgm.Mode
-	dcgmHostEngine string
-	dcgmOn         bool
-	dcgmOnSet      bool
-
-	kubeletEnabled    bool
-	kubelet           podmap.Config
-	kubeletSocketSet  bool
-	kubeletTimeoutSet bool
-	kubeletMaxBytes   units.Base2Bytes
-	kubeletOn         bool
-	kubeletOnSet      bool
-
-	procsEnabled   bool
-	procsRoot      string
-	procsRootSet   bool
-	procsLogDir    string
-	procsLogDirSet bool
-	procsCRISocket string
-
-	profile    string
-	groupFlags map[render.Group]*groupFlag
-
-	compatDCGM           bool
-	compatRelease        string
-	compatHostnameLabel  string
-	compatResourceNames  []string
-	compatXIDWindowMS    int64
-	compatVirtualGPUs    bool
-	compatCollectors     string
-	compatPodLabels      bool
-	compatPodUID         bool
-	compatLabelAllowlist []string
-	kubeconfig           string
-
-	// simulated: a Simulation stands in for the node (its own name then
-	// serves where --node-name is needed).
-	simulated bool
-}
-
-// groupFlag is one --[no-]collector.<group> flag and whether it was given.
-type groupFlag struct {
-	on, set bool
-}
 
 // ParseConfig parses and checks the command line into a Config, with the
 // flags of sim (nil for the agent). It returns a nil Config and ExitOK
@@ -120,8 +45,20 @@ func ParseConfig(args []string, stdout, stderr io.Writer, sim Simulation) (c *Co
 		return nil, ExitUsage, err
 	}
 	f.listen.Addresses, f.listen.SystemdSocket, f.webConfigFile = *tk.WebListenAddresses, *tk.WebSystemdSocket, *tk.WebConfigFile
-	if c, err = f.check(sim); err != nil {
+	if c, err = f.check(); err != nil {
 		return nil, exitCode(err), err
+	}
+	if sim != nil {
+		// The simulation's own flags, after the agent's: its errors are the
+		// user's (a scenario that does not parse).
+		s, err := sim.Check(c)
+		if err != nil {
+			if !errors.As(err, new(InputError)) {
+				err = InputError{err}
+			}
+			return nil, ExitUsage, err
+		}
+		c.Simulation = s
 	}
 	return c, ExitOK, nil
 }

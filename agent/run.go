@@ -1,22 +1,3 @@
-// Package agent is the node agent: gpu-pool-exporter's command line
-// (flags.go, parsed once and checked into a Config: config.go), its wiring
-// of the node's sources into the collector (wiring.go), and its serving
-// (serve.go, routes.go) through the server package's defences. Run is the
-// whole command; cmd/gpu-pool-exporter is a thin main around it, and the
-// simulated node's binary (cmd/gpu-pool-exporter-sim) runs the same with a
-// Simulation (simulation.go) standing in for the hardware.
-//
-// Files, in the order a run goes through them: exit.go (exit codes),
-// simulation.go, flags.go, config.go, run.go, wiring.go, serve.go,
-// routes.go, version.go.
-//
-// Exit codes:
-//
-//	0  clean shutdown (SIGTERM, interrupt), --help or --version
-//	1  the machine failed it: no NVML, a port in use, a setup step that
-//	   could not be done (temporary files, a client), a server that failed
-//	2  what the user wrote is wrong: a flag, the scenario, the price file,
-//	   the web config
 package agent
 
 import (

@@ -1,6 +1,3 @@
-// Package fleet reads the fleet's capacity, idle cost and GPUs to replace
-// from the recording rules' series in Prometheus (or anything that serves
-// its query API: Thanos Query, GMP's frontend), for `gpupool fleet`.
 package fleet
 
 import (

@@ -1,4 +1,7 @@
-package collector_test
+// The packages' shape: which packages and files use which, and the doc.go
+// of each package that names its files in the order of its flow.
+
+package readme
 
 import (
 	"bytes"
@@ -94,20 +97,25 @@ func objectNames(objs map[types.Object]bool) string {
 	return strings.Join(names, ", ")
 }
 
-// collectorPackages are the packages of collector/ and every package they
+// flowPatterns are the product's packages whose files must use each other
+// one way: the collector, the agent, its server and API client, the
+// analytics.
+var flowPatterns = []string{"./collector/...", "./agent", "./kubeapi", "./analytics/fleet", "./analytics/promapi"}
+
+// productPackages are the packages of flowPatterns and every package they
 // need, listed once per test binary.
-var collectorPackages = sync.OnceValues(func() (map[string]*listedPackage, error) {
-	return goList("./collector/...")
+var productPackages = sync.OnceValues(func() (map[string]*listedPackage, error) {
+	return goList(flowPatterns...)
 })
 
-// listPackages is collectorPackages, or the test skipped without a go
+// listPackages is productPackages, or the test skipped without a go
 // command.
 func listPackages(t *testing.T) map[string]*listedPackage {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skipf("no go command to list the packages: %v", err)
 	}
-	pkgs, err := collectorPackages()
+	pkgs, err := productPackages()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +126,6 @@ func listPackages(t *testing.T) map[string]*listedPackage {
 // every package they need, with its compiled export data.
 func goList(patterns ...string) (map[string]*listedPackage, error) {
 	cmd := exec.Command("go", append([]string{"list", "-export", "-deps", "-json=ImportPath,Dir,Export,GoFiles,CgoFiles,Imports"}, patterns...)...)
-	cmd.Dir = ".."
 	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -201,6 +208,10 @@ const modulePath = "github.com/gpu-pool-exporter/gpu-pool-exporter"
 // Each may import only those before it.
 var flowPackages = []string{"collector/sample", "collector/state", "collector/render", "collector"}
 
+// docOrderedPackages are the packages besides the flow's whose doc.go names
+// their files in the order of their own flow.
+var docOrderedPackages = []string{"agent", "kubeapi", "analytics/fleet", "analytics/promapi"}
+
 // unavoidableTwoWay lists the pairs of files of one package that use each
 // other and must, with the reason ("package: a.go<->b.go", a before b).
 // Every other pair of files is used one way.
@@ -226,22 +237,25 @@ func TestPackagesFlowOneWay(t *testing.T) {
 	}
 }
 
-// TestFilesReferenceOneWay builds, for every package of collector/, which
+// TestFilesReferenceOneWay builds, for every package of flowPatterns, which
 // file uses what another file of the package declares, and fails on a
 // pair of files that use each other unless unavoidableTwoWay gives the
-// reason. `go test -v -run TestFilesReferenceOneWay ./collector/` prints
-// each package's figures.
+// reason. `go test -v -run TestFilesReferenceOneWay .` prints each
+// package's figures.
 func TestFilesReferenceOneWay(t *testing.T) {
 	pkgs := listPackages(t)
 	var paths []string
 	for p := range pkgs {
-		if p == modulePath+"/collector" || strings.HasPrefix(p, modulePath+"/collector/") {
-			paths = append(paths, p)
+		for _, pat := range flowPatterns {
+			dir := modulePath + "/" + strings.TrimSuffix(strings.TrimPrefix(pat, "./"), "/...")
+			if p == dir || (strings.HasSuffix(pat, "/...") && strings.HasPrefix(p, dir+"/")) {
+				paths = append(paths, p)
+			}
 		}
 	}
 	sort.Strings(paths)
 	if len(paths) < len(flowPackages) {
-		t.Fatalf("listed %d packages under collector/: %v", len(paths), paths)
+		t.Fatalf("listed %d packages of %v: %v", len(paths), flowPatterns, paths)
 	}
 	seen := map[string]bool{}
 	for _, p := range paths {
@@ -278,12 +292,12 @@ func TestFilesReferenceOneWay(t *testing.T) {
 // (state/join.go).
 var docFileName = regexp.MustCompile(`(?:^|[^/\w])([a-z0-9_]+\.go)\b`)
 
-// TestDocNamesFilesInFlowOrder: the doc.go of each orchestration package
-// names every file of the package, and names them in the order of the
+// TestDocNamesFilesInFlowOrder: the doc.go of each orchestration package,
+// and of docOrderedPackages, names every file of the package, and names them in the order of the
 // flow: a file uses only the files named before it.
 func TestDocNamesFilesInFlowOrder(t *testing.T) {
 	pkgs := listPackages(t)
-	for _, p := range flowPackages {
+	for _, p := range append(slices.Clone(flowPackages), docOrderedPackages...) {
 		t.Run(p, func(t *testing.T) {
 			g, err := buildFileGraph(pkgs, modulePath+"/"+p)
 			if err != nil {
