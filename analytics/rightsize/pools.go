@@ -6,26 +6,6 @@ import (
 	"strings"
 )
 
-// nodePool is what one node pool of the cluster serves: its accelerator,
-// and whole GPUs, MIG devices of some profiles, or time-sliced replicas.
-// From kube-state-metrics' node labels (GKE's pool, accelerator,
-// partition size and sharing labels; the GPU Operator's MIG strategy and
-// config and GPU Feature Discovery's product and replicas) and the
-// exporters' own series (the model, the MIG devices each node has).
-type nodePool struct {
-	// name is the pool as its nodes' label names it (label); a node no
-	// such label names is a pool of its own, "node/<name>".
-	name, label        string
-	gke                bool
-	accelerator, model string
-	product            string // GPU Feature Discovery's nvidia.com/gpu.product
-	profiles           map[string]bool
-	replicas           int
-	migStrategy        string
-	sharedResource     bool // its holders ask for nvidia.com/gpu.shared
-	migResource        bool // its holders ask for nvidia.com/mig-<profile>
-}
-
 // whole: the pool serves whole GPUs (no MIG device, no time-slicing).
 func (p *nodePool) whole() bool { return len(p.profiles) == 0 && p.replicas < 2 }
 

@@ -25,10 +25,6 @@ type RecommendOptions struct {
 // window's start covers at least 6/7 of a week.
 const DefaultMinCoverage = 0.8
 
-// InsufficientData is the recommendation of a workload whose data cannot
-// carry one.
-const InsufficientData = "insufficient data"
-
 // Row is one workload's recommendation.
 type Row struct {
 	Namespace string `json:"namespace"`
@@ -76,94 +72,6 @@ type Row struct {
 
 	change         *podChange
 	percentileName string // "p95": the table's name of P95Activity
-}
-
-// rowKey is a row of recommend: a workload, and the model where its
-// devices' models cannot be converted into one another (else "").
-type rowKey struct {
-	Workload
-	Model string
-}
-
-// workloadHoldings are one row's holdings in the window, and those it
-// holds at the end (or, for a workload gone by then, its last ones).
-type workloadHoldings struct {
-	rowKey
-	all, current []*Holding
-}
-
-// byWorkload groups the holdings; without kube-state-metrics each pod is
-// its own workload. A workload that held devices of models the
-// accelerator table cannot convert into one another is a row per model.
-func (o *Observation) byWorkload() []*workloadHoldings {
-	m := map[Workload][]*Holding{}
-	var order []Workload
-	for _, h := range o.Holdings {
-		w := Workload{h.Namespace, "Pod", h.Pod}
-		if o.KSM {
-			w = o.Owners.Resolve(h.Namespace, h.Pod)
-		}
-		if _, ok := m[w]; !ok {
-			order = append(order, w)
-		}
-		m[w] = append(m[w], h)
-	}
-	var out []*workloadHoldings
-	for _, w := range order {
-		hs := m[w]
-		models, convertible := map[string]bool{}, true
-		for _, h := range hs {
-			model := o.ModelOf(h.DeviceKey)
-			models[model] = true
-			if _, ok := LookupFacts(o.AcceleratorOf(h.Node, model), model); !ok {
-				convertible = false
-			}
-		}
-		if len(models) < 2 || convertible {
-			out = append(out, o.withCurrent(rowKey{Workload: w}, hs))
-			continue
-		}
-		byModel := map[string][]*Holding{}
-		var names []string
-		for _, h := range hs {
-			model := o.ModelOf(h.DeviceKey)
-			if byModel[model] == nil {
-				names = append(names, model)
-			}
-			byModel[model] = append(byModel[model], h)
-		}
-		sort.Strings(names)
-		for _, model := range names {
-			out = append(out, o.withCurrent(rowKey{Workload: w, Model: model}, byModel[model]))
-		}
-	}
-	return out
-}
-
-// withCurrent sets a row's current holdings: those held at the window's
-// end, else those held at its last step (a finished Job's last pods).
-func (o *Observation) withCurrent(k rowKey, hs []*Holding) *workloadHoldings {
-	wh := &workloadHoldings{rowKey: k, all: hs}
-	var last time.Time
-	for _, h := range hs {
-		if h.Current {
-			wh.current = append(wh.current, h)
-		}
-		if h.Last.After(last) {
-			last = h.Last
-		}
-	}
-	if len(wh.current) == 0 {
-		for _, h := range hs {
-			if !h.Last.Before(last.Add(-o.Window.Step)) {
-				wh.current = append(wh.current, h)
-			}
-		}
-	}
-	if len(wh.current) == 0 {
-		wh.current = hs
-	}
-	return wh
 }
 
 // sharedWith counts the holders of each device among holdings.
@@ -262,24 +170,6 @@ func (o *Observation) confidenceOf(hs []*Holding) confidence {
 	fromFirst := math.Round(float64(w.lastStep().Sub(c.first))/float64(w.Step)) + 1
 	c.coverage = min(1, max(0, (fromFirst-c.gap)/w.windowSteps()))
 	return c
-}
-
-// activityFactor converts a holding's activity into whole GPUs of a row's
-// reference (current) model: a MIG device's by its compute slices,
-// another model's by its throughput over the reference's (the accelerator
-// table); ok is false where the table cannot convert it.
-func (o *Observation) activityFactor(h *Holding, ref Shape) (float64, bool) {
-	s := o.CurrentShape(h, 1, Prices{})
-	f := ActivityScale(s)
-	if s.Model == ref.Model {
-		return f, true
-	}
-	a, okA := LookupFacts(s.Accelerator, s.Model)
-	b, okB := LookupFacts(ref.Accelerator, ref.Model)
-	if !okA || !okB {
-		return 0, false
-	}
-	return f * a.TFLOPS / b.TFLOPS, true
 }
 
 func (o *Observation) recommendOne(wh *workloadHoldings, sharedWith map[DeviceKey]int, opt RecommendOptions) Row {
@@ -422,18 +312,4 @@ func roundAge(d time.Duration) time.Duration {
 		return d.Round(time.Hour)
 	}
 	return d.Round(time.Minute)
-}
-
-func roundTo(v float64, decimals int) float64 {
-	p := math.Pow(10, float64(decimals))
-	return math.Round(v*p) / p
-}
-
-// roundedPtr is a copy of *v rounded, or nil.
-func roundedPtr(v *float64, decimals int) *float64 {
-	if v == nil {
-		return nil
-	}
-	r := roundTo(*v, decimals)
-	return &r
 }

@@ -271,8 +271,6 @@ func reasonIndex(r string) int {
 	return len(Reasons)
 }
 
-func ptr(v float64) *float64 { return &v }
-
 // shareOut spreads each priced model's unallocated cost over the groups
 // that held the model, in proportion to their allocated cost (OpenCost's
 // shared idle); the rows of a model nobody was charged for, or that has no

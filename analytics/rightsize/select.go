@@ -80,6 +80,10 @@ const (
 	RecommendRelease = "release"
 )
 
+// InsufficientData is the recommendation of a workload whose data cannot
+// carry one.
+const InsufficientData = "insufficient data"
+
 // Choice is the recommendation for a workload.
 type Choice struct {
 	Recommendation string
