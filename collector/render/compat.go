@@ -157,13 +157,13 @@ func statesBaseUnit(name string) bool {
 // the name's own ID, or the legacy field a base-unit name replaces (DCGM
 // 4.6.1's DCGM_FI_DEV_SM_CLOCK_HERTZ is DCGM_FI_DEV_SM_CLOCK in hertz).
 func compatFieldOf(name string) (*compatField, compatUnit, bool) {
-	fn, ok := dcgmFieldNames[name]
+	fn, ok := dcgmFieldNames()[name]
 	if !ok {
 		return nil, compatUnit{}, false
 	}
 	f, ok := compatFields[fn.id]
 	if !ok && fn.replaces != "" {
-		f, ok = compatFields[dcgmFieldNames[fn.replaces].id]
+		f, ok = compatFields[dcgmFieldNames()[fn.replaces].id]
 	}
 	if !ok {
 		return nil, compatUnit{}, false
@@ -335,10 +335,10 @@ const (
 )
 
 // dcgm-exporter's own XID families (internal/pkg/counters), by the IDs
-// dcgmfields.go gives them.
-var (
-	fieldIDXIDCount = dcgmFieldNames["DCGM_EXP_XID_ERRORS_COUNT"].id
-	fieldIDXIDTotal = dcgmFieldNames["DCGM_EXP_XID_ERRORS_TOTAL"].id
+// dcgmfields.go gives them (TestXIDFieldIDs checks them against the table).
+const (
+	fieldIDXIDCount = 9001
+	fieldIDXIDTotal = 9005
 )
 
 // compatLabelFields are the text fields served as labels, by field ID.

@@ -132,7 +132,7 @@ func ParseCompatCounters(source string, data []byte) (*CompatCounters, error) {
 			continue
 		}
 		seen[name] = line
-		f, ok := dcgmFieldNames[name]
+		f, ok := dcgmFieldNames()[name]
 		if !ok {
 			out.Unknown = append(out.Unknown, CompatCounter{Field: name, Type: typ, Help: help, Line: line})
 			continue

@@ -157,7 +157,7 @@ func TestDCGMFieldNames(t *testing.T) {
 	header := map[string]bool{}
 	for name, id := range ids {
 		header[name] = true
-		f, ok := dcgmFieldNames[name]
+		f, ok := dcgmFieldNames()[name]
 		switch {
 		case !ok:
 			t.Errorf("%s (ID %d) of go-dcgm's dcgm_fields.h is not in dcgmfields.go: regenerate it (scripts/dcgmfields.sh)", name, id)
@@ -178,19 +178,19 @@ func TestDCGMFieldNames(t *testing.T) {
 		t.Errorf("only %d legacy fields with a replacement read from go-dcgm's dcgm_fields.h, want the 13 base-unit fields 1600-1612 at least", len(pairs))
 	}
 	for _, m := range pairs {
-		if got := dcgmFieldNames[m[1]].replaces; got != m[2] {
+		if got := dcgmFieldNames()[m[1]].replaces; got != m[2] {
 			t.Errorf("%s replaces %s in go-dcgm's dcgm_fields.h, %q in dcgmfields.go: regenerate it", m[1], m[2], got)
 		}
 	}
 	later := laterNames(t)
-	for name, f := range dcgmFieldNames {
+	for name, f := range dcgmFieldNames() {
 		switch {
 		case strings.HasPrefix(name, "DCGM_EXP_"):
 		case f.source != "":
 			if later[name] != f.source {
 				t.Errorf("%s: source %q in dcgmfields.go, %q in later-names.csv: regenerate it", name, f.source, later[name])
 			}
-			if _, ok := dcgmFieldNames[cmp.Or(f.replaces, "-")]; f.replaces != "" && !ok {
+			if _, ok := dcgmFieldNames()[cmp.Or(f.replaces, "-")]; f.replaces != "" && !ok {
 				t.Errorf("%s replaces %s, which is no field", name, f.replaces)
 			}
 		case !header[name]:
@@ -198,12 +198,12 @@ func TestDCGMFieldNames(t *testing.T) {
 		}
 	}
 	for name := range later {
-		if _, ok := dcgmFieldNames[name]; !ok {
+		if _, ok := dcgmFieldNames()[name]; !ok {
 			t.Errorf("%s of later-names.csv is not in dcgmfields.go: regenerate it", name)
 		}
 	}
 	for _, name := range []string{"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_XID_ERRORS_TOTAL", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_CLOCK_EVENTS_TOTAL", "DCGM_EXP_GPU_HEALTH_STATUS", "DCGM_EXP_P2P_STATUS"} {
-		if _, ok := dcgmFieldNames[name]; !ok {
+		if _, ok := dcgmFieldNames()[name]; !ok {
 			t.Errorf("dcgm-exporter's %s is not known", name)
 		}
 	}
@@ -267,5 +267,15 @@ func TestShippedCountersFilesLoad(t *testing.T) {
 	_, body, _ := strings.Cut(string(b), "customMetrics: |\n")
 	if _, err := ParseCompatCounters("values-compat-counters.yaml", []byte(body)); err != nil {
 		t.Error(err)
+	}
+}
+
+// The XID families' field IDs the compat page switches on are the table's.
+func TestXIDFieldIDs(t *testing.T) {
+	if got := dcgmFieldNames()["DCGM_EXP_XID_ERRORS_COUNT"].id; got != fieldIDXIDCount {
+		t.Errorf("DCGM_EXP_XID_ERRORS_COUNT is %d in the table, %d in compat.go", got, fieldIDXIDCount)
+	}
+	if got := dcgmFieldNames()["DCGM_EXP_XID_ERRORS_TOTAL"].id; got != fieldIDXIDTotal {
+		t.Errorf("DCGM_EXP_XID_ERRORS_TOTAL is %d in the table, %d in compat.go", got, fieldIDXIDTotal)
 	}
 }

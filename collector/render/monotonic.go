@@ -102,7 +102,7 @@ func (m *monotonic) seriesKey(name string, labels []*dto.LabelPair) string {
 // but its value goes up and down, and protected it would ratchet up by
 // every fall.
 func CounterProtected(name string) bool {
-	if _, ok := dcgmFieldNames[name]; !ok {
+	if _, ok := dcgmFieldNames()[name]; !ok {
 		return true
 	}
 	f, _, ok := compatFieldOf(name)

@@ -323,6 +323,8 @@ func render(fields, exp []field, dcgmSources, laterPath, exporterVersion string)
 
 package render
 
+import "sync"
+
 // dcgmFieldName is what NVIDIA's sources say of one field name.
 type dcgmFieldName struct {
 	// id is the DCGM field ID (dcgm-exporter's own numbering for DCGM_EXP_*).
@@ -350,12 +352,14 @@ type dcgmFieldName struct {
 // range or does not know the name), the names of later DCGM releases
 // known only from release notes (%s, each with its source), and
 // dcgm-exporter's own DCGM_EXP_* names (NVIDIA/dcgm-exporter %s,
-// internal/pkg/counters).
-var dcgmFieldNames = map[string]dcgmFieldName{
+// internal/pkg/counters). The table is built on first use: only the
+// dcgm-exporter families read it, and an agent without them never holds it.
+var dcgmFieldNames = sync.OnceValue(func() map[string]dcgmFieldName {
+	return map[string]dcgmFieldName{
 `, dcgmSources, laterPath, exporterVersion)
 	for _, f := range append(append([]field(nil), fields...), exp...) {
-		fmt.Fprintf(&b, "\t%q: {%d, '%c', %q, %q, %q},\n", f.name, f.id, f.typ, f.alias, f.replaces, f.source)
+		fmt.Fprintf(&b, "\t\t%q: {%d, '%c', %q, %q, %q},\n", f.name, f.id, f.typ, f.alias, f.replaces, f.source)
 	}
-	b.WriteString("}\n")
+	b.WriteString("\t}\n})\n")
 	return format.Source(b.Bytes())
 }
