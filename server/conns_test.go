@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,10 +75,11 @@ func open(tr *tracker, c *trackedConn) bool {
 }
 
 // The connection cap: slow clients that never finish a request hold at
-// most the cap of connections; more from the same address are closed at
-// once (they would only push out their own); a scraper from another
-// address gets in (a slow client gives way) and keeps its connection while
-// the slow clients keep coming, from their address or from others.
+// most the cap of connections; more from the same address push out the
+// oldest of their own (an address is no shelter: a scraper may share it);
+// a scraper from another address gets in (a slow client gives way) and
+// keeps its connection while the slow clients keep coming, from their
+// address or from others.
 func TestConnectionCap(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -109,14 +111,15 @@ func TestConnectionCap(t *testing.T) {
 	for i := 0; i < 5*limit; i++ {
 		slowFrom("127.0.0.1")
 	}
-	waitUntil(t, "the slow clients past the cap to be refused", func() bool { return tr.stats().refused >= 4*limit })
+	waitUntil(t, "the oldest slow clients to give way to newer ones from their address", func() bool { return tr.stats().shed >= 4*limit })
 	open, peak := ll.stats()
 	if peak > limit || open > limit {
 		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
 	}
-	if c := slow[len(slow)-1]; !closedByServer(c) {
-		t.Errorf("a slow client past the cap from the address holding it was not closed")
+	if !closedByServer(slow[0]) {
+		t.Errorf("the oldest slow client was not closed for a newer one from its address")
 	}
+	shed := tr.stats().shed
 	// A scraper from another address gets in: a slow client gives way.
 	scraperDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
 	sc, err := scraperDialer.Dial("tcp", l.Addr().String())
@@ -124,7 +127,7 @@ func TestConnectionCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	waitUntil(t, "the scraper's connection to be accepted", func() bool { return tr.stats().shed == 1 })
+	waitUntil(t, "the scraper's connection to be accepted", func() bool { return tr.stats().shed == shed+1 })
 	// More slow clients, from the same address and from a few others:
 	// those from others push out the address holding the most, not the
 	// scraper.
@@ -134,7 +137,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 		slowFrom(fmt.Sprintf("127.0.1.%d", i+1))
 	}
-	waitUntil(t, "the slow clients from other addresses to be accepted", func() bool { return tr.stats().shed >= 1+limit/2 })
+	waitUntil(t, "the slow clients to be accepted", func() bool { return tr.stats().shed >= shed+1+5*limit/2 })
 	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
 	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
@@ -174,7 +177,7 @@ func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
 	flood := dial("127.0.0.1")
 	tr.startRequest(flood, requestBytes, false) // waiting for its wrong password to be checked
 	req := httptest.NewRequest("GET", "/metrics", nil)
-	markLogin(req.WithContext(withConn(req.Context(), flood)), false)
+	markLogin(req.WithContext(withConn(req.Context(), flood)), "prometheus", false)
 	dial("127.0.0.3") // at the cap
 	if open(tr, scraper) == false || open(tr, flood) {
 		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", open(tr, scraper), open(tr, flood))
@@ -227,37 +230,105 @@ func TestHalfClosedConnectionLeavesTheCap(t *testing.T) {
 	}
 }
 
-// The shed order: a connection whose login was refused, then one with no
-// request being served, then (basic auth being on) one being served
-// without credentials; one with credentials goes only to make room for
+// login marks c's last login as user: accepted or refused.
+func login(c *trackedConn, user string, accepted bool) {
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), user, accepted)
+}
+
+// The shed order: a connection whose login was refused, then one whose
+// credentials were accepted but whose writes stall (a stolen password
+// holding HTTP/2 streams at window 0), then one with no request being
+// served, then (basic auth being on) one being served without
+// credentials; an idle one with credentials goes only to make room for
 // another with credentials.
 func TestShedOrder(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
 	scraper := dial("127.0.0.2")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	login(scraper, "prometheus", true)
+	stalled := dial("127.0.0.6")
+	login(stalled, "prometheus", true)
+	tr.startRequest(stalled, requestBytes, true)
+	stalled.stream.start(clock.now()) // a stream's write waits at window 0
 	idle := dial("127.0.0.3")
 	refusedLogin := dial("127.0.0.4")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), refusedLogin)), false)
+	login(refusedLogin, "prometheus", false)
 	serving := dial("127.0.0.5")
 	tr.startRequest(serving, requestBytes, false)
-	clock.add(requestGrace) // idle has had its time to send a request
+	clock.add(max(requestGrace, stallGrace)) // idle has had its time to send a request; stalled's write has waited
 	shed := func(want *trackedConn) bool {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
 		return tr.shedOneLocked(nil, want, tr.now())
 	}
 	newcomer := &trackedConn{addr: "127.0.0.9"}
-	for _, gone := range []*trackedConn{refusedLogin, idle, serving} {
+	for _, gone := range []*trackedConn{refusedLogin, stalled, idle, serving} {
 		if !shed(newcomer) || open(tr, gone) || !open(tr, scraper) {
 			t.Fatalf("shed order: %s still open %v, scraper open %v", gone.addr, open(tr, gone), open(tr, scraper))
 		}
 	}
 	if shed(newcomer) || !open(tr, scraper) {
-		t.Error("a connection with credentials shed for one without")
+		t.Error("an idle connection with credentials shed for one without")
 	}
 	if !shed(&trackedConn{addr: "127.0.0.10", authed: true}) || open(tr, scraper) {
 		t.Error("a connection with credentials not shed for another with credentials")
+	}
+}
+
+// A user's connections are bounded: past maxConnsPerUser, a login sheds
+// that user's connection that goes first (stalled, then idle, the oldest
+// first), never one serving with progress (the scraper whose password was
+// stolen), and no other user's.
+func TestConnectionsPerUser(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 0, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	login(scraper, "prometheus", true)
+	tr.startRequest(scraper, requestBytes, false) // a scrape being written
+	other := dial("127.0.0.3")
+	login(other, "gmp", true)
+	var stolen []*trackedConn
+	for i := 0; i < maxConnsPerUser+8; i++ {
+		c := dial("127.0.0.1")
+		login(c, "prometheus", true)
+		stolen = append(stolen, c)
+		clock.add(time.Millisecond)
+	}
+	tr.mu.Lock()
+	held := tr.byUser["prometheus"]
+	tr.mu.Unlock()
+	if held > maxConnsPerUser {
+		t.Errorf("one user holds %d connections, want at most %d", held, maxConnsPerUser)
+	}
+	if !open(tr, scraper) || !open(tr, other) {
+		t.Errorf("the scraper serving with progress open %v, another user's connection open %v; want both open", open(tr, scraper), open(tr, other))
+	}
+	if open(tr, stolen[0]) || !open(tr, stolen[len(stolen)-1]) {
+		t.Errorf("the user's oldest idle connection open %v (want shed), its newest open %v", open(tr, stolen[0]), open(tr, stolen[len(stolen)-1]))
+	}
+}
+
+// Every accepted connection's kernel queues are bounded (Linux doubles
+// what is asked for): a client reading slowly cannot grow the send queue
+// to tcp_wmem's maximum.
+func TestSocketBuffersBounded(t *testing.T) {
+	_, dial, _ := acceptFrom(t, 0, 0)
+	c := dial("127.0.0.1")
+	rc, err := c.Conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snd, rcv int
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if snd, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF); serr == nil {
+			rcv, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		}
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if snd != 2*sendBufferBytes || rcv != 2*receiveBufferBytes {
+		t.Errorf("SO_SNDBUF %d, SO_RCVBUF %d; want %d and %d", snd, rcv, 2*sendBufferBytes, 2*receiveBufferBytes)
 	}
 }
 
@@ -300,7 +371,7 @@ func TestTrustedAddressReconnects(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 2, 0)
 	tr.auth.Store(true)
 	login := func(c *trackedConn, ok bool) {
-		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), ok)
+		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), "prometheus", ok)
 	}
 	first := dial("127.0.0.2")
 	login(first, true)
@@ -327,25 +398,23 @@ func TestTrustedAddressReconnects(t *testing.T) {
 	}
 }
 
-// The memory budget: a request without credentials that finds no room
-// (nothing to shed but the connections of its own address) is refused;
-// one on a connection with credentials is served.
+// The memory budget binds every request, credentials or not: a request
+// makes room by shedding what it may (here an idle connection of its own
+// address), and one that finds nothing it may shed (only requests being
+// served with progress) is refused, with credentials too.
 func TestMemoryBudget(t *testing.T) {
 	tr, dial, _ := acceptFrom(t, 0, 3*connBytes)
 	scraper := dial("127.0.0.2")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), "prometheus", true)
 	a, b := dial("127.0.0.3"), dial("127.0.0.3")
-	if tr.startRequest(a, requestBytes, false) {
-		t.Error("a request without credentials served over the budget")
+	if !tr.startRequest(a, requestBytes, false) {
+		t.Error("a request refused while an idle connection of its address could make room")
 	}
-	if !open(tr, b) || !open(tr, scraper) {
-		t.Error("a request without credentials pushed out its own address's connection, or one with credentials")
+	if open(tr, b) || !open(tr, scraper) {
+		t.Errorf("room made: idle connection of the same address open %v (want shed), connection with credentials open %v", open(tr, b), open(tr, scraper))
 	}
-	if !tr.startRequest(scraper, requestBytes, false) {
-		t.Error("a request with credentials refused over the budget")
-	}
-	if open(tr, a) && open(tr, b) {
-		t.Error("the request with credentials did not make room: both connections without credentials still open")
+	if tr.startRequest(scraper, 2*requestBytes, false) { // past the budget, beside the request being served
+		t.Error("a request with credentials served over the budget, which holds only requests being served")
 	}
 	if used := tr.stats().used; used > tr.budget {
 		t.Errorf("%d bytes charged, budget %d", used, tr.budget)
