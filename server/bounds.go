@@ -21,9 +21,10 @@ const (
 	ProbeMaxConnections = 16
 
 	// maxConnsPerUser bounds the connections with one user's accepted
-	// credentials that are not serving an answer with progress: past it, a
-	// login sheds that user's stalled connection first, then its idle one,
-	// so a stolen password holds at most this many whatever it opens
+	// credentials: past it, a login sheds that user's stalled connection
+	// first, then its idle one, then one serving (from the address holding
+	// the most), so a stolen password holds at most this many whatever it
+	// opens
 	// (stolen-password: 72 connections x 8 streams at window 0 against
 	// the scraper whose password it is). A Prometheus HA pair and a person
 	// with curl need a few.
@@ -77,10 +78,20 @@ const (
 
 // Requests and answers.
 const (
-	readHeaderTimeout = 5 * time.Second  // headers of a request on the web listeners
-	readTimeout       = 10 * time.Second // a whole request
-	idleTimeout       = 2 * time.Minute  // a keep-alive between scrapes (Prometheus' longest usual interval is 60 s)
-	maxHeaderBytes    = 64 << 10         // net/http answers 431 past it; charged twice per request (read and parsed)
+	// readHeaderTimeout bounds the headers of a request on the web
+	// listeners, and (net/http takes the shortest timeout set) a TLS
+	// handshake.
+	readHeaderTimeout = 5 * time.Second
+	maxHeaderBytes    = 64 << 10 // net/http answers 431 past it; charged twice per request (read and parsed)
+	// No ReadTimeout or IdleTimeout: an idle keep-alive stays until the
+	// connection cap or the budget needs its room (it is shed first), and
+	// no request has a body to read. Either would arm Go's HTTP/2 idle
+	// timer, which (Go 1.26.8, net/http's bundled HTTP/2 server) a
+	// connection that ends with streams open re-arms as it closes them,
+	// after serve stopped it: each such connection, with its TLS state,
+	// buffers and HPACK tables, stays in memory for the whole timeout after
+	// it closed (shared-scraper: 34 MiB live a minute after the attack with
+	// a 2-minute IdleTimeout; TestClosedHTTP2ConnectionsAreFreed).
 
 	// The probe listener answers the kubelet, whose probes send their
 	// few headers at once and wait 1 s by default: a connection that
@@ -101,11 +112,15 @@ const (
 	// the end.
 	writeChunk = 32 << 10
 
-	// stallGrace: a connection whose writes have waited this long with
-	// none of them done makes no progress (a client that stopped reading,
-	// or reads slower than writeChunk a second). A scraper's writes end in
+	// stallGrace and progressBytes: a connection with writes waiting that
+	// has taken fewer than progressBytes in the last stallGrace makes no
+	// progress (a client that stopped reading, or reads a trickle: the
+	// slow-readers run reads 1 KiB every 100 ms). Counted in bytes, not
+	// writes: with the small send buffer (sendBufferBytes) a trickle
+	// frees room for a small write often. A scraper takes its page in
 	// milliseconds.
-	stallGrace = time.Second
+	stallGrace    = time.Second
+	progressBytes = 32 << 10
 
 	// requestGrace: with basic auth, a login being checked (a request
 	// without accepted credentials) may be pushed out by a newcomer

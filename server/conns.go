@@ -17,10 +17,8 @@ import (
 // connection without accepted credentials goes before any with; a
 // connection serving a request that makes progress is shed only if it has
 // no credentials and basic auth asks for them, and within requestGrace
-// only for one with credentials. A client address is no shelter: a
-// newcomer pushes out connections of its own address as of any other, so
-// an attacker sharing the scraper's or the kubelet's address (a
-// hostNetwork pod, SNAT) holds nothing they need.
+// only for one with credentials. Which addresses may push out which:
+// shedOneLocked.
 const (
 	tierNoProgress       = iota // no credentials; its writes stall, or its last login was refused
 	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
@@ -173,14 +171,42 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 // of any listener): the lowest tier, then (with credentials) the user
 // holding the most connections, then the client address holding the
 // most, then the one longest in its state. A connection with credentials
-// that makes progress goes only for another with credentials. False if
-// there is none to shed.
+// that makes progress goes only for another with credentials. An address
+// takes room only from an address holding at least as many connections as
+// it would, never from one holding fewer: a client reconnecting in a loop
+// cannot push out, in the moment before its request is read, the
+// connection of a scraper on another address.
+//
+// On the web listeners a client does not push out its own connections: it
+// is refused instead, which costs an accept (no TLS handshake, no state),
+// and its connections age until they stall and a scraper from another
+// address may take their place; an address pushing out its own would keep
+// its connections forever young. On the probe listener (the kubelet's
+// address may be an attacker's too: a hostNetwork pod, SNAT) the oldest
+// connection without a whole request gives way to a new one, whatever its
+// address: the kubelet sends its request with its connection, and
+// probeHeaderTimeout ends the others within a second. False if there is
+// none to shed.
 func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time) bool {
 	limit := tierServing // tiers below it may go
 	if !want.credentialed() {
 		limit = tierUnauthRecent
 	}
-	victim := t.victimLocked(now, limit, func(c *trackedConn) bool { return c != want && (l == nil || c.l == l) })
+	// The newcomer's address's connections, itself included.
+	holds := t.byAddr[want.addr]
+	if _, counted := t.conns[want]; !counted {
+		holds++
+	}
+	ownAddress := want.l != nil && want.l.noAuth
+	victim := t.victimLocked(now, limit, func(c *trackedConn) bool {
+		if c == want || (l != nil && c.l != l) {
+			return false
+		}
+		if c.addr == want.addr {
+			return ownAddress
+		}
+		return t.byAddr[c.addr] >= holds
+	})
 	if victim == nil {
 		return false
 	}
@@ -450,33 +476,42 @@ func (c *trackedConn) release() {
 	t.mu.Unlock()
 }
 
-// progress watches a connection's writes: how many wait, and when one
-// last ended having written something (or, if none had, when they began).
+// progress watches a connection's writes: how many wait, and how far
+// behind a pace of progressBytes a stallGrace they are.
 type progress struct {
 	mu      sync.Mutex
 	pending int       // writes in progress
-	last    time.Time // last progress
+	last    time.Time // how far the writes have got: each byte written moves it on, up to now
+	ended   time.Time // when a write last ended
 }
 
+// start: a write begins. Writes that follow one another closely (within
+// stallGrace) are one stream of writes, whose progress is counted in
+// bytes: a client taking a trickle (a small send buffer freeing a little
+// at a time) falls behind, however often one of its small writes ends.
 func (p *progress) start(now time.Time) {
 	p.mu.Lock()
-	if p.pending == 0 {
+	if p.pending == 0 && now.Sub(p.ended) >= stallGrace {
 		p.last = now
 	}
 	p.pending++
 	p.mu.Unlock()
 }
 
+// done: a write of n bytes ended; every progressBytes move the writes
+// stallGrace on.
 func (p *progress) done(now time.Time, n int) {
 	p.mu.Lock()
 	p.pending--
-	if n > 0 {
+	p.ended = now
+	if p.last = p.last.Add(time.Duration(int64(n) * int64(stallGrace) / progressBytes)); p.last.After(now) {
 		p.last = now
 	}
 	p.mu.Unlock()
 }
 
-// stalled: writes wait, and none has made progress for stallGrace.
+// stalled: writes wait, and have fallen stallGrace behind a pace of
+// progressBytes every stallGrace.
 func (p *progress) stalled(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -524,7 +559,9 @@ func connOf(r *http.Request) *trackedConn {
 // a request in flight; one whose credentials were accepted is shed after
 // every connection without, unless it stalls. A user holding more than
 // maxConnsPerUser connections gives up the one of them that goes first,
-// unless all are serving with progress.
+// serving or not: a thief reconnecting faster than its streams are seen to
+// stall holds no more than the cap, and of a user's connections serving
+// alike, those of the address holding the most go first.
 func markLogin(r *http.Request, user string, accepted bool) {
 	c := connOf(r)
 	if c == nil {
@@ -542,7 +579,7 @@ func markLogin(r *http.Request, user string, accepted bool) {
 	t.trustLocked(c.addr, now)
 	t.setUserLocked(c, user)
 	for t.byUser[user] > maxConnsPerUser {
-		v := t.victimLocked(now, tierServing, func(x *trackedConn) bool { return x != c && x.user == user })
+		v := t.victimLocked(now, tierServing+1, func(x *trackedConn) bool { return x != c && x.user == user })
 		if v == nil {
 			return
 		}

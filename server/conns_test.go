@@ -75,11 +75,10 @@ func open(tr *tracker, c *trackedConn) bool {
 }
 
 // The connection cap: slow clients that never finish a request hold at
-// most the cap of connections; more from the same address push out the
-// oldest of their own (an address is no shelter: a scraper may share it);
-// a scraper from another address gets in (a slow client gives way) and
-// keeps its connection while the slow clients keep coming, from their
-// address or from others.
+// most the cap of connections; more from the same address are closed at
+// once (they would only push out their own); a scraper from another
+// address gets in (a slow client gives way) and keeps its connection while
+// the slow clients keep coming, from their address or from others.
 func TestConnectionCap(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,15 +110,14 @@ func TestConnectionCap(t *testing.T) {
 	for i := 0; i < 5*limit; i++ {
 		slowFrom("127.0.0.1")
 	}
-	waitUntil(t, "the oldest slow clients to give way to newer ones from their address", func() bool { return tr.stats().shed >= 4*limit })
+	waitUntil(t, "the slow clients past the cap to be refused", func() bool { return tr.stats().refused >= 4*limit })
 	open, peak := ll.stats()
 	if peak > limit || open > limit {
 		t.Errorf("%d slow clients: %d connections open, %d at most; want at most the cap of %d", len(slow), open, peak, limit)
 	}
-	if !closedByServer(slow[0]) {
-		t.Errorf("the oldest slow client was not closed for a newer one from its address")
+	if c := slow[len(slow)-1]; !closedByServer(c) {
+		t.Errorf("a slow client past the cap from the address holding it was not closed")
 	}
-	shed := tr.stats().shed
 	// A scraper from another address gets in: a slow client gives way.
 	scraperDialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
 	sc, err := scraperDialer.Dial("tcp", l.Addr().String())
@@ -127,7 +125,7 @@ func TestConnectionCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	waitUntil(t, "the scraper's connection to be accepted", func() bool { return tr.stats().shed == shed+1 })
+	waitUntil(t, "the scraper's connection to be accepted", func() bool { return tr.stats().shed == 1 })
 	// More slow clients, from the same address and from a few others:
 	// those from others push out the address holding the most, not the
 	// scraper.
@@ -137,7 +135,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 		slowFrom(fmt.Sprintf("127.0.1.%d", i+1))
 	}
-	waitUntil(t, "the slow clients to be accepted", func() bool { return tr.stats().shed >= shed+1+5*limit/2 })
+	waitUntil(t, "the slow clients from other addresses to be accepted", func() bool { return tr.stats().shed >= 1+limit/2 })
 	_, _ = sc.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
 	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if b, _ := io.ReadAll(sc); !strings.HasSuffix(string(b), "ok") {
@@ -277,8 +275,9 @@ func TestShedOrder(t *testing.T) {
 
 // A user's connections are bounded: past maxConnsPerUser, a login sheds
 // that user's connection that goes first (stalled, then idle, the oldest
-// first), never one serving with progress (the scraper whose password was
-// stolen), and no other user's.
+// first; the scraper whose password was stolen, serving, stays), and no
+// other user's; connections serving alike go too, those of the address
+// holding the most first.
 func TestConnectionsPerUser(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
@@ -305,6 +304,22 @@ func TestConnectionsPerUser(t *testing.T) {
 	}
 	if open(tr, stolen[0]) || !open(tr, stolen[len(stolen)-1]) {
 		t.Errorf("the user's oldest idle connection open %v (want shed), its newest open %v", open(tr, stolen[0]), open(tr, stolen[len(stolen)-1]))
+	}
+	// Every one of the thief's connections serving (streams not yet seen
+	// to stall): more logins still shed them, never the scraper's.
+	for _, c := range stolen {
+		if open(tr, c) {
+			tr.startRequest(c, requestBytes, true)
+		}
+	}
+	for i := 0; i < 8; i++ {
+		login(dial("127.0.0.1"), "prometheus", true)
+	}
+	tr.mu.Lock()
+	held = tr.byUser["prometheus"]
+	tr.mu.Unlock()
+	if held > maxConnsPerUser || !open(tr, scraper) {
+		t.Errorf("logins beside the user's connections all serving: the user holds %d (want at most %d), the scraper open %v", held, maxConnsPerUser, open(tr, scraper))
 	}
 }
 
@@ -399,21 +414,28 @@ func TestTrustedAddressReconnects(t *testing.T) {
 }
 
 // The memory budget binds every request, credentials or not: a request
-// makes room by shedding what it may (here an idle connection of its own
-// address), and one that finds nothing it may shed (only requests being
-// served with progress) is refused, with credentials too.
+// that finds no room (nothing to shed but the connections of its own
+// address) is refused; one with credentials makes room by shedding what
+// it may, and is refused too when the budget holds only requests being
+// served.
 func TestMemoryBudget(t *testing.T) {
 	tr, dial, _ := acceptFrom(t, 0, 3*connBytes)
 	scraper := dial("127.0.0.2")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), "prometheus", true)
+	login(scraper, "prometheus", true)
 	a, b := dial("127.0.0.3"), dial("127.0.0.3")
-	if !tr.startRequest(a, requestBytes, false) {
-		t.Error("a request refused while an idle connection of its address could make room")
+	if tr.startRequest(a, requestBytes, false) {
+		t.Error("a request without credentials served over the budget")
 	}
-	if open(tr, b) || !open(tr, scraper) {
-		t.Errorf("room made: idle connection of the same address open %v (want shed), connection with credentials open %v", open(tr, b), open(tr, scraper))
+	if !open(tr, b) || !open(tr, scraper) {
+		t.Error("a request without credentials pushed out its own address's connection, or one with credentials")
 	}
-	if tr.startRequest(scraper, 2*requestBytes, false) { // past the budget, beside the request being served
+	if !tr.startRequest(scraper, requestBytes, false) {
+		t.Error("a request with credentials refused while connections without could make room")
+	}
+	if open(tr, a) && open(tr, b) {
+		t.Error("the request with credentials did not make room: both connections without credentials still open")
+	}
+	if tr.startRequest(scraper, 3*connBytes, false) { // past the budget, beside the request being served
 		t.Error("a request with credentials served over the budget, which holds only requests being served")
 	}
 	if used := tr.stats().used; used > tr.budget {
@@ -421,8 +443,56 @@ func TestMemoryBudget(t *testing.T) {
 	}
 }
 
-// Progress: writes that wait with none of them done for stallGrace make no
-// progress; a write that ends restarts the clock.
+// On the probe listener the oldest connection without a whole request
+// gives way to a new one whatever its address: the kubelet's address may
+// be an attacker's too.
+func TestProbeListenerNewcomerPushesOutTheOldestIdle(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(probeMemoryBudget)
+	clock := newTestClock()
+	tr.now = clock.now
+	pl := tr.listen(l, 2, false)
+	pl.noAuth = true
+	defer pl.Close()
+	accepted := make(chan *trackedConn, 8)
+	go func() {
+		for {
+			c, err := pl.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c.(*trackedConn)
+		}
+	}()
+	dial := func() *trackedConn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case tc := <-accepted:
+			clock.add(time.Millisecond)
+			return tc
+		case <-time.After(30 * time.Second): // liveness bound only
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}
+	oldest, other := dial(), dial()
+	kubelet := dial() // at the cap, from the same address
+	if open(tr, oldest) || !open(tr, other) || !open(tr, kubelet) {
+		t.Errorf("the oldest idle connection open %v (want shed), the other open %v, the newcomer open %v", open(tr, oldest), open(tr, other), open(tr, kubelet))
+	}
+}
+
+// Progress: writes that wait and have fallen stallGrace behind a pace of
+// progressBytes a stallGrace make no progress, however many small writes
+// end; writes that follow a pause start the clock again.
 func TestProgress(t *testing.T) {
 	var p progress
 	t0 := time.Unix(1e9, 0)
@@ -436,10 +506,10 @@ func TestProgress(t *testing.T) {
 	if !p.stalled(t0.Add(stallGrace)) {
 		t.Error("not stalled after the grace with no write done")
 	}
-	p.start(t0.Add(stallGrace)) // another write beside it: the clock goes on
-	p.done(t0.Add(2*stallGrace), 100)
+	p.start(t0.Add(stallGrace))                   // another write beside it: the clock goes on
+	p.done(t0.Add(2*stallGrace), 2*progressBytes) // caught up
 	if p.stalled(t0.Add(2*stallGrace + stallGrace/2)) {
-		t.Error("stalled right after a write ended")
+		t.Error("stalled right after the writes caught up")
 	}
 	if !p.stalled(t0.Add(3 * stallGrace)) {
 		t.Error("the write still waiting: not stalled a grace after the last progress")
@@ -447,5 +517,22 @@ func TestProgress(t *testing.T) {
 	p.done(t0.Add(3*stallGrace), 0)
 	if p.stalled(t0.Add(time.Hour)) {
 		t.Error("stalled with no write waiting")
+	}
+	// A trickle: one small write after another, each ending at once.
+	t1 := t0.Add(time.Hour)
+	for i := 0; i < 20; i++ {
+		at := t1.Add(time.Duration(i) * stallGrace / 10)
+		p.start(at)
+		p.done(at.Add(time.Millisecond), 1024)
+	}
+	p.start(t1.Add(2 * stallGrace))
+	if !p.stalled(t1.Add(2 * stallGrace)) {
+		t.Errorf("writes of 1 KiB every tenth of the grace (%d KiB in all): not stalled", 20)
+	}
+	p.done(t1.Add(2*stallGrace), 1024)
+	// After a pause, a new answer starts the clock again.
+	p.start(t1.Add(4 * stallGrace))
+	if p.stalled(t1.Add(4*stallGrace + stallGrace/2)) {
+		t.Error("stalled within the grace of writes that began after a pause")
 	}
 }

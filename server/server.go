@@ -162,9 +162,7 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 		ErrorLog:          stdlog.New(newServerErrorLog(log.With().Str("component", "http").Logger()), "", 0),
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
-		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ConnContext:       withConn,
 		HTTP2: &http.HTTP2Config{
@@ -188,7 +186,6 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 func newProbeServer(h http.Handler, log zerolog.Logger) *http.Server {
 	s := newHTTPServer(h, log)
 	s.ReadHeaderTimeout = probeHeaderTimeout
-	s.ReadTimeout = probeHeaderTimeout
 	s.MaxHeaderBytes = probeMaxHeaderBytes
 	s.SetKeepAlivesEnabled(false)
 	return s
