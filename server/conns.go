@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -81,7 +82,27 @@ func (t *tracker) stats() trackerStats {
 // listen wraps l: at most limit connections (0: no cap), each charged to the
 // budget, TLS ones more.
 func (t *tracker) listen(l net.Listener, limit int, tls bool) *capListener {
+	boundListenerBuffers(l)
 	return &capListener{Listener: l, t: t, max: limit, tls: tls}
+}
+
+// boundListenerBuffers gives a TCP listener's socket the send and receive
+// buffers of an accepted connection: Linux copies them into the
+// connections it accepts for it, so those waiting in the accept queue are
+// bounded too, and the window a client is first offered is the small one.
+func boundListenerBuffers(l net.Listener) {
+	tl, ok := l.(*net.TCPListener)
+	if !ok {
+		return
+	}
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, sendBufferBytes)
+		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, receiveBufferBytes)
+	})
 }
 
 // stats is l's open connections and the most ever open.
