@@ -29,8 +29,12 @@
 // and never reading; and -slow-readers connections pipelining /metrics and
 // reading a trickle. These fail when the well-behaved client gets less than
 // 95% answered, a first login takes 2 s or more, or (h2-auth, h2-tls,
-// slow-readers) the RSS passes -mem-limit-mib. -runs chooses which parts
-// run.
+// slow-readers) the RSS passes -mem-limit-mib. Then the attacker's own
+// choices (mixed.go), each with every -gomemlimit value: the mixed attack,
+// a stolen password, the attacker on the prober's or the scraper's
+// address, and a 10-minute soak of every attack at once with GPU faults,
+// recording peak RSS, RSS after, the sockets' send queues (ss -tm) and the
+// load average. -runs chooses which parts run.
 //
 // Usage:
 //
