@@ -76,6 +76,14 @@ func h2Attack(t *testing.T, addr string, pool *x509.CertPool, mode string, strea
 // on a new HTTP/2 connection (0: none announced, so unlimited).
 func h2MaxStreams(t *testing.T, addr string, pool *x509.CertPool) uint32 {
 	t.Helper()
+	v, _ := h2Settings(t, addr, pool)[http2.SettingMaxConcurrentStreams]
+	return v
+}
+
+// h2Settings are the settings the server announces on a new HTTP/2
+// connection.
+func h2Settings(t *testing.T, addr string, pool *x509.CertPool) map[http2.SettingID]uint32 {
+	t.Helper()
 	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"h2"}})
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +99,9 @@ func h2MaxStreams(t *testing.T, addr string, pool *x509.CertPool) uint32 {
 			t.Fatalf("reading the server's HTTP/2 settings: %v", err)
 		}
 		if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
-			v, _ := s.Value(http2.SettingMaxConcurrentStreams)
-			return v
+			m := map[http2.SettingID]uint32{}
+			_ = s.ForeachSetting(func(x http2.Setting) error { m[x.ID] = x.Val; return nil })
+			return m
 		}
 	}
 }

@@ -9,7 +9,11 @@
 # passwords from 60,000 addresses, HTTP/2 streams held at window 0 (with and
 # without basic auth), pipelines to the probe port never read, and pipelines
 # of /metrics read slowly (each fails below 95% answered, a first login of
-# 2 s or more, or RSS above 100 MiB). Run from the repository root.
+# 2 s or more, or RSS above 100 MiB), then the attacker's own choices, each
+# with GOMEMLIMIT=100MiB and without: several attacks at once, a stolen
+# password, the attacker on the prober's or the scraper's address, and a
+# 10-minute soak of every attack with GPU faults (about 25 minutes in all;
+# BENCH_ARGS="-soak-for 2m" shortens it). Run from the repository root.
 #
 # The node agent's memory at rest comes first (scripts/benchrest: the agent
 # as the image builds it, on the fake libnvidia-ml with 8 H100s, no kubelet

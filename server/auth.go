@@ -26,45 +26,6 @@ import (
 // attempts whose networks and user name have asked least. The toolkit
 // still serves TLS, HTTP/2 and the configured headers (webconfig.go).
 
-// Failed logins per client address: a burst of failBurst, then one more
-// every failRefill. Checked before bcrypt runs.
-const (
-	failBurst      = 5
-	failRefill     = 10 * time.Second
-	maxFailClients = 4096 // addresses remembered; the fullest buckets go first
-	maxGoodLogins  = 64   // distinct accepted credentials remembered
-
-	// bcrypt work waits in a bounded queue: at most bcryptQueue attempts
-	// wait for a slot, each at most bcryptWait (well under Prometheus'
-	// 10 s scrape timeout), and the rest are refused at once with 503 and
-	// Retry-After, so a flood from many addresses costs at most the slots'
-	// CPU and never an unbounded queue of goroutines and waits.
-	bcryptQueue      = 16
-	bcryptWait       = 2 * time.Second
-	bcryptRetryAfter = 2 // seconds
-
-	// An address that comes back within busyCooldown of an attempt turned
-	// away with bcrypt busy counts as failing: a scraper asks once per
-	// scrape interval (Prometheus' shortest is a second), a flood at once
-	// again.
-	busyCooldown = time.Second
-
-	// Every attempt that needs bcrypt adds 1 to the load of its client's
-	// networks (IPv4 /16 and /24, IPv6 /48 and /64) and of its user name
-	// (all unknown names share one); an accepted login takes its 1 back,
-	// and loads halve every loadHalfLife. A flood from any number of
-	// addresses piles load on a few networks, or on the user names it
-	// tries; a scraper logging in for the first time from elsewhere, or as
-	// another user, has next to none.
-	loadHalfLife = 10 * time.Second
-	maxLoads     = 4096 // networks and users remembered; the lightest go first
-
-	// addressPenalty is added to the queue rank of an attempt from an
-	// address that failed recently or came back at once after being turned
-	// away: as much as 256 times another attempt's load.
-	addressPenalty = 8
-)
-
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
 // never wait for a bcrypt slot. A slot that frees goes to the waiting
@@ -119,7 +80,7 @@ func (a *authenticator) cleanLocked(b *failBucket) bool {
 
 func newAuthenticator() *authenticator {
 	return &authenticator{now: time.Now, compare: bcrypt.CompareHashAndPassword,
-		wait: bcryptWait, queue: bcryptQueue, free: max(1, min(2, runtime.GOMAXPROCS(0))),
+		wait: bcryptWait, queue: bcryptQueue, free: max(1, min(bcryptSlots, runtime.GOMAXPROCS(0))),
 		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}, loads: map[string]*load{}}
 }
 
@@ -401,7 +362,8 @@ func (h *authHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(c.users) > 0 {
 		code := h.auth.check(c.users, r)
-		markLogin(r, code == 0)
+		user, _, _ := r.BasicAuth()
+		markLogin(r, user, code == 0)
 		switch code {
 		case 0:
 		case http.StatusTooManyRequests: // too many failed logins from this address

@@ -7,62 +7,25 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
-// What the server holds for a client, charged to its memory budget: upper
-// estimates of what Go's HTTP server keeps (docs/performance.md has the
-// measurements and how to repeat them).
-const (
-	connBytes    = 32 << 10  // an open connection: its goroutine, read and write buffers
-	tlsConnBytes = 64 << 10  // more with TLS: record buffers, handshake and cipher state
-	h2ConnBytes  = 128 << 10 // more once it speaks HTTP/2: framer, HPACK tables, write scheduler, a second goroutine
-	requestBytes = 16 << 10  // a request or HTTP/2 stream being served (its goroutine and response buffer), plus its headers
-
-	// DefaultMemoryBudget is what the server may hold for its clients, all
-	// listeners together: with the exporter's own 25-35 MiB and Go's
-	// garbage collector's headroom it stays under the chart's 100 MiB.
-	DefaultMemoryBudget = 24 << 20
-)
-
-// A connection whose writes have waited stallGrace with none of them
-// done is making no progress: a client that stopped reading (a full TCP
-// window, an HTTP/2 stream held at window 0) or reads a trickle (a write
-// of writeChunk bytes then takes seconds). A scraper's writes end in
-// milliseconds; over a slow link a chunk still ends well within this.
-const stallGrace = time.Second
-
-// With basic auth, a login being checked (a request without accepted
-// credentials) gets requestGrace before a newcomer without credentials
-// may push its connection out; such a newcomer is refused instead. Under a
-// flood of logins at the cap, a scraper's first login would otherwise go
-// while it waits for bcrypt, as the flood's connections come and go
-// around it; the flood's own logins wait up to bcryptWait.
-const requestGrace = time.Second
-
-// A client address whose credentials were accepted within trustFor is
-// trusted: its new connections (at most trustedConns of them open) count as
-// having credentials from their accept, until a login on them is refused,
-// so that a scraper reconnecting during a flood of logins from other
-// addresses is not shed before its first request is read. At most
-// maxTrusted addresses are remembered, the longest unseen forgotten first.
-const (
-	trustFor     = 10 * time.Minute
-	trustedConns = 4
-	maxTrusted   = 256
-)
-
 // Shed order at a cap (the listener's connections, the memory budget): the
-// lowest tier goes first. With basic auth, a connection without accepted
-// credentials goes before any with; a connection serving a request that
-// makes progress is shed only if it has no credentials and basic auth
-// asks for them, and within requestGrace only for one with credentials.
+// lowest tier goes first. A connection making no progress goes first,
+// credentials or not, for anyone: accepted credentials (a stolen password)
+// are no licence to hold what others need. Then, with basic auth, a
+// connection without accepted credentials goes before any with; a
+// connection serving a request that makes progress is shed only if it has
+// no credentials and basic auth asks for them, and within requestGrace
+// only for one with credentials. Which addresses may push out which:
+// shedOneLocked.
 const (
 	tierNoProgress       = iota // no credentials; its writes stall, or its last login was refused
+	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
 	tierIdle                    // no credentials; no request being served (TLS handshake, headers, keep-alive)
 	tierUnauthServing           // basic auth is on, no credentials accepted yet; a login being checked for requestGrace or more
 	tierUnauthRecent            // the same, for less than requestGrace
-	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
 	tierAuthedIdle              // credentials accepted on it; no request being served
 	tierServing                 // serving a request that makes progress: never shed
 )
@@ -79,6 +42,7 @@ type tracker struct {
 	peak    int64 // most bytes ever charged
 	conns   map[*trackedConn]struct{}
 	byAddr  map[string]int       // open connections per client address
+	byUser  map[string]int       // open connections per user whose credentials were accepted on them
 	trusted map[string]time.Time // client address -> when its credentials were last accepted
 	shed    int64                // connections closed to make room
 	refused int64                // connections and requests refused for want of room
@@ -88,7 +52,7 @@ func newTracker(budget int64) *tracker {
 	if budget <= 0 {
 		budget = DefaultMemoryBudget
 	}
-	return &tracker{budget: budget, now: time.Now, conns: map[*trackedConn]struct{}{}, byAddr: map[string]int{}, trusted: map[string]time.Time{}}
+	return &tracker{budget: budget, now: time.Now, conns: map[*trackedConn]struct{}{}, byAddr: map[string]int{}, byUser: map[string]int{}, trusted: map[string]time.Time{}}
 }
 
 // trackerStats are a tracker's figures, for tests.
@@ -118,7 +82,27 @@ func (t *tracker) stats() trackerStats {
 // listen wraps l: at most limit connections (0: no cap), each charged to the
 // budget, TLS ones more.
 func (t *tracker) listen(l net.Listener, limit int, tls bool) *capListener {
+	boundListenerBuffers(l)
 	return &capListener{Listener: l, t: t, max: limit, tls: tls}
+}
+
+// boundListenerBuffers gives a TCP listener's socket the send and receive
+// buffers of an accepted connection: Linux copies them into the
+// connections it accepts for it, so those waiting in the accept queue are
+// bounded too, and the window a client is first offered is the small one.
+func boundListenerBuffers(l net.Listener) {
+	tl, ok := l.(*net.TCPListener)
+	if !ok {
+		return
+	}
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, sendBufferBytes)
+		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, receiveBufferBytes)
+	})
 }
 
 // stats is l's open connections and the most ever open.
@@ -148,6 +132,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		boundSocketBuffers(c)
 		now := t.now()
 		tc := &trackedConn{Conn: c, l: l, addr: hostOf(c.RemoteAddr()), since: now, cost: connBytes}
 		if l.tls {
@@ -175,12 +160,20 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
+// boundSocketBuffers caps the kernel's send and receive queues of a TCP
+// connection (sendBufferBytes, receiveBufferBytes), which would otherwise
+// grow to net.ipv4.tcp_wmem's maximum for a client that reads slowly.
+func boundSocketBuffers(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(sendBufferBytes)
+		_ = tc.SetReadBuffer(receiveBufferBytes)
+	}
+}
+
 // makeRoomLocked sheds connections until l (nil: no listener cap) has room
 // for one more connection and the budget for bytes more, for the sake of
 // connection want (new, or one with a request to serve). False if there is
-// nothing to shed, or only connections from want's own address: a client
-// does not push out its own connections, it is refused instead, which
-// costs nothing (no TLS handshake, no state) where a swap would cost both.
+// nothing want may shed.
 func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn, now time.Time) bool {
 	for l != nil && l.max > 0 && l.open >= l.max {
 		if !t.shedOneLocked(l, want, now) {
@@ -196,37 +189,89 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 }
 
 // shedOneLocked closes the connection that goes first (of listener l, or
-// of any listener): the lowest tier, then the client address holding the
-// most connections, then the one longest in its state. A connection with
-// credentials goes only for another with credentials. False if there is
-// none to shed, or it would be one of want's address.
+// of any listener): the lowest tier, then (with credentials) the user
+// holding the most connections, then the client address holding the
+// most, then the one longest in its state. A connection with credentials
+// that makes progress goes only for another with credentials. An address
+// takes room only from an address holding at least as many connections as
+// it would, never from one holding fewer: a client reconnecting in a loop
+// cannot push out, in the moment before its request is read, the
+// connection of a scraper on another address.
+//
+// On the web listeners a client does not push out its own connections: it
+// is refused instead, which costs an accept (no TLS handshake, no state),
+// and its connections age until they stall and a scraper from another
+// address may take their place; an address pushing out its own would keep
+// its connections forever young. On the probe listener (the kubelet's
+// address may be an attacker's too: a hostNetwork pod, SNAT) the oldest
+// connection without a whole request gives way to a new one, whatever its
+// address: the kubelet sends its request with its connection, and
+// probeHeaderTimeout ends the others within a second. False if there is
+// none to shed.
 func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time) bool {
 	limit := tierServing // tiers below it may go
 	if !want.credentialed() {
 		limit = tierUnauthRecent
 	}
+	// The newcomer's address's connections, itself included.
+	holds := t.byAddr[want.addr]
+	if _, counted := t.conns[want]; !counted {
+		holds++
+	}
+	ownAddress := want.l != nil && want.l.noAuth
+	victim := t.victimLocked(now, limit, func(c *trackedConn) bool {
+		if c == want || (l != nil && c.l != l) {
+			return false
+		}
+		if c.addr == want.addr {
+			return ownAddress
+		}
+		return t.byAddr[c.addr] >= holds
+	})
+	if victim == nil {
+		return false
+	}
+	t.shedLocked(victim)
+	return true
+}
+
+// victimLocked is the connection of those that may (below tier limit)
+// that goes first; nil if none.
+func (t *tracker) victimLocked(now time.Time, limit int, may func(*trackedConn) bool) *trackedConn {
 	var victim *trackedConn
 	vtier := limit
 	for c := range t.conns {
-		if c == want || (l != nil && c.l != l) {
+		if !may(c) {
 			continue
 		}
 		tier := c.tier(now)
 		if tier >= limit {
 			continue
 		}
-		if victim == nil || tier < vtier || (tier == vtier && (t.byAddr[c.addr] > t.byAddr[victim.addr] ||
-			(t.byAddr[c.addr] == t.byAddr[victim.addr] && c.sinceLocked().Before(victim.sinceLocked())))) {
+		if victim == nil || tier < vtier || (tier == vtier && t.goesBeforeLocked(c, victim)) {
 			victim, vtier = c, tier
 		}
 	}
-	if victim == nil || victim.addr == want.addr {
-		return false
+	return victim
+}
+
+// goesBeforeLocked: of two connections in the same tier, c goes before v:
+// the user holding more connections, then the address holding more, then
+// the one longer in its state.
+func (t *tracker) goesBeforeLocked(c, v *trackedConn) bool {
+	if cu, vu := t.byUser[c.user], t.byUser[v.user]; cu != vu {
+		return cu > vu
 	}
+	if ca, va := t.byAddr[c.addr], t.byAddr[v.addr]; ca != va {
+		return ca > va
+	}
+	return c.sinceLocked().Before(v.sinceLocked())
+}
+
+func (t *tracker) shedLocked(victim *trackedConn) {
 	t.removeLocked(victim)
 	t.shed++
 	go victim.Conn.Close()
-	return true
 }
 
 // trustedLocked: addr's credentials were accepted within trustFor, and it
@@ -259,15 +304,31 @@ func (t *tracker) removeLocked(c *trackedConn) {
 	if t.byAddr[c.addr]--; t.byAddr[c.addr] <= 0 {
 		delete(t.byAddr, c.addr)
 	}
+	t.setUserLocked(c, "")
 	t.used -= c.cost
 	c.l.open--
 }
 
+// setUserLocked counts c under user ("": none).
+func (t *tracker) setUserLocked(c *trackedConn, user string) {
+	if c.user == user {
+		return
+	}
+	if c.user != "" {
+		if t.byUser[c.user]--; t.byUser[c.user] <= 0 {
+			delete(t.byUser, c.user)
+		}
+	}
+	c.user = user
+	if user != "" {
+		t.byUser[user]++
+	}
+}
+
 // startRequest charges a request of cost bytes to c (the first HTTP/2
 // request also its HTTP/2 state). Over the budget it sheds other
-// connections; false if there is no room and c has no credentials: the
-// request is to be refused. A connection with credentials is served
-// whatever the budget.
+// connections; false if there is still no room: the request is to be
+// refused, credentials or not, so that nothing is held past the budget.
 func (t *tracker) startRequest(c *trackedConn, cost int64, h2 bool) bool {
 	now := t.now()
 	t.mu.Lock()
@@ -275,7 +336,7 @@ func (t *tracker) startRequest(c *trackedConn, cost int64, h2 bool) bool {
 	if h2 && !c.h2 {
 		cost += h2ConnBytes
 	}
-	if !t.makeRoomLocked(nil, cost, c, now) && !c.authed {
+	if !t.makeRoomLocked(nil, cost, c, now) {
 		t.refused++
 		return false
 	}
@@ -311,6 +372,7 @@ type trackedConn struct {
 	addr string // client address
 
 	// Under l.t.mu:
+	user     string    // the user whose credentials were last accepted on it ("": none)
 	cost     int64     // bytes charged
 	since    time.Time // opened, or last became idle or began serving
 	handlers int       // requests being served on it
@@ -435,33 +497,42 @@ func (c *trackedConn) release() {
 	t.mu.Unlock()
 }
 
-// progress watches a connection's writes: how many wait, and when one
-// last ended having written something (or, if none had, when they began).
+// progress watches a connection's writes: how many wait, and how far
+// behind a pace of progressBytes a stallGrace they are.
 type progress struct {
 	mu      sync.Mutex
 	pending int       // writes in progress
-	last    time.Time // last progress
+	last    time.Time // how far the writes have got: each byte written moves it on, up to now
+	ended   time.Time // when a write last ended
 }
 
+// start: a write begins. Writes that follow one another closely (within
+// stallGrace) are one stream of writes, whose progress is counted in
+// bytes: a client taking a trickle (a small send buffer freeing a little
+// at a time) falls behind, however often one of its small writes ends.
 func (p *progress) start(now time.Time) {
 	p.mu.Lock()
-	if p.pending == 0 {
+	if p.pending == 0 && now.Sub(p.ended) >= stallGrace {
 		p.last = now
 	}
 	p.pending++
 	p.mu.Unlock()
 }
 
+// done: a write of n bytes ended; every progressBytes move the writes
+// stallGrace on.
 func (p *progress) done(now time.Time, n int) {
 	p.mu.Lock()
 	p.pending--
-	if n > 0 {
+	p.ended = now
+	if p.last = p.last.Add(time.Duration(int64(n) * int64(stallGrace) / progressBytes)); p.last.After(now) {
 		p.last = now
 	}
 	p.mu.Unlock()
 }
 
-// stalled: writes wait, and none has made progress for stallGrace.
+// stalled: writes wait, and have fallen stallGrace behind a pace of
+// progressBytes every stallGrace.
 func (p *progress) stalled(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -504,21 +575,35 @@ func connOf(r *http.Request) *trackedConn {
 	return tc
 }
 
-// markLogin records on r's connection how its last login went: a
-// connection whose login was refused gives way first at a cap, even with a
-// request in flight; one whose credentials were accepted is shed only
-// after every connection without.
-func markLogin(r *http.Request, accepted bool) {
+// markLogin records on r's connection how its last login (as user) went:
+// a connection whose login was refused gives way first at a cap, even with
+// a request in flight; one whose credentials were accepted is shed after
+// every connection without, unless it stalls. A user holding more than
+// maxConnsPerUser connections gives up the one of them that goes first,
+// serving or not: a thief reconnecting faster than its streams are seen to
+// stall holds no more than the cap, and of a user's connections serving
+// alike, those of the address holding the most go first.
+func markLogin(r *http.Request, user string, accepted bool) {
 	c := connOf(r)
 	if c == nil {
 		return
 	}
 	t := c.l.t
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	c.refused = !accepted
 	c.authed = c.authed || accepted
-	if accepted {
-		t.trustLocked(c.addr, t.now())
+	if !accepted || c.released {
+		return
 	}
-	t.mu.Unlock()
+	now := t.now()
+	t.trustLocked(c.addr, now)
+	t.setUserLocked(c, user)
+	for t.byUser[user] > maxConnsPerUser {
+		v := t.victimLocked(now, tierServing+1, func(x *trackedConn) bool { return x != c && x.user == user })
+		if v == nil {
+			return
+		}
+		t.shedLocked(v)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,7 +175,7 @@ func TestConnectionCapRefusedLoginsGiveWayFirst(t *testing.T) {
 	flood := dial("127.0.0.1")
 	tr.startRequest(flood, requestBytes, false) // waiting for its wrong password to be checked
 	req := httptest.NewRequest("GET", "/metrics", nil)
-	markLogin(req.WithContext(withConn(req.Context(), flood)), false)
+	markLogin(req.WithContext(withConn(req.Context(), flood)), "prometheus", false)
 	dial("127.0.0.3") // at the cap
 	if open(tr, scraper) == false || open(tr, flood) {
 		t.Errorf("at the cap: scraper's idle keep-alive open %v, connection with a refused login open %v; want the latter closed", open(tr, scraper), open(tr, flood))
@@ -227,37 +228,122 @@ func TestHalfClosedConnectionLeavesTheCap(t *testing.T) {
 	}
 }
 
-// The shed order: a connection whose login was refused, then one with no
-// request being served, then (basic auth being on) one being served
-// without credentials; one with credentials goes only to make room for
+// login marks c's last login as user: accepted or refused.
+func login(c *trackedConn, user string, accepted bool) {
+	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), user, accepted)
+}
+
+// The shed order: a connection whose login was refused, then one whose
+// credentials were accepted but whose writes stall (a stolen password
+// holding HTTP/2 streams at window 0), then one with no request being
+// served, then (basic auth being on) one being served without
+// credentials; an idle one with credentials goes only to make room for
 // another with credentials.
 func TestShedOrder(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
 	scraper := dial("127.0.0.2")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	login(scraper, "prometheus", true)
+	stalled := dial("127.0.0.6")
+	login(stalled, "prometheus", true)
+	tr.startRequest(stalled, requestBytes, true)
+	stalled.stream.start(clock.now()) // a stream's write waits at window 0
 	idle := dial("127.0.0.3")
 	refusedLogin := dial("127.0.0.4")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), refusedLogin)), false)
+	login(refusedLogin, "prometheus", false)
 	serving := dial("127.0.0.5")
 	tr.startRequest(serving, requestBytes, false)
-	clock.add(requestGrace) // idle has had its time to send a request
+	clock.add(max(requestGrace, stallGrace)) // idle has had its time to send a request; stalled's write has waited
 	shed := func(want *trackedConn) bool {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
 		return tr.shedOneLocked(nil, want, tr.now())
 	}
 	newcomer := &trackedConn{addr: "127.0.0.9"}
-	for _, gone := range []*trackedConn{refusedLogin, idle, serving} {
+	for _, gone := range []*trackedConn{refusedLogin, stalled, idle, serving} {
 		if !shed(newcomer) || open(tr, gone) || !open(tr, scraper) {
 			t.Fatalf("shed order: %s still open %v, scraper open %v", gone.addr, open(tr, gone), open(tr, scraper))
 		}
 	}
 	if shed(newcomer) || !open(tr, scraper) {
-		t.Error("a connection with credentials shed for one without")
+		t.Error("an idle connection with credentials shed for one without")
 	}
 	if !shed(&trackedConn{addr: "127.0.0.10", authed: true}) || open(tr, scraper) {
 		t.Error("a connection with credentials not shed for another with credentials")
+	}
+}
+
+// A user's connections are bounded: past maxConnsPerUser, a login sheds
+// that user's connection that goes first (stalled, then idle, the oldest
+// first; the scraper whose password was stolen, serving, stays), and no
+// other user's; connections serving alike go too, those of the address
+// holding the most first.
+func TestConnectionsPerUser(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 0, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	login(scraper, "prometheus", true)
+	tr.startRequest(scraper, requestBytes, false) // a scrape being written
+	other := dial("127.0.0.3")
+	login(other, "gmp", true)
+	var stolen []*trackedConn
+	for i := 0; i < maxConnsPerUser+8; i++ {
+		c := dial("127.0.0.1")
+		login(c, "prometheus", true)
+		stolen = append(stolen, c)
+		clock.add(time.Millisecond)
+	}
+	tr.mu.Lock()
+	held := tr.byUser["prometheus"]
+	tr.mu.Unlock()
+	if held > maxConnsPerUser {
+		t.Errorf("one user holds %d connections, want at most %d", held, maxConnsPerUser)
+	}
+	if !open(tr, scraper) || !open(tr, other) {
+		t.Errorf("the scraper serving with progress open %v, another user's connection open %v; want both open", open(tr, scraper), open(tr, other))
+	}
+	if open(tr, stolen[0]) || !open(tr, stolen[len(stolen)-1]) {
+		t.Errorf("the user's oldest idle connection open %v (want shed), its newest open %v", open(tr, stolen[0]), open(tr, stolen[len(stolen)-1]))
+	}
+	// Every one of the thief's connections serving (streams not yet seen
+	// to stall): more logins still shed them, never the scraper's.
+	for _, c := range stolen {
+		if open(tr, c) {
+			tr.startRequest(c, requestBytes, true)
+		}
+	}
+	for i := 0; i < 8; i++ {
+		login(dial("127.0.0.1"), "prometheus", true)
+	}
+	tr.mu.Lock()
+	held = tr.byUser["prometheus"]
+	tr.mu.Unlock()
+	if held > maxConnsPerUser || !open(tr, scraper) {
+		t.Errorf("logins beside the user's connections all serving: the user holds %d (want at most %d), the scraper open %v", held, maxConnsPerUser, open(tr, scraper))
+	}
+}
+
+// Every accepted connection's kernel queues are bounded (Linux doubles
+// what is asked for): a client reading slowly cannot grow the send queue
+// to tcp_wmem's maximum.
+func TestSocketBuffersBounded(t *testing.T) {
+	_, dial, _ := acceptFrom(t, 0, 0)
+	c := dial("127.0.0.1")
+	rc, err := c.Conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snd, rcv int
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if snd, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF); serr == nil {
+			rcv, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		}
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if snd != 2*sendBufferBytes || rcv != 2*receiveBufferBytes {
+		t.Errorf("SO_SNDBUF %d, SO_RCVBUF %d; want %d and %d", snd, rcv, 2*sendBufferBytes, 2*receiveBufferBytes)
 	}
 }
 
@@ -300,7 +386,7 @@ func TestTrustedAddressReconnects(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 2, 0)
 	tr.auth.Store(true)
 	login := func(c *trackedConn, ok bool) {
-		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), ok)
+		markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), "prometheus", ok)
 	}
 	first := dial("127.0.0.2")
 	login(first, true)
@@ -327,13 +413,15 @@ func TestTrustedAddressReconnects(t *testing.T) {
 	}
 }
 
-// The memory budget: a request without credentials that finds no room
-// (nothing to shed but the connections of its own address) is refused;
-// one on a connection with credentials is served.
+// The memory budget binds every request, credentials or not: a request
+// that finds no room (nothing to shed but the connections of its own
+// address) is refused; one with credentials makes room by shedding what
+// it may, and is refused too when the budget holds only requests being
+// served.
 func TestMemoryBudget(t *testing.T) {
 	tr, dial, _ := acceptFrom(t, 0, 3*connBytes)
 	scraper := dial("127.0.0.2")
-	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), scraper)), true)
+	login(scraper, "prometheus", true)
 	a, b := dial("127.0.0.3"), dial("127.0.0.3")
 	if tr.startRequest(a, requestBytes, false) {
 		t.Error("a request without credentials served over the budget")
@@ -342,18 +430,69 @@ func TestMemoryBudget(t *testing.T) {
 		t.Error("a request without credentials pushed out its own address's connection, or one with credentials")
 	}
 	if !tr.startRequest(scraper, requestBytes, false) {
-		t.Error("a request with credentials refused over the budget")
+		t.Error("a request with credentials refused while connections without could make room")
 	}
 	if open(tr, a) && open(tr, b) {
 		t.Error("the request with credentials did not make room: both connections without credentials still open")
+	}
+	if tr.startRequest(scraper, 3*connBytes, false) { // past the budget, beside the request being served
+		t.Error("a request with credentials served over the budget, which holds only requests being served")
 	}
 	if used := tr.stats().used; used > tr.budget {
 		t.Errorf("%d bytes charged, budget %d", used, tr.budget)
 	}
 }
 
-// Progress: writes that wait with none of them done for stallGrace make no
-// progress; a write that ends restarts the clock.
+// On the probe listener the oldest connection without a whole request
+// gives way to a new one whatever its address: the kubelet's address may
+// be an attacker's too.
+func TestProbeListenerNewcomerPushesOutTheOldestIdle(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(probeMemoryBudget)
+	clock := newTestClock()
+	tr.now = clock.now
+	pl := tr.listen(l, 2, false)
+	pl.noAuth = true
+	defer pl.Close()
+	accepted := make(chan *trackedConn, 8)
+	go func() {
+		for {
+			c, err := pl.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c.(*trackedConn)
+		}
+	}()
+	dial := func() *trackedConn {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case tc := <-accepted:
+			clock.add(time.Millisecond)
+			return tc
+		case <-time.After(30 * time.Second): // liveness bound only
+			t.Fatal("connection not accepted")
+			return nil
+		}
+	}
+	oldest, other := dial(), dial()
+	kubelet := dial() // at the cap, from the same address
+	if open(tr, oldest) || !open(tr, other) || !open(tr, kubelet) {
+		t.Errorf("the oldest idle connection open %v (want shed), the other open %v, the newcomer open %v", open(tr, oldest), open(tr, other), open(tr, kubelet))
+	}
+}
+
+// Progress: writes that wait and have fallen stallGrace behind a pace of
+// progressBytes a stallGrace make no progress, however many small writes
+// end; writes that follow a pause start the clock again.
 func TestProgress(t *testing.T) {
 	var p progress
 	t0 := time.Unix(1e9, 0)
@@ -367,10 +506,10 @@ func TestProgress(t *testing.T) {
 	if !p.stalled(t0.Add(stallGrace)) {
 		t.Error("not stalled after the grace with no write done")
 	}
-	p.start(t0.Add(stallGrace)) // another write beside it: the clock goes on
-	p.done(t0.Add(2*stallGrace), 100)
+	p.start(t0.Add(stallGrace))                   // another write beside it: the clock goes on
+	p.done(t0.Add(2*stallGrace), 2*progressBytes) // caught up
 	if p.stalled(t0.Add(2*stallGrace + stallGrace/2)) {
-		t.Error("stalled right after a write ended")
+		t.Error("stalled right after the writes caught up")
 	}
 	if !p.stalled(t0.Add(3 * stallGrace)) {
 		t.Error("the write still waiting: not stalled a grace after the last progress")
@@ -378,5 +517,22 @@ func TestProgress(t *testing.T) {
 	p.done(t0.Add(3*stallGrace), 0)
 	if p.stalled(t0.Add(time.Hour)) {
 		t.Error("stalled with no write waiting")
+	}
+	// A trickle: one small write after another, each ending at once.
+	t1 := t0.Add(time.Hour)
+	for i := 0; i < 20; i++ {
+		at := t1.Add(time.Duration(i) * stallGrace / 10)
+		p.start(at)
+		p.done(at.Add(time.Millisecond), 1024)
+	}
+	p.start(t1.Add(2 * stallGrace))
+	if !p.stalled(t1.Add(2 * stallGrace)) {
+		t.Errorf("writes of 1 KiB every tenth of the grace (%d KiB in all): not stalled", 20)
+	}
+	p.done(t1.Add(2*stallGrace), 1024)
+	// After a pause, a new answer starts the clock again.
+	p.start(t1.Add(4 * stallGrace))
+	if p.stalled(t1.Add(4*stallGrace + stallGrace/2)) {
+		t.Error("stalled within the grace of writes that began after a pause")
 	}
 }

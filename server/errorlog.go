@@ -8,14 +8,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Server error lines: at most serverErrorRate a second (burst
-// serverErrorBurst), each cut to maxLogLine bytes.
-const (
-	serverErrorRate  = 5
-	serverErrorBurst = 20
-	maxLogLine       = 512
-)
-
 // serverErrorLog takes net/http's own error lines (TLS handshakes that
 // fail, connections closed mid-request: any client can cause them at will)
 // to the debug level, rate-limited, with the number of lines left out since

@@ -6,19 +6,6 @@ import (
 	"time"
 )
 
-// writeStall is the longest one write of an answer may wait for the client
-// to read: a client that stops reading (a full TCP window, an HTTP/2 stream
-// held at window 0) loses its connection or stream then, not at the
-// server's WriteTimeout.
-const writeStall = 5 * time.Second
-
-// writeTimeout bounds the whole answer, however its writes went.
-const writeTimeout = 30 * time.Second
-
-// writeChunk is how much of an answer one write hands over, each with a
-// fresh writeStall deadline: a slow but moving client is served to the end.
-const writeChunk = 32 << 10
-
 // guard is the first of the exporter's handlers on every listener: it
 // charges the request to the memory budget (refusing it when there is no
 // room for a client without credentials), and gives every write of every

@@ -1,14 +1,3 @@
-// Package server serves the exporter's HTTP endpoints with
-// exporter-toolkit's web package (TLS, HTTP/2 settings, the configured
-// headers, every listener given, systemd's sockets) inside the defences a
-// node agent needs against clients that misbehave: a memory budget for the
-// whole server and a connection cap per listener, both shedding the
-// connection that makes no progress first (conns.go); write deadlines on
-// every answer, refusal of request bodies and scrape slots given back at
-// the first write (handlers.go); basic auth with a bcrypt queue fair to
-// every network and user (auth.go); a rate-limited error log
-// (errorlog.go); and the web config re-read when it changes or at SIGHUP
-// (webconfig.go).
 package server
 
 import (
@@ -25,14 +14,6 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 )
-
-// ProbeMaxConnections bounds the probe listener: the kubelet opens one or two.
-const ProbeMaxConnections = 16
-
-// maxStreamsPerConn bounds the HTTP/2 streams one connection may have open
-// (Go's default is 250): a scraper uses one at a time, and every stream is a
-// handler that a client which stops reading can keep waiting.
-const maxStreamsPerConn = 8
 
 // Config is what Serve serves, and how.
 type Config struct {
@@ -114,12 +95,12 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 		all = append(all, served{newHTTPServer(h, log), t.listen(l, c.MaxConnections, tls), &web.FlagConfig{WebConfigFile: &webFile}})
 	}
 	if ls.Probe != nil {
+		// The probe listener has a budget of its own: nothing on the web
+		// listeners can take its room, whatever credentials it has.
+		pt := newTracker(probeMemoryBudget)
 		noFile := ""
-		probe := newHTTPServer(guard(t, refuseUnservable(c.ProbeHandler, "")), log)
-		// One request per connection: a client pipelining requests it never
-		// reads gets one answer and loses the connection.
-		probe.SetKeepAlivesEnabled(false)
-		pl := t.listen(ls.Probe, ProbeMaxConnections, false)
+		probe := newProbeServer(guard(pt, refuseUnservable(c.ProbeHandler, "")), log)
+		pl := pt.listen(ls.Probe, ProbeMaxConnections, false)
 		pl.noAuth = true
 		all = append(all, served{probe, pl, &web.FlagConfig{WebConfigFile: &noFile}})
 	}
@@ -180,15 +161,32 @@ func newHTTPServer(h http.Handler, log zerolog.Logger) *http.Server {
 	return &http.Server{
 		ErrorLog:          stdlog.New(newServerErrorLog(log.With().Str("component", "http").Logger()), "", 0),
 		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
+		ReadHeaderTimeout: readHeaderTimeout,
 		WriteTimeout:      writeTimeout,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ConnContext:       withConn,
-		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxStreamsPerConn},
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          maxStreamsPerConn,
+			MaxReadFrameSize:              h2MaxReadFrame,
+			MaxReceiveBufferPerConnection: h2ConnReceive,
+			MaxReceiveBufferPerStream:     h2StreamReceive,
+			MaxDecoderHeaderTableSize:     h2HeaderTable,
+			MaxEncoderHeaderTableSize:     h2HeaderTable,
+		},
 		// OPTIONS * reaches the handler, which answers 405 as for every
 		// method but GET and HEAD (net/http's own answer is 200).
 		DisableGeneralOptionsHandler: true,
 	}
+}
+
+// newProbeServer is newHTTPServer for the kubelet's probes: one request per
+// connection (a client pipelining requests it never reads gets one answer
+// and loses the connection), sent whole within probeHeaderTimeout, with
+// headers of at most probeMaxHeaderBytes.
+func newProbeServer(h http.Handler, log zerolog.Logger) *http.Server {
+	s := newHTTPServer(h, log)
+	s.ReadHeaderTimeout = probeHeaderTimeout
+	s.MaxHeaderBytes = probeMaxHeaderBytes
+	s.SetKeepAlivesEnabled(false)
+	return s
 }

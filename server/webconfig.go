@@ -20,10 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MaxWebConfigBytes bounds --web.config.file, which is read again while
-// serving: inline certificates and keys fit easily.
-const MaxWebConfigBytes = 256 << 10
-
 // ErrSetup marks a failure of this machine (not of the file) while loading
 // a web config.
 var ErrSetup = errors.New("setting up the web config")

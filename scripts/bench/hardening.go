@@ -37,8 +37,11 @@ func startExporter(cfg config, args []string, ready func(addr string) (*http.Req
 	}
 	p := &exporterProc{addr: addr, exited: make(chan error, 1)}
 	p.cmd = exec.Command(cfg.bin, append([]string{"--web.listen-address=" + addr,
-		"--collect-interval=" + cfg.interval.String(), "--log.level=warn"}, args...)...)
+		"--collect-interval=" + cfg.interval.String(), "--log.level=warn"}, append(args, pprofArgs(cfg)...)...)...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
+	if cfg.goMemLimit != "" {
+		p.cmd.Env = append(os.Environ(), "GOMEMLIMIT="+cfg.goMemLimit)
+	}
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -428,6 +431,7 @@ func hostile(w io.Writer, cfg config) (fails []string) {
 		fails = append(fails, underLimit(cfg, s.rssMax, "slow-readers")...)
 		fails = append(fails, atLeast(s.scraper, "scrapes", "slow-readers")...)
 	}
+	fails = append(fails, attackersChoices(cfg, row)...)
 	if len(rows) == 0 {
 		return fails
 	}
@@ -496,4 +500,12 @@ func (wp *wrongPasswords) send(ctx context.Context, c *http.Client, base string,
 			wp.busy.Add(1)
 		}
 	}
+}
+
+// pprofArgs serves the profiler when -profile-dir asks for profiles.
+func pprofArgs(cfg config) []string {
+	if cfg.profileDir == "" {
+		return nil
+	}
+	return []string{"--web.enable-pprof"}
 }

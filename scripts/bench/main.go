@@ -29,8 +29,12 @@
 // and never reading; and -slow-readers connections pipelining /metrics and
 // reading a trickle. These fail when the well-behaved client gets less than
 // 95% answered, a first login takes 2 s or more, or (h2-auth, h2-tls,
-// slow-readers) the RSS passes -mem-limit-mib. -runs chooses which parts
-// run.
+// slow-readers) the RSS passes -mem-limit-mib. Then the attacker's own
+// choices (mixed.go), each with every -gomemlimit value: the mixed attack,
+// a stolen password, the attacker on the prober's or the scraper's
+// address, and a 10-minute soak of every attack at once with GPU faults,
+// recording peak RSS, RSS after, the sockets' send queues (ss -tm) and the
+// load average. -runs chooses which parts run.
 //
 // Usage:
 //
@@ -101,11 +105,22 @@ type config struct {
 	probePipeRequests  int
 	slowReaders        int
 	slowReaderRequests int
-	runs               map[string]bool
+
+	goMemLimits      []string // each run of mixed.go once per value ("": none)
+	goMemLimit       string   // the exporter's GOMEMLIMIT in the run under way ("": none)
+	mixedFor         time.Duration
+	stolenConns      int
+	sharedProbeConns int
+	soakFor          time.Duration
+	minShare         float64
+	settleFor        time.Duration
+	profileDir       string // the exporter's heap profiles of the runs of mixed.go go here ("": none)
+	runs             map[string]bool
 }
 
 // benchRuns are the parts of the bench, in the order they run.
-var benchRuns = []string{"load", "slow-conns", "auth-flood", "slow-body", "probe-port", "auth-addrs", "h2-auth", "h2-tls", "probe-pipeline", "slow-readers"}
+var benchRuns = []string{"load", "slow-conns", "auth-flood", "slow-body", "probe-port", "auth-addrs", "h2-auth", "h2-tls", "probe-pipeline", "slow-readers",
+	"mixed", "stolen-password", "shared-probe", "shared-scraper", "soak"}
 
 // result is one table row.
 type result struct {
@@ -150,12 +165,32 @@ func main() {
 	flag.IntVar(&cfg.probePipeRequests, "probe-pipeline-requests", 40000, "requests each of them pipelines")
 	flag.IntVar(&cfg.slowReaders, "slow-readers", 300, "connections pipelining /metrics and reading 1 KiB every 100 ms in the slow-readers run")
 	flag.IntVar(&cfg.slowReaderRequests, "slow-reader-requests", 300, "requests each of them pipelines")
+	memLimits := flag.String("gomemlimit", "100MiB,off", "comma-separated GOMEMLIMIT values (off: none) the mixed, stolen-password, shared-probe, shared-scraper and soak runs each run with (the chart sets 100MiB)")
+	flag.DurationVar(&cfg.mixedFor, "mixed-for", 30*time.Second, "how long the mixed run's attacks last")
+	flag.IntVar(&cfg.stolenConns, "stolen-conns", 72, "HTTP/2 connections logged in with the scraper's own password, each holding -h2-streams streams at window 0, in the stolen-password and soak runs")
+	flag.IntVar(&cfg.sharedProbeConns, "shared-probe-conns", 100, "connections sending headers a line a second to the probe port from the prober's own address in the shared-probe and soak runs")
+	flag.DurationVar(&cfg.soakFor, "soak-for", 10*time.Minute, "how long the soak run's attacks last")
+	flag.Float64Var(&cfg.minShare, "min-share", 0.90, "the share of requests the well-behaved clients of the mixed, stolen-password, shared-probe, shared-scraper and soak runs must get answered")
+	flag.DurationVar(&cfg.settleFor, "settle-for", 30*time.Second, "how long after the attacks of the mixed, stolen-password, shared-probe, shared-scraper and soak runs the exporter's RSS is read again")
+	flag.StringVar(&cfg.profileDir, "profile-dir", "", "write the exporter's heap profiles and goroutines, near the end of each attack of the mixed, stolen-password, shared-probe, shared-scraper and soak runs and after it, into this folder (the exporter then runs with --web.enable-pprof)")
 	runs := flag.String("runs", strings.Join(benchRuns, ","), "comma-separated parts to run: "+strings.Join(benchRuns, ", "))
 	serve := flag.String("serve-static", "", "internal: serve this file's bytes at -listen (the static floor)")
 	listen := flag.String("listen", "", "internal: address for -serve-static")
 	flag.Parse()
 	if *serve != "" {
 		fatalf("static server: %v", serveStatic(*serve, *listen))
+	}
+	for _, v := range strings.Split(*memLimits, ",") {
+		switch v = strings.TrimSpace(v); v {
+		case "":
+		case "off":
+			cfg.goMemLimits = append(cfg.goMemLimits, "")
+		default:
+			cfg.goMemLimits = append(cfg.goMemLimits, v)
+		}
+	}
+	if len(cfg.goMemLimits) == 0 {
+		cfg.goMemLimits = []string{""}
 	}
 	cfg.runs = map[string]bool{}
 	for _, r := range strings.Split(*runs, ",") {

@@ -79,13 +79,19 @@ type h2Stats struct {
 // resets is opened again, a connection it closes is opened again, until ctx
 // ends. It reads what the server sends and never grants a window.
 func h2Stall(ctx context.Context, addr string, conns, streams int, st *h2Stats) {
+	h2StallFrom(ctx, addr, "127.0.0.1", "", conns, streams, st)
+}
+
+// h2StallFrom is h2Stall from the loopback address from, each request with
+// the Authorization header auth ("": none).
+func h2StallFrom(ctx context.Context, addr, from, auth string, conns, streams int, st *h2Stats) {
 	var wg sync.WaitGroup
 	for i := 0; i < conns; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if !h2StallConn(ctx, addr, streams, st) {
+				if !h2StallConn(ctx, addr, from, auth, streams, st) {
 					sleepCtx(ctx, 100*time.Millisecond)
 				}
 			}
@@ -95,8 +101,8 @@ func h2Stall(ctx context.Context, addr string, conns, streams int, st *h2Stats) 
 }
 
 // h2StallConn is one connection of h2Stall; false if it could not connect.
-func h2StallConn(ctx context.Context, addr string, streams int, st *h2Stats) bool {
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}},
+func h2StallConn(ctx context.Context, addr, from, auth string, streams int, st *h2Stats) bool {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}},
 		Config: &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}} //nolint:gosec // the bench's own certificate
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -151,6 +157,9 @@ func h2StallConn(ctx context.Context, addr string, streams int, st *h2Stats) boo
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", addr}, {":path", "/metrics"}} {
 		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if auth != "" {
+		_ = enc.WriteField(hpack.HeaderField{Name: "authorization", Value: auth})
 	}
 	for id := uint32(1); ; id += 2 {
 		select {
