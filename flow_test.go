@@ -100,7 +100,7 @@ func objectNames(objs map[types.Object]bool) string {
 // flowPatterns are the product's packages whose files must use each other
 // one way: the collector, the agent, its server and API client, the
 // analytics.
-var flowPatterns = []string{"./collector/...", "./agent", "./kubeapi", "./analytics/fleet", "./analytics/promapi", "./analytics/rightsize"}
+var flowPatterns = []string{"./collector/...", "./agent", "./server", "./kubeapi", "./analytics/fleet", "./analytics/promapi", "./analytics/rightsize"}
 
 // productPackages are the packages of flowPatterns and every package they
 // need, listed once per test binary.
@@ -210,7 +210,7 @@ var flowPackages = []string{"collector/sample", "collector/state", "collector/re
 
 // docOrderedPackages are the packages besides the flow's whose doc.go names
 // their files in the order of their own flow.
-var docOrderedPackages = []string{"agent", "kubeapi", "analytics/fleet", "analytics/promapi", "analytics/rightsize"}
+var docOrderedPackages = []string{"agent", "server", "kubeapi", "analytics/fleet", "analytics/promapi", "analytics/rightsize"}
 
 // unavoidableTwoWay lists the pairs of files of one package that use each
 // other and must, with the reason ("package: a.go<->b.go", a before b).

@@ -22,6 +22,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/podmap"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/server"
 )
 
 // terminated is what --help and --version panic with to end parsing.

@@ -6,7 +6,8 @@
 // fixed bound, and the bounds add up (docs/security.md) to less than the
 // pod's memory limit.
 //
-// The files, in the order a connection meets them:
+// The files, in the order a connection meets them, each using only those
+// before it; Serve, which puts them together, last:
 //
 //	bounds.go     every hand-tuned bound of the defences, what it guards
 //	              against and the bench run that sets it
@@ -17,8 +18,6 @@
 //	              that pushes out what makes no progress first, credentials or
 //	              not, from any address; the sockets' kernel buffers bounded;
 //	              every write's deadline and progress
-//	server.go     Serve: one http.Server per listener with its HTTP/2 and
-//	              header limits, served by exporter-toolkit's web.Serve
 //	webconfig.go  --web.config.file parsed as the toolkit does, its view handed
 //	              to the toolkit (TLS, headers), reloaded on change or SIGHUP
 //	handlers.go   the first handler: the request charged to the budget,
@@ -28,4 +27,6 @@
 //	              remembered, failing addresses refused before bcrypt, a
 //	              bounded bcrypt queue fair to every network and user
 //	errorlog.go   net/http's own error lines, rate-limited at debug level
+//	server.go     Serve: one http.Server per listener with its HTTP/2 and
+//	              header limits, served by exporter-toolkit's web.Serve
 package server
