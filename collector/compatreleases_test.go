@@ -273,10 +273,13 @@ DCGM_FI_SYSTEM_DRIVER_VERSION,        label,   Driver Version
 		clk.Advance(time.Second)
 		tn.e.SampleOnce(ctx)
 	}
-	waitFor(t, "XID 13 on GPU 1", func() bool {
+	// The PCIe rate needs two of DCGM's samples, which come in the
+	// background on their own clock.
+	waitFor(t, "XID 13 on GPU 1 and a PCIe rate", func() bool {
 		clk.Advance(time.Second)
 		tn.e.SampleOnce(ctx)
-		return len(series(tn.e.Page(), "DCGM_EXP_XID_ERRORS_TOTAL", `gpu="1"`)) > 0
+		p := tn.e.Page()
+		return len(series(p, "DCGM_EXP_XID_ERRORS_TOTAL", `gpu="1"`)) > 0 && len(series(p, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND")) > 0
 	})
 	p := tn.e.Page()
 	total := parseNum(t, value(t, p, "gpu_memory_total_bytes", `gpu="3"`, `gpu_instance=""`))
