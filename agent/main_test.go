@@ -597,3 +597,28 @@ DCGM_FI_DEV_MADE_UP_BY_A_LATER_DCGM, gauge, Not known here.
 		t.Error("the unknown field, or the Hostname label, is on the page")
 	}
 }
+
+// The agent links no simulation and answers no question for people: given
+// the simulated node's flags or one of gpupool's commands, it says where
+// they went (exit 2) and starts nothing.
+func TestAgentSaysWhereTheSimulationAndCommandsWent(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--simulate"}, "gpu-pool-exporter-sim"},
+		{[]string{"--web.listen-address=127.0.0.1:0", "--simulate.scenario=x.yaml"}, "gpu-pool-exporter-sim"},
+		{[]string{"status", "--url=http://localhost:9947"}, "gpupool status"},
+		{[]string{"recommend", "--prometheus=http://p:9090"}, "gpupool recommend"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var errb bytes.Buffer
+			if code := agent.Run(context.Background(), tc.args, io.Discard, &errb, nil); code != exitUsage {
+				t.Fatalf("exit %d, want %d: %s", code, exitUsage, errb.String())
+			}
+			if !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("%q does not say %q", errb.String(), tc.want)
+			}
+		})
+	}
+}
