@@ -114,7 +114,7 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 		s.nodeName = opt.NodeName
 		s.API.Set(NodesPath, []fakeapiserver.Object{{"apiVersion": "v1", "kind": "Node",
 			"metadata": map[string]any{"name": opt.NodeName, "labels": map[string]any{"kubernetes.io/hostname": opt.NodeName}},
-			"status": map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status (simulated)"}}}}})
+			"status":   map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status (simulated)"}}}}})
 		c, err := s.API.Client()
 		if err != nil {
 			return nil, err

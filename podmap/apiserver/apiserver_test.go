@@ -173,12 +173,12 @@ func startCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	args := []string{"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+port,
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--etcd-servers=http://127.0.0.1:"+etcdClient,
-		"--token-auth-file="+tokens, "--authorization-mode=RBAC", "--anonymous-auth=false",
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+keyFile,
-		"--service-account-signing-key-file="+keyFile, "--service-cluster-ip-range=10.0.0.0/24",
+	args := []string{"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + port,
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--etcd-servers=http://127.0.0.1:" + etcdClient,
+		"--token-auth-file=" + tokens, "--authorization-mode=RBAC", "--anonymous-auth=false",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + keyFile,
+		"--service-account-signing-key-file=" + keyFile, "--service-cluster-ip-range=10.0.0.0/24",
 		// No controller manager makes each namespace's default service
 		// account: pods are admitted without one.
 		"--disable-admission-plugins=ServiceAccount",
