@@ -85,7 +85,7 @@ func TestDRAHoldersAndTaints(t *testing.T) {
 				Taints: []podmap.SliceTaint{{Key: "gpu.nvidia.com/xid", Value: "13", Effect: "None"}}},
 		}
 		p = n.step(t, time.Second)
-		if l := series(p, "gpu_dra_device_taint", `gpu="0"`, `key="gpu.nvidia.com/xid"`, `value="48"`, `effect="NoSchedule"`, `device="gpu-0"`); len(l) != 1 {
+		if l := series(p, "gpu_dra_device_taint", `gpu="0"`, `key="gpu.nvidia.com/xid"`, `value="48"`, `effect="NoSchedule"`, `dra_device="gpu-0"`); len(l) != 1 {
 			t.Errorf("GPU 0's taint: %v", series(p, "gpu_dra_device_taint"))
 		}
 		if l := series(p, "gpu_dra_device_taint", `gpu="2"`, `gpu_instance="`+giID+`"`, `effect="None"`); len(l) != 1 {

@@ -91,6 +91,16 @@ var kustomizeCases = []struct {
 		},
 	},
 	{
+		// Both API components: one ClusterRole each, the token once.
+		dir:        "testdata/kustomize-dra-gpu-operator",
+		profile:    gpuOperator,
+		helmValues: []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-dra.yaml"},
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ClusterRole", len(m.clusterRoles), 2)
+			checkPodReader(t, m)
+		},
+	},
+	{
 		dir:        "testdata/kustomize-compat-gke",
 		profile:    gke,
 		helmValues: []string{chartDir + "/values-gke.yaml", "testdata/values-compat.yaml"},

@@ -71,8 +71,8 @@ var (
 	// draTaintDesc is sparse: a series only while a DRA driver has a taint
 	// on a device, so that a healthy node serves none.
 	draTaintDesc = groupDesc(GroupCore, "gpu_dra_device_taint",
-		"1 per taint a DRA driver put on the device in this node's ResourceSlice (its health check's verdict, e.g. NVIDIA's gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost): key, value and effect as on the slice, driver, pool and device the DRA device it was published as. A NoSchedule or NoExecute taint counts the device unhealthy (gpu_devices). Only with --kubernetes.resource-slices; no series while no device is tainted.",
-		append(slices.Clone(deviceLabels), "driver", "pool", "device", "key", "value", "effect"))
+		"1 per taint a DRA driver put on the device in this node's ResourceSlice (its health check's verdict, e.g. NVIDIA's gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost): key, value and effect as on the slice; dra_driver, dra_pool and dra_device the DRA device it was published as. A NoSchedule or NoExecute taint counts the device unhealthy (gpu_devices). Only with --kubernetes.resource-slices; no series while no device is tainted.",
+		append(slices.Clone(deviceLabels), "dra_driver", "dra_pool", "dra_device", "key", "value", "effect"))
 	sampleAgeDesc = groupDesc(GroupCore, "gpu_exporter_sample_age_seconds",
 		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil)
 )

@@ -1,6 +1,9 @@
 // Package apiserver tests the pod metadata watch (podmap.MetaWatcher) and
-// the exporter's pod labels and UIDs against a real kube-apiserver and etcd,
-// on loopback only. `make test-apiserver` builds both once
+// the exporter's pod labels and UIDs, DRA (ResourceClaims and
+// ResourceSlices, device taints, the dcgm-exporter page's dra_* labels) and
+// the node condition (its writes, its RBAC and docs/node-condition.md's
+// ValidatingAdmissionPolicy) against a real kube-apiserver and etcd, on
+// loopback only. `make test-apiserver` builds both once
 // (scripts/apiserver.sh) and runs it; without APISERVER_TOOLS it is skipped,
 // in CI too, as the Thanos suite is.
 package apiserver

@@ -282,11 +282,11 @@ func TestDRAOnARealAPIServer(t *testing.T) {
 		apply(t, admin, resourceSlicesGVR, s)
 	}
 	p = a.waitPage("the taints", func(p page) bool { return len(p.find("gpu_dra_device_taint", nil)) == 2 })
-	if ts := p.find("gpu_dra_device_taint", map[string]string{"gpu": "1", "gpu_instance": "", "device": "gpu-1", "driver": draDriver, "pool": draNode,
+	if ts := p.find("gpu_dra_device_taint", map[string]string{"gpu": "1", "gpu_instance": "", "dra_device": "gpu-1", "dra_driver": draDriver, "dra_pool": draNode,
 		"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule", "uuid": gpu1.UUID}); len(ts) != 1 {
 		t.Errorf("GPU 1's taint: %v", p.find("gpu_dra_device_taint", nil))
 	}
-	if ts := p.find("gpu_dra_device_taint", map[string]string{"gpu": "2", "gpu_instance": giID, "device": migDev, "effect": "None"}); len(ts) != 1 {
+	if ts := p.find("gpu_dra_device_taint", map[string]string{"gpu": "2", "gpu_instance": giID, "dra_device": migDev, "effect": "None"}); len(ts) != 1 {
 		t.Errorf("the MIG device's taint: %v", p.find("gpu_dra_device_taint", nil))
 	}
 	if v, _ := p.value("gpu_devices", map[string]string{"state": "unhealthy"}); v != 1 {
