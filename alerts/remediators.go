@@ -150,20 +150,23 @@ func (r *Remediators) RemediatorsGroup() string {
 		}
 		fmt.Fprintf(&b, "        labels:\n          remediator: %s\n", strconv.Quote(name))
 	}
-	const onGPUNodes = "and on (node)\n  up{job=\"gpu-pool-exporter\"}"
 	for i, m := range r.Remediators {
 		rank := strconv.Itoa(i + 1)
+		// Node-level verdicts: one expression per kind, joined by or, so
+		// that each remediator records one rule (no two rules of one
+		// name and labels).
+		var parts, kinds []string
 		if len(m.Conditions) > 0 {
-			rule("node:gpu_remediator_verdict:rank", fmt.Sprintf("%s (rank %s): node conditions True.", m.Name, rank), fmt.Sprintf(
-				"%s * label_replace(label_replace(\n  group by (node, condition) (kube_node_status_condition{condition=~\"%s\", status=\"true\"} == 1),\n"+
-					"  \"verdict\", \"condition $1\", \"condition\", \"(.+)\"), \"condition\", \"\", \"\", \"\")\n%s",
-				rank, promRegex(m.Conditions), onGPUNodes), m.Name)
+			kinds = append(kinds, "node conditions True")
+			parts = append(parts, fmt.Sprintf("label_replace(label_replace(\n"+
+				"  group by (node, condition) (kube_node_status_condition{condition=~\"%s\", status=\"true\"} == 1),\n"+
+				"  \"verdict\", \"condition $1\", \"condition\", \"(.+)\"), \"condition\", \"\", \"\", \"\")", promRegex(m.Conditions)))
 		}
 		if len(m.Taints) > 0 {
-			rule("node:gpu_remediator_verdict:rank", fmt.Sprintf("%s (rank %s): node taints.", m.Name, rank), fmt.Sprintf(
-				"%s * label_replace(label_replace(\n  group by (node, key) (kube_node_spec_taint{key=~\"%s\"}),\n"+
-					"  \"verdict\", \"taint $1\", \"key\", \"(.+)\"), \"key\", \"\", \"\", \"\")\n%s",
-				rank, promRegex(m.Taints), onGPUNodes), m.Name)
+			kinds = append(kinds, "node taints")
+			parts = append(parts, fmt.Sprintf("label_replace(label_replace(\n"+
+				"  group by (node, key) (kube_node_spec_taint{key=~\"%s\"}),\n"+
+				"  \"verdict\", \"taint $1\", \"key\", \"(.+)\"), \"key\", \"\", \"\", \"\")", promRegex(m.Taints)))
 		}
 		keys := make([]string, 0, len(m.Labels))
 		for k := range m.Labels {
@@ -172,10 +175,24 @@ func (r *Remediators) RemediatorsGroup() string {
 		sort.Strings(keys)
 		for _, k := range keys {
 			l := ksmLabel(k)
-			rule("node:gpu_remediator_verdict:rank", fmt.Sprintf("%s (rank %s): node label %s.", m.Name, rank, k), fmt.Sprintf(
-				"%s * label_replace(label_replace(\n  group by (node, %s) (kube_node_labels{%s=~\"%s\"}),\n"+
-					"  \"verdict\", \"label %s=$1\", \"%s\", \"(.+)\"), \"%s\", \"\", \"\", \"\")\n%s",
-				rank, l, l, promRegex(m.Labels[k]), k, l, l, onGPUNodes), m.Name)
+			kinds = append(kinds, "node label "+k)
+			parts = append(parts, fmt.Sprintf("label_replace(label_replace(\n"+
+				"  group by (node, %s) (kube_node_labels{%s=~\"%s\"}),\n"+
+				"  \"verdict\", \"label %s=$1\", \"%s\", \"(.+)\"), \"%s\", \"\", \"\", \"\")", l, l, promRegex(m.Labels[k]), k, l, l))
+		}
+		if len(parts) > 0 {
+			var e strings.Builder
+			e.WriteString(rank + " * (\n")
+			for pi, part := range parts {
+				if pi > 0 {
+					e.WriteString("  or\n")
+				}
+				for _, l := range strings.Split(part, "\n") {
+					e.WriteString("    " + l + "\n")
+				}
+			}
+			e.WriteString(")\nand on (node)\n  up{job=\"gpu-pool-exporter\"}")
+			rule("node:gpu_remediator_verdict:rank", fmt.Sprintf("%s (rank %s): %s.", m.Name, rank, strings.Join(kinds, ", ")), e.String(), m.Name)
 		}
 		if len(m.DeviceTaints) > 0 {
 			rule("gpu:gpu_remediator_verdict:rank", fmt.Sprintf("%s (rank %s): DRA device taints.", m.Name, rank), fmt.Sprintf(

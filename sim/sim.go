@@ -192,9 +192,7 @@ func (s *Stand) syncAPI() {
 	}
 	s.API.Set(podmap.PodsPath, pods)
 	var slices []fakeapiserver.Object
-	for _, o := range s.Node.DRASlices(s.nodeName) {
-		slices = append(slices, o)
-	}
+	slices = append(slices, s.Node.DRASlices(s.nodeName)...)
 	s.API.Set(podmap.ResourceSlicesPath, slices)
 }
 

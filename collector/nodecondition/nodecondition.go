@@ -38,7 +38,7 @@ import (
 // another.
 const DefaultType = "GPUPoolExporterFault"
 
-// Reason of the condition while no GPU has a fatal fault.
+// ReasonNoFault is the condition's reason while no GPU has a fatal fault.
 const ReasonNoFault = "NoGPUFault"
 
 // maxMessage bounds the condition's message (node-problem-detector and

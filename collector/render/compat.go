@@ -904,7 +904,7 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 		for _, h := range hs {
 			l := r.holderLabels(st, base, h)
 			if r.cfg.DRA {
-				l = r.draLabels(st, g, units, h, l)
+				l = r.draLabels(st, units, h, l)
 			}
 			if !r.cfg.VirtualGPUs {
 				cs.labels = append(cs.labels, l)
@@ -974,7 +974,7 @@ func (r *compatRenderer) draHeld(st *state.State, units []sample.UnitKey, h stat
 // the ResourceSlice; NVML names them here, so a dynamic MIG device, which
 // has no UUID in its slice, has them too). A holder through a device
 // plugin keeps l.
-func (r *compatRenderer) draLabels(st *state.State, g *sample.GPUState, units []sample.UnitKey, h state.Holder, l compatLabels) compatLabels {
+func (r *compatRenderer) draLabels(st *state.State, units []sample.UnitKey, h state.Holder, l compatLabels) compatLabels {
 	for _, k := range units {
 		cs := st.Allocations.Claims[state.HolderOn{Holder: h, Key: k}]
 		if len(cs) == 0 {

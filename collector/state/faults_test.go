@@ -1,6 +1,7 @@
 package state
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -18,17 +19,7 @@ func reasons(fs []Fault) []string {
 	return out
 }
 
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
+func equal(a, b []string) bool { return slices.Equal(a, b) }
 
 // A fatal XID holds until the GPU is seen reset (it stops answering and
 // answers again, or NVML is initialised again), whatever its age; an

@@ -198,37 +198,38 @@ chart's tests render the shipped list and compare).
 {{- if eq $r.name "none" }}
 {{- fail (printf "remediators[%d].name: \"none\" is the label of a fault nobody holds; name the remediator otherwise" $i) }}
 {{- end }}
+{{- $parts := list }}
+{{- $kinds := list }}
 {{- if $r.conditions }}
 {{- $re := list }}{{- range $r.conditions }}{{- $re = append $re (. | regexQuoteMeta | replace "\\" "\\\\") }}{{- end }}
-      # {{ $r.name }} (rank {{ $rank }}): node conditions True.
-      - record: node:gpu_remediator_verdict:rank
-        expr: |
-          {{ $rank }} * label_replace(label_replace(
-            group by (node, condition) (kube_node_status_condition{condition=~"{{ join "|" $re }}", status="true"} == 1),
-            "verdict", "condition $1", "condition", "(.+)"), "condition", "", "", "")
-{{ $gpuNodes }}        labels:
-          remediator: {{ $r.name | quote }}
+{{- $kinds = append $kinds "node conditions True" }}
+{{- $parts = append $parts (printf "label_replace(label_replace(\n  group by (node, condition) (kube_node_status_condition{condition=~\"%s\", status=\"true\"} == 1),\n  \"verdict\", \"condition $1\", \"condition\", \"(.+)\"), \"condition\", \"\", \"\", \"\")" (join "|" $re)) }}
 {{- end }}
 {{- if $r.taints }}
 {{- $re := list }}{{- range $r.taints }}{{- $re = append $re (. | regexQuoteMeta | replace "\\" "\\\\") }}{{- end }}
-      # {{ $r.name }} (rank {{ $rank }}): node taints.
-      - record: node:gpu_remediator_verdict:rank
-        expr: |
-          {{ $rank }} * label_replace(label_replace(
-            group by (node, key) (kube_node_spec_taint{key=~"{{ join "|" $re }}"}),
-            "verdict", "taint $1", "key", "(.+)"), "key", "", "", "")
-{{ $gpuNodes }}        labels:
-          remediator: {{ $r.name | quote }}
+{{- $kinds = append $kinds "node taints" }}
+{{- $parts = append $parts (printf "label_replace(label_replace(\n  group by (node, key) (kube_node_spec_taint{key=~\"%s\"}),\n  \"verdict\", \"taint $1\", \"key\", \"(.+)\"), \"key\", \"\", \"\", \"\")" (join "|" $re)) }}
 {{- end }}
 {{- range $key, $values := $r.labels }}
 {{- $l := printf "label_%s" (regexReplaceAll "[^a-zA-Z0-9_]" $key "_") }}
 {{- $re := list }}{{- range $values }}{{- $re = append $re (. | regexQuoteMeta | replace "\\" "\\\\") }}{{- end }}
-      # {{ $r.name }} (rank {{ $rank }}): node label {{ $key }}.
+{{- $kinds = append $kinds (printf "node label %s" $key) }}
+{{- $parts = append $parts (printf "label_replace(label_replace(\n  group by (node, %s) (kube_node_labels{%s=~\"%s\"}),\n  \"verdict\", \"label %s=$1\", \"%s\", \"(.+)\"), \"%s\", \"\", \"\", \"\")" $l $l (join "|" $re) $key $l $l) }}
+{{- end }}
+{{- if $parts }}
+      # {{ $r.name }} (rank {{ $rank }}): {{ join ", " $kinds }}.
       - record: node:gpu_remediator_verdict:rank
         expr: |
-          {{ $rank }} * label_replace(label_replace(
-            group by (node, {{ $l }}) (kube_node_labels{ {{- $l }}=~"{{ join "|" $re }}"}),
-            "verdict", "label {{ $key }}=$1", "{{ $l }}", "(.+)"), "{{ $l }}", "", "", "")
+          {{ $rank }} * (
+{{- range $pi, $part := $parts }}
+{{- if $pi }}
+            or
+{{- end }}
+{{- range splitList "\n" $part }}
+              {{ . }}
+{{- end }}
+{{- end }}
+          )
 {{ $gpuNodes }}        labels:
           remediator: {{ $r.name | quote }}
 {{- end }}
