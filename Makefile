@@ -98,8 +98,10 @@ bench-rules:
 test-thanos:
 	@thanos="$$(./scripts/thanos.sh)" && THANOS="$$thanos" go test -count=1 -v -timeout 20m -run TestGlobalRulesOnThanos ./alerts/thanos/
 
-## test-apiserver: the pod metadata watch (pod UIDs and labels for --compat.dcgm-exporter.kubernetes-enable-pod-*)
-## against a real kube-apiserver and etcd on loopback, and the exporter's pages with them. Not part of `make test`:
+## test-apiserver: the pod metadata watch (pod UIDs and labels for --compat.dcgm-exporter.kubernetes-enable-pod-*),
+## DRA (claims and ResourceSlices as NVIDIA's DRA driver publishes them, device taints, the dra_* labels) and the
+## node condition (--node-condition, its RBAC and the documented ValidatingAdmissionPolicy) against a real
+## kube-apiserver and etcd on loopback, and the exporter's pages with them. Not part of `make test`:
 ## the first run builds both from their module source into .tools/ (scripts/apiserver.sh, about 25 minutes on two
 ## busy cores); later runs take about a minute.
 test-apiserver:

@@ -234,6 +234,7 @@ var absentOnSimulatedNode = map[string]string{
 	"gpu_xid_last_timestamp_seconds":                      "no XID in the default scenario",
 	"gpu_mig_xid_errors_total":                            "no XID in the default scenario",
 	"gpu_ecc_uncorrected_last_increase_timestamp_seconds": "no ECC error in the default scenario",
+	"gpu_dra_device_taint":                                "only with --kubernetes.resource-slices, while a DRA driver taints a device; the default scenario uses a device plugin",
 }
 
 // TestDocsMetricFamilies compares the metric families of docs/metrics.md (our

@@ -31,6 +31,8 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nodecondition"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/simnode"
 )
 
@@ -360,6 +362,14 @@ func TestREADMEEveryBlockChecked(t *testing.T) {
 		case b.lang == "yaml" && strings.Contains(b.text, "rule_files:"):
 			checkRuleFiles(t, b)
 			by = "this test"
+		case b.file == "docs/node-condition.md" && b.lang == "yaml" && strings.Contains(b.text, "kind: ValidatingAdmissionPolicy\n"):
+			by = "needs an API server: podmap/apiserver.TestNodeConditionAdmissionPolicy (make test-apiserver) applies this block to a real kube-apiserver and writes with the tokens it issues"
+		case b.file == "docs/node-condition.md" && b.lang == "yaml" && strings.Contains(b.text, "kubernetes-object-monitor:"):
+			checkNVSentinelPolicy(t, b)
+			by = "needs NVSentinel; this test: the values parse and the policy's predicate reads the condition type the exporter writes"
+		case b.lang == "yaml" && strings.Contains(b.text, "remediators:"):
+			checkRemediatorsBlock(t, b)
+			by = "this test: the list parses as alerts/remediators.yml does and generates a rules file that parses"
 		case b.lang == "yaml" && strings.Contains(b.text, "route:"):
 			checkAlertmanagerRoute(t, b)
 			by = "this test (an Alertmanager route needs an Alertmanager; its matchers name labels every shipped alert carries alike on vanilla and GMP rules)"
@@ -706,9 +716,62 @@ type alertmanagerRoute struct {
 // routeMatcherRE is one equality matcher of a route: label="value".
 var routeMatcherRE = regexp.MustCompile(`^([a-z_]+)="([^"]*)"$`)
 
+// checkNVSentinelPolicy: NVSentinel's kubernetes-object-monitor values
+// parse, watch Nodes, and the predicate reads the exporter's condition.
+func checkNVSentinelPolicy(t *testing.T, b block) {
+	t.Helper()
+	var v struct {
+		KOM struct {
+			Policies []struct {
+				Name     string `yaml:"name"`
+				Enabled  bool   `yaml:"enabled"`
+				Resource struct {
+					Group   string `yaml:"group"`
+					Version string `yaml:"version"`
+					Kind    string `yaml:"kind"`
+				} `yaml:"resource"`
+				Predicate struct {
+					Expression string `yaml:"expression"`
+				} `yaml:"predicate"`
+				NodeAssociation struct {
+					Expression string `yaml:"expression"`
+				} `yaml:"nodeAssociation"`
+				HealthEvent map[string]any `yaml:"healthEvent"`
+			} `yaml:"policies"`
+		} `yaml:"kubernetes-object-monitor"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(b.text))
+	dec.KnownFields(true)
+	if err := dec.Decode(&v); err != nil || len(v.KOM.Policies) != 1 {
+		t.Fatalf("%s: not NVSentinel's kubernetes-object-monitor values with one policy: %v", b.where(), err)
+	}
+	p := v.KOM.Policies[0]
+	if !p.Enabled || p.Resource.Kind != "Node" || p.Resource.Version != "v1" || !strings.Contains(p.Predicate.Expression, `c.type == "`+nodecondition.DefaultType+`" && c.status == "True"`) {
+		t.Errorf("%s: the policy does not watch Nodes for %s True: %+v", b.where(), nodecondition.DefaultType, p)
+	}
+}
+
+// checkRemediatorsBlock: a remediators list of the docs is one
+// alerts.ParseRemediators takes, and the rules file generated with it
+// parses.
+func checkRemediatorsBlock(t *testing.T, b block) {
+	t.Helper()
+	r, err := alerts.ParseRemediators([]byte(b.text))
+	if err != nil {
+		t.Fatalf("%s: %v", b.where(), err)
+	}
+	src, err := alerts.WithRemediators(alerts.RulesYAML, r)
+	if err != nil {
+		t.Fatalf("%s: %v", b.where(), err)
+	}
+	if _, err := alerts.ParseRules(src); err != nil {
+		t.Fatalf("%s: the rules file with these remediators: %v", b.where(), err)
+	}
+}
+
 // checkAlertmanagerRoute: the route example parses, names only receivers it
-// defines, and matches only on namespace and severity, the labels whose
-// meaning the vanilla and GMP rules share.
+// defines, and matches only on namespace, severity and remediator, the
+// labels whose meaning the vanilla and GMP rules share.
 func checkAlertmanagerRoute(t *testing.T, b block) {
 	t.Helper()
 	var cfg struct {
@@ -733,8 +796,8 @@ func checkAlertmanagerRoute(t *testing.T, b block) {
 		}
 		for _, m := range r.Matchers {
 			sub := routeMatcherRE.FindStringSubmatch(m)
-			if sub == nil || (sub[1] != "namespace" && sub[1] != "severity") {
-				t.Errorf("%s: matcher %q: want namespace=\"...\" or severity=\"...\"", b.where(), m)
+			if sub == nil || (sub[1] != "namespace" && sub[1] != "severity" && sub[1] != "remediator") {
+				t.Errorf("%s: matcher %q: want namespace=\"...\", severity=\"...\" or remediator=\"...\"", b.where(), m)
 			}
 		}
 		for _, c := range r.Routes {

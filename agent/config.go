@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nodecondition"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
@@ -68,6 +70,11 @@ type Config struct {
 	Compat     *render.CompatConfig
 	PodMeta    *podmap.MetaConfig
 	Kubeconfig string
+	// Slices watches this node's DRA ResourceSlices for device taints, and
+	// NodeCondition keeps the node condition (nil: off); both through
+	// Kubeconfig.
+	Slices        *podmap.SliceConfig
+	NodeCondition *nodecondition.Config
 
 	// Simulation is what a Simulation read from its own flags (nil for
 	// the agent).
@@ -148,7 +155,12 @@ type flagValues struct {
 	compatPodLabels      bool
 	compatPodUID         bool
 	compatLabelAllowlist []string
+	compatDRA            bool
 	kubeconfig           string
+
+	resourceSlices    bool
+	nodeCondition     bool
+	nodeConditionType string
 
 	// simulated: a Simulation stands in for the node (its own name then
 	// serves where --node-name is needed).
@@ -188,7 +200,7 @@ func (f *flagValues) check() (*Config, error) {
 		LogLevel: f.logLevel, LogFormat: f.logFormat, NodeName: f.nodeName,
 		NVMLLibrary: f.nvmlLibrary, Sysfs: f.sysfs, KubeletSocketNamed: f.kubeletSocketSet,
 	}
-	for _, check := range []func(*Config) error{f.checkSampling, f.checkWeb, f.checkIdle, f.resolveGroups, f.checkDCGM, f.checkKubelet, f.checkProcs, f.checkCompat} {
+	for _, check := range []func(*Config) error{f.checkSampling, f.checkWeb, f.checkIdle, f.resolveGroups, f.checkDCGM, f.checkKubelet, f.checkProcs, f.checkCompat, f.checkAPIServer} {
 		if err := check(c); err != nil {
 			return nil, err
 		}
@@ -396,6 +408,9 @@ func (f *flagValues) checkProcs(c *Config) error {
 func (f *flagValues) checkCompat(c *Config) error {
 	on := f.compatDCGM || f.compatCollectors != ""
 	podMeta := f.compatPodLabels || f.compatPodUID
+	if f.compatDRA && !on {
+		return InputError{errors.New("--compat.dcgm-exporter.kubernetes-enable-dra labels the DCGM_FI_* families: it needs --compat.dcgm-exporter (the native families name DRA holders in gpu_allocation_info, resource=\"<driver>\")")}
+	}
 	if podMeta && !on {
 		return InputError{errors.New("--compat.dcgm-exporter.kubernetes-enable-pod-labels and -pod-uid label the DCGM_FI_* families: they need --compat.dcgm-exporter (the native families take pod labels from kube-state-metrics' kube_pod_labels in PromQL: docs/pod-mapping.md)")}
 	}
@@ -430,7 +445,7 @@ func (f *flagValues) checkCompat(c *Config) error {
 		}
 	}
 	c.Compat = &render.CompatConfig{Release: rel.Name, Hostname: host, HostnameLabel: f.compatHostnameLabel, VirtualGPUs: f.compatVirtualGPUs,
-		PodUID: f.compatPodUID, PodLabels: f.compatPodLabels, NvidiaResourceNames: resources,
+		PodUID: f.compatPodUID, PodLabels: f.compatPodLabels, DRA: f.compatDRA, NvidiaResourceNames: resources,
 		XIDCountWindow: time.Duration(f.compatXIDWindowMS) * time.Millisecond}
 	if podMeta {
 		if f.nodeName == "" && !f.simulated {
@@ -448,6 +463,38 @@ func (f *flagValues) checkCompat(c *Config) error {
 			return InputError{fmt.Errorf("--compat.dcgm-exporter.collectors (DCGM_EXPORTER_COLLECTORS): %w", err)}
 		}
 		c.Compat.Counters = cs
+	}
+	return nil
+}
+
+// conditionType is what a node condition's type may be: a name, or a
+// prefixed one (example.com/Name), as the API server's own types are.
+var conditionType = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z][A-Za-z0-9_.-]{0,62}$`)
+
+// checkAPIServer: the ResourceSlice watch and the node condition are this
+// node's, so they need its name (a simulated node has its own).
+func (f *flagValues) checkAPIServer(c *Config) error {
+	if !f.resourceSlices && !f.nodeCondition {
+		return nil
+	}
+	if f.nodeName == "" && !f.simulated {
+		var which []string
+		if f.resourceSlices {
+			which = append(which, "--kubernetes.resource-slices watches this node's ResourceSlices")
+		}
+		if f.nodeCondition {
+			which = append(which, "--node-condition writes this node's condition")
+		}
+		return InputError{fmt.Errorf("%s: give --node-name (the chart sets NODE_NAME from spec.nodeName)", strings.Join(which, " and "))}
+	}
+	if f.resourceSlices {
+		c.Slices = &podmap.SliceConfig{NodeName: f.nodeName, Drivers: f.kubelet.ExtraDRADrivers}
+	}
+	if f.nodeCondition {
+		if !conditionType.MatchString(f.nodeConditionType) {
+			return InputError{fmt.Errorf("--node-condition.type=%q: want a condition type such as %s (letters, digits, '_', '.', '-', up to 63, optionally prefixed by a DNS name and '/')", f.nodeConditionType, nodecondition.DefaultType)}
+		}
+		c.NodeCondition = &nodecondition.Config{NodeName: f.nodeName, Type: f.nodeConditionType}
 	}
 	return nil
 }

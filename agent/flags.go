@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/fragmentation"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nodecondition"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/status"
@@ -201,8 +202,16 @@ func addCollectorFlags(app *kingpin.Application, f *flagValues) {
 		Envar("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID").BoolVar(&f.compatPodUID)
 	app.Flag("compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex", "As dcgm-exporter's --kubernetes-pod-label-allowlist-regex (env DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX): only pod labels whose key one of these regular expressions matches (comma-separated, repeatable; unanchored); none: every label.").
 		Envar("DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX").StringsVar(&f.compatLabelAllowlist)
-	app.Flag("kubernetes.kubeconfig", "Kubeconfig of the API server for the pod labels and UIDs (env KUBECONFIG); empty: the pod's in-cluster service account.").
+	app.Flag("compat.dcgm-exporter.kubernetes-enable-dra", "As dcgm-exporter's --kubernetes-enable-dra (env KUBERNETES_ENABLE_DRA as there): a device held through a DRA ResourceClaim gets one DCGM_FI_* series per holder, with the claim's dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name and dra_device_name labels (a MIG device also dra_mig_profile and dra_mig_device_uuid), from the kubelet's PodResources answer; no API server needed.").
+		Envar("KUBERNETES_ENABLE_DRA").BoolVar(&f.compatDRA)
+	app.Flag("kubernetes.kubeconfig", "Kubeconfig of the API server for the pod labels and UIDs, the ResourceSlice watch and the node condition (env KUBECONFIG); empty: the pod's in-cluster service account.").
 		Envar("KUBECONFIG").Default("").StringVar(&f.kubeconfig)
+	app.Flag("kubernetes.resource-slices", "Watch this node's DRA ResourceSlices (resource.k8s.io/v1) on the API server: the taints a DRA driver's health check puts on a device (NVIDIA's gpu.nvidia.com/xid, gpu-lost) are served as gpu_dra_device_taint, and a NoSchedule or NoExecute one counts the device unhealthy. Needs --node-name and RBAC to get, list and watch resourceslices.").
+		BoolVar(&f.resourceSlices)
+	app.Flag("node-condition", "Keep a condition (--node-condition.type) on this node's Node object: True while a GPU has a fatal fault the exporter sees (an XID that needs a reset or a reboot, a GPU lost or hung, row remapping failed, a recovery action), with the GPU, its UUID and the fault in reason and message; False otherwise (docs/deployment.md). Needs --node-name and RBAC to patch nodes/status; off by default: without it the exporter never writes to the API server.").
+		BoolVar(&f.nodeCondition)
+	app.Flag("node-condition.type", "Type of the node condition --node-condition keeps.").
+		Default(nodecondition.DefaultType).StringVar(&f.nodeConditionType)
 }
 
 // addProcsFlags: per-process accounting on shared GPUs.

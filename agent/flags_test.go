@@ -82,7 +82,9 @@ func TestNoFlagIsIgnored(t *testing.T) {
 		"compat.dcgm-exporter.kubernetes-enable-pod-uid":    {with: []string{"--compat.dcgm-exporter", "--node-name=n"}},
 		"compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex": {with: []string{"--compat.dcgm-exporter", "--node-name=n", "--compat.dcgm-exporter.kubernetes-enable-pod-labels"},
 			args: []string{"--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app$"}},
-		"kubernetes.kubeconfig": {args: []string{"--kubernetes.kubeconfig=" + filepath.Join(dir, "kubeconfig")}},
+		"kubernetes.kubeconfig":                      {args: []string{"--kubernetes.kubeconfig=" + filepath.Join(dir, "kubeconfig")}},
+		"compat.dcgm-exporter.kubernetes-enable-dra": {with: []string{"--compat.dcgm-exporter"}},
+		"node-condition.type":                        {with: []string{"--node-condition"}, args: []string{"--node-condition.type=example.com/GPUFault"}},
 	}
 	parse := func(t *testing.T, args []string) *agent.Config {
 		t.Helper()

@@ -260,6 +260,11 @@ func TestInputErrorsExit2(t *testing.T) {
 		{"pod UID without a node name", []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--node-name="}, exitUsage, "give --node-name"},
 		{"pod label allowlist", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-labels", "--compat.dcgm-exporter.kubernetes-pod-label-allowlist-regex=^app$,([bad"}, exitUsage, `"([bad"`},
 		{"kubeconfig missing", []string{"--simulate", "--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-pod-uid", "--kubernetes.kubeconfig=" + filepath.Join(dir, "nope.kubeconfig")}, exitUsage, "--kubernetes.kubeconfig"},
+		{"node condition without a node name", []string{"--node-condition", "--node-name="}, exitUsage, "--node-condition writes this node's condition: give --node-name"},
+		{"resource slices without a node name", []string{"--kubernetes.resource-slices", "--node-name="}, exitUsage, "--kubernetes.resource-slices watches this node's ResourceSlices: give --node-name"},
+		{"node condition type", []string{"--simulate", "--node-condition", "--node-condition.type=GPU Fault"}, exitUsage, `--node-condition.type="GPU Fault"`},
+		{"node condition outside a pod", []string{"--simulate", "--node-condition", "--kubernetes.kubeconfig=" + filepath.Join(dir, "nope.kubeconfig")}, exitUsage, "--kubernetes.kubeconfig"},
+		{"DRA labels without compat", []string{"--simulate", "--compat.dcgm-exporter.kubernetes-enable-dra"}, exitUsage, "it needs --compat.dcgm-exporter"},
 		{"port taken", []string{"--simulate", "--web.listen-address=" + taken.Addr().String()}, exitError, "already in use"},
 		{"no nvml", []string{"--nvml.library=" + filepath.Join(dir, "libnvidia-ml.so.1")}, exitError, "--nvml.library"},
 	} {

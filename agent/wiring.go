@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/common/version"
@@ -60,11 +61,12 @@ func nodeSources(c *Config, sim Simulation, log zerolog.Logger) (collector.Sourc
 	return src, nil
 }
 
-// KubeClient is the API server's client for the pod labels and UIDs: from
-// --kubernetes.kubeconfig, else the pod's service account; nil when they
-// are not asked for.
+// KubeClient is the API server's client for the pod labels and UIDs, the
+// ResourceSlice watch and the node condition: from
+// --kubernetes.kubeconfig, else the pod's service account; nil when none
+// of them is asked for (the exporter then never calls the API server).
 func KubeClient(c *Config) (*kubeapi.Client, error) {
-	if c.PodMeta == nil {
+	if c.PodMeta == nil && c.Slices == nil && c.NodeCondition == nil {
 		return nil, nil
 	}
 	var cfg *kubeapi.Config
@@ -74,10 +76,25 @@ func KubeClient(c *Config) (*kubeapi.Client, error) {
 			return nil, InputError{fmt.Errorf("--kubernetes.kubeconfig=%s: %w", c.Kubeconfig, err)}
 		}
 	} else if cfg, err = kubeapi.InCluster(); err != nil {
-		return nil, fmt.Errorf("pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*) need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", err)
+		return nil, fmt.Errorf("%s need the API server: %w; run in a pod with a service account token (the chart mounts one when they are on), or give --kubernetes.kubeconfig", apiUsers(c), err)
 	}
 	cfg.UserAgent = "gpu-pool-exporter/" + version.Version
 	return kubeapi.New(cfg)
+}
+
+// apiUsers names the features that call the API server.
+func apiUsers(c *Config) string {
+	var out []string
+	if c.PodMeta != nil {
+		out = append(out, "pod labels and UIDs (--compat.dcgm-exporter.kubernetes-enable-pod-*)")
+	}
+	if c.Slices != nil {
+		out = append(out, "the ResourceSlice watch (--kubernetes.resource-slices)")
+	}
+	if c.NodeCondition != nil {
+		out = append(out, "the node condition (--node-condition)")
+	}
+	return strings.Join(out, " and ")
 }
 
 // noNVMLError says which library failed to load, where it was looked for,
@@ -153,6 +170,9 @@ func nodeConfig(c *Config, simulated bool, log zerolog.Logger) collector.NodeCon
 		DCGM:    c.DCGM,
 		Kubelet: c.Kubelet,
 		PodMeta: c.PodMeta,
+		Slices:  c.Slices,
+		// The node condition's writer: nil when off.
+		NodeCondition: c.NodeCondition,
 	}
 	return cfg
 }

@@ -100,7 +100,7 @@ func TestAlertsHaveSeverityAndAnnotations(t *testing.T) {
 			t.Errorf("alert %s is defined twice", a.Alert)
 		}
 		seen[a.Alert] = true
-		if !slices.Contains(severities, a.Labels["severity"]) {
+		if !slices.Contains(severities, a.Labels["severity"]) && a.Labels["severity"] != RemediatorSeverity {
 			t.Errorf("alert %s: labels.severity is %q, want one of %v", a.Alert, a.Labels["severity"], severities)
 		}
 		if strings.TrimSpace(a.Annotations["summary"]) == "" {

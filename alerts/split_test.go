@@ -48,6 +48,7 @@ var nodeObjectMetrics = map[string]bool{
 	"kube_node_labels":             true,
 	"kube_node_spec_unschedulable": true,
 	"kube_node_spec_taint":         true,
+	"kube_node_status_condition":   true,
 	"kube_node_created":            true,
 	"kube_node_deletion_timestamp": true,
 }

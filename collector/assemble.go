@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/dcgm"
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nodecondition"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/nvmlsampler"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/procs"
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/xid"
@@ -31,7 +32,8 @@ type Sources struct {
 	XIDEvents xid.EventSource
 	// KubeletSocket is the kubelet's PodResources socket.
 	KubeletSocket string
-	// Kube is the API server's client, for the pod metadata (nil: none).
+	// Kube is the API server's client, for the pod metadata, the
+	// ResourceSlices and the node condition (nil: none).
 	Kube *kubeapi.Client
 	// Processes names the containers of the processes NVML lists; nil: no
 	// per-process accounting.
@@ -69,6 +71,12 @@ type NodeConfig struct {
 	// PodMeta, when set, watches this node's pods on the API server
 	// (Sources.Kube) for their UIDs and labels.
 	PodMeta *podmap.MetaConfig
+	// Slices, when set, watches this node's DRA ResourceSlices on the API
+	// server (Sources.Kube) for the taints on its devices.
+	Slices *podmap.SliceConfig
+	// NodeCondition, when set, keeps a condition on this node's Node
+	// object (Sources.Kube) while a GPU has a fatal fault.
+	NodeCondition *nodecondition.Config
 	// Stepped: nothing runs in the background; the caller drives every part
 	// through Node.Step on its own clock (alerts/pages, tests).
 	Stepped bool
@@ -79,10 +87,13 @@ type NodeConfig struct {
 type Node struct {
 	Exporter *Exporter
 	Sampler  *nvmlsampler.Sampler
-	XID      *xid.Reader         // nil when XID events are not counted
-	DCGM     *dcgm.Sampler       // nil when DCGM is off
-	Pods     *podmap.Client      // nil when pod mapping is off
-	PodMeta  *podmap.MetaWatcher // nil when pod metadata is off
+	XID      *xid.Reader          // nil when XID events are not counted
+	DCGM     *dcgm.Sampler        // nil when DCGM is off
+	Pods     *podmap.Client       // nil when pod mapping is off
+	PodMeta  *podmap.MetaWatcher  // nil when pod metadata is off
+	Slices   *podmap.SliceWatcher // nil when the ResourceSlice watch is off
+	// NodeCondition writes the node condition; nil when it is off.
+	NodeCondition *nodecondition.Writer
 
 	cfg     NodeConfig
 	src     Sources
@@ -178,6 +189,29 @@ func Assemble(cfg NodeConfig, src Sources) (n *Node, err error) {
 		}
 		ecfg.PodMeta = n.PodMeta
 	}
+	if cfg.Slices != nil {
+		scfg := *cfg.Slices
+		if scfg.Client == nil {
+			scfg.Client = src.Kube
+		}
+		scfg.Logger = cfg.Log.With().Str("component", "draslices").Logger()
+		if n.Slices, err = podmap.NewSliceWatcher(scfg); err != nil {
+			return nil, err
+		}
+		ecfg.Slices = n.Slices
+	}
+	if cfg.NodeCondition != nil {
+		ncfg := *cfg.NodeCondition
+		if ncfg.Client == nil {
+			ncfg.Client = src.Kube
+		}
+		ncfg.Log = cfg.Log.With().Str("component", "nodecondition").Logger()
+		if n.NodeCondition, err = nodecondition.New(ncfg); err != nil {
+			return nil, err
+		}
+		ecfg.OnState = n.NodeCondition.Observe
+		ecfg.Reporters = append(ecfg.Reporters, n.NodeCondition)
+	}
 	if ecfg.PodMapWait == 0 {
 		switch {
 		case n.Pods != nil:
@@ -211,6 +245,12 @@ func (n *Node) Start(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	if n.PodMeta != nil {
 		wg.Go(func() { n.PodMeta.Run(ctx) })
+	}
+	if n.Slices != nil {
+		wg.Go(func() { n.Slices.Run(ctx) })
+	}
+	if n.NodeCondition != nil {
+		wg.Go(func() { n.NodeCondition.Run(ctx) })
 	}
 	wg.Go(func() { n.Exporter.Run(ctx) })
 }

@@ -50,6 +50,14 @@ type Config struct {
 	PodMapWait time.Duration
 	// XID, when set, counts XID events (its Run is the caller's to start).
 	XID *xid.Reader
+	// Slices, when set, gives the devices of this node's DRA
+	// ResourceSlices, whose taints count on the devices they name.
+	Slices state.SliceSource
+	// OnState, when set, is handed each sample's state once it is joined
+	// (the node condition); it must not block.
+	OnState func(*state.State)
+	// Reporters add their status to each sample's collectors.
+	Reporters []state.StatusReporter
 	// DCGM, when set, adds DCGM's profiling fields and health watches.
 	DCGM state.DCGMSource
 	// Derived configures idle allocations, prices and fragmentation; the
@@ -128,7 +136,7 @@ func New(cfg Config, sampler *nvmlsampler.Sampler) (*Exporter, error) {
 		cfg.XID.Counter().KeepEvents(cmp.Or(cfg.Compat.XIDCountWindow, render.DefaultXIDCountWindow))
 	}
 	join, err := state.NewJoiner(state.Config{Log: cfg.Log, Now: cfg.Now, Pods: cfg.Pods, PodMeta: cfg.PodMeta, XID: cfg.XID, DCGM: cfg.DCGM,
-		Processes: cfg.Processes, Derived: cfg.Derived})
+		Processes: cfg.Processes, Derived: cfg.Derived, Slices: cfg.Slices, Reporters: cfg.Reporters})
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +213,9 @@ func (e *Exporter) SampleOnce(ctx context.Context) {
 	e.renderMu.Lock()
 	defer e.renderMu.Unlock()
 	st := e.join.Join(ctx, s, now)
+	if e.cfg.OnState != nil {
+		e.cfg.OnState(st)
+	}
 	p, err := e.render.Render(st)
 	if err != nil {
 		e.cfg.Log.Error().Err(err).Msg("rendering metrics failed; serving the previous page")

@@ -250,6 +250,24 @@ var helmCases = []helmCase{
 		},
 	},
 	{
+		// DRA: the dcgm-exporter page's dra_* labels (no API), the
+		// ResourceSlice watch and the node condition: their flags, the
+		// token, and one ClusterRole each (checkPodReader).
+		name:    "gpu-operator-dra-node-condition",
+		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-node-condition.yaml"},
+		sets:    []string{"exporter.compatKubernetes.enableDRA=true", "exporter.draResourceSlices.enabled=true", "exporter.nodeCondition.type=example.com/GPUFault"},
+		profile: gpuOperator,
+		check: func(t *testing.T, m *manifests) {
+			args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args
+			for _, want := range []string{"--compat.dcgm-exporter", "--compat.dcgm-exporter.kubernetes-enable-dra", "--kubernetes.resource-slices", "--node-condition", "--node-condition.type=example.com/GPUFault"} {
+				if !slices.Contains(args, want) {
+					t.Errorf("%s: exporter args %v lack %s", m.name, args, want)
+				}
+			}
+			wantCount(t, m, "ClusterRole", len(m.clusterRoles), 2)
+		},
+	},
+	{
 		name:    "gpu-operator-secured",
 		values:  []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-secured.yaml"},
 		profile: gpuOperator,
@@ -264,35 +282,62 @@ var helmCases = []helmCase{
 	},
 }
 
-// checkPodReader: with pod labels or UIDs the exporter's service account
-// may get, list and watch pods and nothing else (a ClusterRole bound to it;
-// podmap/apiserver runs the watch with exactly these rules on a real API
-// server) and its token is mounted; without them there is no ClusterRole.
+// checkPodReader: the exporter's service account is granted what its
+// flags call the API server for and nothing else, each as a ClusterRole
+// bound to it (podmap/apiserver runs each with exactly these rules on a
+// real API server): get, list and watch pods with pod labels or UIDs; get,
+// list and watch resourceslices with --kubernetes.resource-slices; patch
+// nodes/status with --node-condition. Its token is mounted when any is
+// on; with none there is no ClusterRole.
 func checkPodReader(t *testing.T, m *manifests) {
 	t.Helper()
 	ds := m.daemonSet(t)
-	podMeta := slices.ContainsFunc(ds.Spec.Template.Spec.Containers[0].Args, func(a string) bool {
-		return strings.HasPrefix(a, "--compat.dcgm-exporter.kubernetes-enable-pod-")
-	})
-	if !podMeta {
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	type grant struct{ group, resource, verbs string }
+	var want []grant
+	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--compat.dcgm-exporter.kubernetes-enable-pod-") }) {
+		want = append(want, grant{"", "pods", "get,list,watch"})
+	}
+	if slices.Contains(args, "--kubernetes.resource-slices") {
+		want = append(want, grant{"resource.k8s.io", "resourceslices", "get,list,watch"})
+	}
+	if slices.Contains(args, "--node-condition") {
+		want = append(want, grant{"", "nodes/status", "patch"})
+	}
+	if len(want) == 0 {
 		if len(m.clusterRoles)+len(m.clusterBindings) != 0 {
-			t.Errorf("%s: a ClusterRole without pod labels or UIDs: the exporter calls no API", m.name)
+			t.Errorf("%s: a ClusterRole without pod labels or UIDs, ResourceSlices or the node condition: the exporter calls no API", m.name)
 		}
 		return
 	}
 	if a := ds.Spec.Template.Spec.AutomountServiceAccountToken; a == nil || !*a {
-		t.Errorf("%s: pod labels or UIDs without the service account token mounted", m.name)
+		t.Errorf("%s: the API server is called (%v) without the service account token mounted", m.name, want)
 	}
-	if len(m.clusterRoles) != 1 || len(m.clusterBindings) != 1 {
-		t.Fatalf("%s: %d ClusterRoles and %d bindings, want one of each", m.name, len(m.clusterRoles), len(m.clusterBindings))
+	if len(m.clusterRoles) != len(want) || len(m.clusterBindings) != len(want) {
+		t.Fatalf("%s: %d ClusterRoles and %d bindings, want %d of each (%v)", m.name, len(m.clusterRoles), len(m.clusterBindings), len(want), want)
 	}
-	rules := m.clusterRoles[0].Rules
-	if len(rules) != 1 || !slices.Equal(rules[0].APIGroups, []string{""}) || !slices.Equal(rules[0].Resources, []string{"pods"}) || !slices.Equal(rules[0].Verbs, []string{"get", "list", "watch"}) {
-		t.Errorf("%s: ClusterRole rules %+v, want get, list and watch on pods alone", m.name, rules)
+	var got []grant
+	for _, r := range m.clusterRoles {
+		if len(r.Rules) != 1 || len(r.Rules[0].APIGroups) != 1 || len(r.Rules[0].Resources) != 1 {
+			t.Errorf("%s: ClusterRole %s rules %+v: want one group and resource each", m.name, r.Name, r.Rules)
+			continue
+		}
+		got = append(got, grant{r.Rules[0].APIGroups[0], r.Rules[0].Resources[0], strings.Join(r.Rules[0].Verbs, ",")})
+		bound := false
+		for _, b := range m.clusterBindings {
+			if b.RoleRef.Name == r.Name && len(b.Subjects) == 1 && b.Subjects[0].Kind == "ServiceAccount" && b.Subjects[0].Name == ds.Spec.Template.Spec.ServiceAccountName && b.Subjects[0].Namespace == namespace {
+				bound = true
+			}
+		}
+		if !bound {
+			t.Errorf("%s: ClusterRole %s is not bound to the exporter's service account alone", m.name, r.Name)
+		}
 	}
-	b := m.clusterBindings[0]
-	if b.RoleRef.Name != m.clusterRoles[0].Name || len(b.Subjects) != 1 || b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != ds.Spec.Template.Spec.ServiceAccountName || b.Subjects[0].Namespace != namespace {
-		t.Errorf("%s: ClusterRoleBinding %+v does not bind the ClusterRole to the exporter's service account", m.name, b)
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("%s: ClusterRoles grant %v, want %v exactly", m.name, got, want)
+			break
+		}
 	}
 }
 

@@ -65,11 +65,11 @@ func checkDaemonSet(t *testing.T, where string, ds *appsv1.DaemonSet, p profile)
 	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
 		errorf("host namespaces are not needed: hostNetwork=%v hostPID=%v hostIPC=%v", spec.HostNetwork, spec.HostPID, spec.HostIPC)
 	}
-	podMeta := len(spec.Containers) > 0 && slices.ContainsFunc(spec.Containers[0].Args, func(a string) bool {
-		return strings.HasPrefix(a, "--compat.dcgm-exporter.kubernetes-enable-pod-")
+	apiOn := len(spec.Containers) > 0 && slices.ContainsFunc(spec.Containers[0].Args, func(a string) bool {
+		return strings.HasPrefix(a, "--compat.dcgm-exporter.kubernetes-enable-pod-") || a == "--kubernetes.resource-slices" || a == "--node-condition"
 	})
-	if !podMeta && (spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken) {
-		errorf("automountServiceAccountToken must be false: the exporter calls the API only for pod labels and UIDs")
+	if !apiOn && (spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken) {
+		errorf("automountServiceAccountToken must be false: the exporter calls the API only for pod labels and UIDs, ResourceSlices and the node condition")
 	}
 	if len(spec.InitContainers) != 0 {
 		errorf("unexpected init containers")

@@ -76,6 +76,31 @@ var kustomizeCases = []struct {
 		},
 	},
 	{
+		// The node-condition component on the Prometheus Operator overlay:
+		// the flag, the token, and the chart's ClusterRole to patch
+		// nodes/status alone.
+		dir:        "testdata/kustomize-node-condition-gpu-operator",
+		profile:    gpuOperator,
+		helmValues: []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-node-condition.yaml"},
+		check: func(t *testing.T, m *manifests) {
+			if args := m.daemonSet(t).Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--node-condition") {
+				t.Errorf("%s: exporter args %v lack --node-condition", m.name, args)
+			}
+			wantCount(t, m, "ClusterRole", len(m.clusterRoles), 1)
+			checkPodReader(t, m)
+		},
+	},
+	{
+		// Both API components: one ClusterRole each, the token once.
+		dir:        "testdata/kustomize-dra-gpu-operator",
+		profile:    gpuOperator,
+		helmValues: []string{chartDir + "/values-gpu-operator.yaml", "testdata/values-dra.yaml"},
+		check: func(t *testing.T, m *manifests) {
+			wantCount(t, m, "ClusterRole", len(m.clusterRoles), 2)
+			checkPodReader(t, m)
+		},
+	},
+	{
 		dir:        "testdata/kustomize-compat-gke",
 		profile:    gke,
 		helmValues: []string{chartDir + "/values-gke.yaml", "testdata/values-compat.yaml"},
@@ -157,7 +182,7 @@ func TestKustomize(t *testing.T) {
 			}
 			for key, doc := range m.raw {
 				tm := metaOf(t, doc)
-				clusterScoped := tm.Kind == "Namespace" || tm.Kind == "ClusterRules"
+				clusterScoped := tm.Kind == "Namespace" || tm.Kind == "ClusterRules" || tm.Kind == "ClusterRole" || tm.Kind == "ClusterRoleBinding"
 				switch {
 				case clusterScoped && tm.Metadata.Namespace != "":
 					t.Errorf("%s: cluster-scoped %s has namespace %q", m.name, key, tm.Metadata.Namespace)

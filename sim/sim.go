@@ -51,9 +51,11 @@ type Options struct {
 	Sysfs bool
 	// Now is the process resolver's clock (nil: time.Now).
 	Now func() time.Time
-	// APIServer serves the node's pods (UIDs, labels) from a fake API
-	// server over HTTP, as running on node NodeName; kept up to date with
-	// the fake kubelet (FollowEvery, Sync).
+	// APIServer serves the node's pods (UIDs, labels), its DRA
+	// ResourceSlices (flavour dra) and its Node object (whose status the
+	// node condition patches) from a fake API server over HTTP, as node
+	// NodeName; pods and slices kept up to date with the fake kubelet
+	// (FollowEvery, Sync).
 	APIServer bool
 	NodeName  string
 }
@@ -107,7 +109,12 @@ func Sources(node *simnode.Node, opt Options) (*Stand, error) {
 	if opt.APIServer {
 		s.API = fakeapiserver.New()
 		s.API.Serve(podmap.PodsPath, "spec.nodeName")
+		s.API.Serve(podmap.ResourceSlicesPath, "spec.nodeName", "spec.driver")
+		s.API.Serve(NodesPath, "metadata.name")
 		s.nodeName = opt.NodeName
+		s.API.Set(NodesPath, []fakeapiserver.Object{{"apiVersion": "v1", "kind": "Node",
+			"metadata": map[string]any{"name": opt.NodeName, "labels": map[string]any{"kubernetes.io/hostname": opt.NodeName}},
+			"status":   map[string]any{"conditions": []any{map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status (simulated)"}}}}})
 		c, err := s.API.Client()
 		if err != nil {
 			return nil, err
@@ -164,8 +171,11 @@ func (s *Stand) Sync() {
 	s.syncAPI()
 }
 
+// NodesPath is the collection of Node objects.
+const NodesPath = "/api/v1/nodes"
+
 // syncAPI makes the fake API server hold the pods that run now, on this
-// node.
+// node, and the node's ResourceSlices as they are now.
 func (s *Stand) syncAPI() {
 	if s.API == nil {
 		return
@@ -181,6 +191,9 @@ func (s *Stand) syncAPI() {
 			"spec":     map[string]any{"nodeName": s.nodeName}})
 	}
 	s.API.Set(podmap.PodsPath, pods)
+	var slices []fakeapiserver.Object
+	slices = append(slices, s.Node.DRASlices(s.nodeName)...)
+	s.API.Set(podmap.ResourceSlicesPath, slices)
 }
 
 func (s *Stand) follow(every time.Duration) {

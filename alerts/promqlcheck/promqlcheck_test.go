@@ -27,6 +27,7 @@ var kubeStateMetrics = []string{
 	"kube_node_deletion_timestamp",
 	"kube_node_spec_taint",
 	"kube_node_spec_unschedulable",
+	"kube_node_status_condition",
 	"kube_node_status_allocatable",
 	"kube_node_status_capacity",
 	"kube_pod_info",

@@ -574,7 +574,7 @@ func prometheusConfig(rules, external string, targets []*node, ksm ksmScrape) st
 	if ksm.nodesOnly {
 		// As docs/sharded.md has it.
 		fmt.Fprintf(&b, "  - job_name: kube-state-metrics-nodes\n    honor_labels: true\n    static_configs:\n      - targets: [%q]\n"+
-			"    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: kube_node_(labels|spec_unschedulable|spec_taint|created|deletion_timestamp)\n        action: keep\n", ksm.addr)
+			"    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: kube_node_(labels|spec_unschedulable|spec_taint|status_condition|created|deletion_timestamp)\n        action: keep\n", ksm.addr)
 	} else {
 		fmt.Fprintf(&b, "  - job_name: kube-state-metrics\n    honor_labels: true\n    static_configs:\n      - targets: [%q]\n", ksm.addr)
 	}

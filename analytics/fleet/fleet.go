@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,12 +19,16 @@ import (
 // The recorded series `fleet` reads. It reads nothing else, so it works
 // wherever the rules run: one Prometheus, Thanos Query, GMP's frontend.
 const (
-	FreeSeries     = "nodepool_zone:gpu_free_devices:sum"
-	GroupSeries    = "nodepool_zone:gpu_free_devices_largest_group:max"
-	FittingSeries  = "nodepool_zone:gpu_fitting_jobs:sum"
-	IdleSeries     = "nodepool_zone:gpu_idle_allocated_devices:sum"
-	IdleCostSeries = "allocation:gpu_idle_cost_dollars_per_hour:share"
-	ReplaceSeries  = "gpu:gpu_replacement_recommended:reason"
+	FreeSeries    = "nodepool_zone:gpu_free_devices:sum"
+	GroupSeries   = "nodepool_zone:gpu_free_devices_largest_group:max"
+	FittingSeries = "nodepool_zone:gpu_fitting_jobs:sum"
+	IdleSeries    = "nodepool_zone:gpu_idle_allocated_devices:sum"
+	// QuarantinedSeries are the devices of nodes a remediator holds (GKE's
+	// XidCriticalError, NVSentinel's quarantine: alerts/remediators.yml),
+	// per remediator; sparse: no series while nobody holds a node.
+	QuarantinedSeries = "nodepool_zone:gpu_quarantined_devices:sum"
+	IdleCostSeries    = "allocation:gpu_idle_cost_dollars_per_hour:share"
+	ReplaceSeries     = "gpu:gpu_replacement_recommended:reason"
 )
 
 // rulesHint says which rules record the capacity series.
@@ -52,6 +57,10 @@ type Capacity struct {
 	IdleAllocated *float64 `json:"idle_allocated,omitempty"`
 	// FittingJobs maps each task shape to how many more jobs of it fit.
 	FittingJobs map[string]float64 `json:"fitting_jobs"`
+	// Quarantined maps each remediator to the units of the nodes it holds:
+	// out of service, in none of the figures above; empty when it holds
+	// none.
+	Quarantined map[string]float64 `json:"quarantined"`
 }
 
 // IdleHolder is one idle holder and what its share of the GPU costs.
@@ -95,7 +104,16 @@ func Read(ctx context.Context, c *promapi.Client, top int) (*Snapshot, error) {
 	f := &Snapshot{Capacity: []Capacity{}, IdleHolders: []IdleHolder{}, Replacements: []Replacement{}}
 	for _, s := range free {
 		k := key(s.Metric)
-		byKey[k] = &Capacity{NodePool: k[0], Zone: k[1], Accelerator: k[2], FreeGPUs: float64(s.Value), FittingJobs: map[string]float64{}}
+		byKey[k] = &Capacity{NodePool: k[0], Zone: k[1], Accelerator: k[2], FreeGPUs: float64(s.Value), FittingJobs: map[string]float64{}, Quarantined: map[string]float64{}}
+	}
+	quarantined, err := c.Vector(ctx, QuarantinedSeries)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range quarantined {
+		if fc := byKey[key(s.Metric)]; fc != nil {
+			fc.Quarantined[label(s.Metric, "remediator")] += float64(s.Value)
+		}
 	}
 	groups, err := c.Vector(ctx, GroupSeries+`{domain="nvlink"}`)
 	if err != nil {
@@ -193,11 +211,11 @@ func Read(ctx context.Context, c *promapi.Client, top int) (*Snapshot, error) {
 // Text prints the fleet as aligned tables.
 func (f *Snapshot) Text(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CAPACITY (free GPUs on schedulable nodes; jobs of each task shape that fit now)")
-	fmt.Fprintln(tw, "NODEPOOL\tZONE\tACCELERATOR\tFREE\tLARGEST GROUP\tIDLE ALLOCATED\tJOBS THAT FIT")
+	fmt.Fprintln(tw, "CAPACITY (free GPUs on schedulable nodes; jobs of each task shape that fit now; GPUs quarantined by a remediator, by remediator)")
+	fmt.Fprintln(tw, "NODEPOOL\tZONE\tACCELERATOR\tFREE\tLARGEST GROUP\tIDLE ALLOCATED\tQUARANTINED\tJOBS THAT FIT")
 	for _, c := range f.Capacity {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.NodePool, c.Zone, c.Accelerator, num(c.FreeGPUs),
-			optNum(c.LargestFreeGroup), optNum(c.IdleAllocated), fitting(c.FittingJobs))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.NodePool, c.Zone, c.Accelerator, num(c.FreeGPUs),
+			optNum(c.LargestFreeGroup), optNum(c.IdleAllocated), quarantinedText(c.Quarantined), fitting(c.FittingJobs))
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "IDLE HOLDERS (the most costly first)")
@@ -227,6 +245,21 @@ func (f *Snapshot) Text(w io.Writer) error {
 }
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// quarantinedText is the units quarantined, in total and by remediator
+// ("4 (gke:3 nvsentinel:1)"), or 0.
+func quarantinedText(m map[string]float64) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	var total float64
+	parts := make([]string, 0, len(m))
+	for _, r := range slices.Sorted(maps.Keys(m)) {
+		total += m[r]
+		parts = append(parts, r+":"+num(m[r]))
+	}
+	return num(total) + " (" + strings.Join(parts, " ") + ")"
+}
 
 func optNum(v *float64) string {
 	if v == nil {

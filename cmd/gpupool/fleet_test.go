@@ -49,6 +49,8 @@ var fleetResults = map[string]string{
 		sample(`"nodepool":"a100","zone":"z-b","accelerator":"nvidia-tesla-a100"`, "0") + "]",
 	fleet.GroupSeries + `{domain="nvlink"}`: "[" + sample(`"nodepool":"a100","zone":"z-a","accelerator":"nvidia-tesla-a100","domain":"nvlink"`, "8") + "]",
 	fleet.IdleSeries:                        "[" + sample(`"nodepool":"a100","zone":"z-b","accelerator":"nvidia-tesla-a100"`, "3") + "]",
+	fleet.QuarantinedSeries: "[" + sample(`"nodepool":"a100","zone":"z-b","accelerator":"nvidia-tesla-a100","remediator":"gke"`, "8") + "," +
+		sample(`"nodepool":"a100","zone":"z-b","accelerator":"nvidia-tesla-a100","remediator":"nvsentinel"`, "4") + "]",
 	fleet.FittingSeries: "[" + sample(`"nodepool":"a100","zone":"z-a","accelerator":"nvidia-tesla-a100","shape":"8"`, "1") + "," +
 		sample(`"nodepool":"a100","zone":"z-a","accelerator":"nvidia-tesla-a100","shape":"mig-1g.10gb"`, "0") + "," +
 		sample(`"nodepool":"a100","zone":"z-a","accelerator":"nvidia-tesla-a100","shape":"2"`, "5") + "]",
@@ -74,8 +76,8 @@ func TestFleetTableAndJSON(t *testing.T) {
 	}
 	text := out.String()
 	for _, want := range []string{
-		"a100      z-a   nvidia-tesla-a100  11    8              -               2:5 8:1 mig-1g.10gb:0",
-		"a100      z-b   nvidia-tesla-a100  0     -              3               -",
+		"a100      z-a   nvidia-tesla-a100  11    8              -               0                        2:5 8:1 mig-1g.10gb:0",
+		"a100      z-b   nvidia-tesla-a100  0     -              3               12 (gke:8 nvsentinel:4)  -",
 		"research   nb-0  main       n1    2    3.67",
 		"n2    5    GPU-x  banks_low, row_remap_failed",
 	} {
@@ -93,7 +95,8 @@ func TestFleetTableAndJSON(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if len(f.Capacity) != 2 || f.Capacity[0].FreeGPUs != 11 || *f.Capacity[0].LargestFreeGroup != 8 || f.Capacity[0].FittingJobs["8"] != 1 ||
-		f.Capacity[1].LargestFreeGroup != nil || *f.Capacity[1].IdleAllocated != 3 {
+		f.Capacity[1].LargestFreeGroup != nil || *f.Capacity[1].IdleAllocated != 3 ||
+		len(f.Capacity[0].Quarantined) != 0 || f.Capacity[1].Quarantined["gke"] != 8 || f.Capacity[1].Quarantined["nvsentinel"] != 4 {
 		t.Errorf("capacity %+v", f.Capacity)
 	}
 	if len(f.IdleHolders) != 1 || f.IdleHolders[0].DollarsPerHour != 3.67 || f.IdleHolders[0].Pod != "nb-0" {

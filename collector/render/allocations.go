@@ -27,7 +27,7 @@ var (
 		"Devices the kubelet can allocate, by resource (GetAllocatableResources). Falls below gpu_healthy_devices when the device plugin loses its devices.",
 		[]string{"resource"})
 	devicesDesc = groupDesc(GroupAllocation, "gpu_devices",
-		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, or a reset pending: rows to remap, pages to retire, a recovery action). free and allocated are absent while the pod map is unknown.",
+		"Schedulable devices (whole GPUs and MIG instances) by state: free, allocated (held by at least one container) or unhealthy (lost by NVML, row remapping failed, a reset pending: rows to remap, pages to retire, a recovery action; or tainted NoSchedule/NoExecute by a DRA driver, gpu_dra_device_taint). free and allocated are absent while the pod map is unknown.",
 		[]string{"state"})
 	healthyDesc = groupDesc(GroupAllocation, "gpu_healthy_devices",
 		"Healthy schedulable devices the exporter sees: whole GPUs not in MIG mode plus the MIG instances of healthy GPUs.", nil)

@@ -46,6 +46,10 @@ type CompatConfig struct {
 	// --kubernetes-enable-pod-uid and --kubernetes-enable-pod-labels: from
 	// the state's PodMeta (the API server's).
 	PodUID, PodLabels bool
+	// DRA, as dcgm-exporter's --kubernetes-enable-dra: a device held
+	// through DRA ResourceClaims gets one series per holder, with the
+	// claim's dra_* labels (draLabels), instead of the device's one.
+	DRA bool
 	// NvidiaResourceNames are, as dcgm-exporter's --nvidia-resource-names,
 	// the device plugin resources besides nvidia.com/gpu and
 	// nvidia.com/mig-* whose holders label the series (nvidia.com/gpu.shared
@@ -561,6 +565,16 @@ func (r *compatRenderer) updateHolders(st *state.State) {
 		if len(hs) == 0 {
 			continue
 		}
+		if r.cfg.DRA {
+			// dcgm-exporter: the holders through DRA claims replace the
+			// device's series, one copy each.
+			if dra := slices.DeleteFunc(slices.Clone(hs), func(h state.Holder) bool {
+				return len(st.Allocations.Claims[state.HolderOn{Holder: h, Key: k}]) == 0
+			}); len(dra) > 0 {
+				r.holders[k] = dra
+				continue
+			}
+		}
 		if r.cfg.VirtualGPUs {
 			r.holders[k] = hs
 			continue
@@ -870,7 +884,7 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 		if d.IsMIG() {
 			units = giUnits(g, d.GPUInstance)
 			hs = giHolders(r.holders, g, d.GPUInstance)
-			if !r.cfg.VirtualGPUs && len(hs) > 1 {
+			if !r.cfg.VirtualGPUs && len(hs) > 1 && !r.draHeld(st, units, hs[0]) {
 				// One series per GPU instance, as for a shared GPU: the
 				// holder of its first compute instance that has one.
 				hs = hs[:1]
@@ -889,6 +903,9 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 		}
 		for _, h := range hs {
 			l := r.holderLabels(st, base, h)
+			if r.cfg.DRA {
+				l = r.draLabels(st, units, h, l)
+			}
 			if !r.cfg.VirtualGPUs {
 				cs.labels = append(cs.labels, l)
 				continue
@@ -924,6 +941,56 @@ func (r *compatRenderer) deviceSeries(st *state.State, g *sample.GPUState) []com
 		out = append(out, cs)
 	}
 	return out
+}
+
+// dcgm-exporter's DRA labels (internal/pkg/transformation/const.go).
+const (
+	draClaimNameLabel      = "dra_claim_name"
+	draClaimNamespaceLabel = "dra_claim_namespace"
+	draDriverNameLabel     = "dra_driver_name"
+	draPoolNameLabel       = "dra_pool_name"
+	draDeviceNameLabel     = "dra_device_name"
+	draMIGProfileLabel     = "dra_mig_profile"
+	draMIGDeviceUUIDLabel  = "dra_mig_device_uuid"
+)
+
+// draHeld says whether h holds one of the units through a DRA claim.
+func (r *compatRenderer) draHeld(st *state.State, units []sample.UnitKey, h state.Holder) bool {
+	if !r.cfg.DRA {
+		return false
+	}
+	for _, k := range units {
+		if len(st.Allocations.Claims[state.HolderOn{Holder: h, Key: k}]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// draLabels adds, to the labels of a holder through a DRA claim, the
+// claim's dra_* labels as dcgm-exporter's --kubernetes-enable-dra does:
+// claim name and namespace, driver, pool and device from the kubelet, and
+// on a MIG device its profile and MIG UUID (dcgm-exporter reads them from
+// the ResourceSlice; NVML names them here, so a dynamic MIG device, which
+// has no UUID in its slice, has them too). A holder through a device
+// plugin keeps l.
+func (r *compatRenderer) draLabels(st *state.State, units []sample.UnitKey, h state.Holder, l compatLabels) compatLabels {
+	for _, k := range units {
+		cs := st.Allocations.Claims[state.HolderOn{Holder: h, Key: k}]
+		if len(cs) == 0 {
+			continue
+		}
+		c := cs[0]
+		l = l.add(draClaimNameLabel, c.ClaimName).add(draClaimNamespaceLabel, c.ClaimNamespace).
+			add(draDriverNameLabel, c.Driver).add(draPoolNameLabel, c.Pool).add(draDeviceNameLabel, c.Device)
+		if k.GPUInstance >= 0 {
+			if m := st.Sample.UnitDevice(k); m != nil {
+				l = l.add(draMIGProfileLabel, m.MIGProfile).add(draMIGDeviceUUIDLabel, m.MIGUUID)
+			}
+		}
+		return l
+	}
+	return l
 }
 
 // holderReplicas are the replicas (time-slicing, MPS) of the units that a
@@ -986,7 +1053,8 @@ const (
 
 // compatLaterLabels are added to a series after the holder's: a pod label of
 // the same name would make the name twice (a page client_golang refuses).
-var compatLaterLabels = []string{"err_code", "err_msg", podUIDLabel, vgpuLabel, xidLabel, xidWindowLabel}
+var compatLaterLabels = []string{"err_code", "err_msg", podUIDLabel, vgpuLabel, xidLabel, xidWindowLabel,
+	draClaimNameLabel, draClaimNamespaceLabel, draDriverNameLabel, draPoolNameLabel, draDeviceNameLabel, draMIGProfileLabel, draMIGDeviceUUIDLabel}
 
 type labelPair struct{ name, value string }
 

@@ -1,6 +1,7 @@
 package render
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,11 @@ var (
 		"GPUs not registered on NVML's event set now: their XIDs are not seen (gpu_xid_events_registered, in the details group, and the landing page say which). All of them while no set is open.", nil)
 	xidUncoveredDesc = groupDesc(GroupDetails, "gpu_exporter_xid_uncovered_seconds_total",
 		"Seconds since the exporter started during which no NVML event set was open: XIDs raised then were not seen. Tells \"no XID\" from \"not listening\".", nil)
+	// draTaintDesc is sparse: a series only while a DRA driver has a taint
+	// on a device, so that a healthy node serves none.
+	draTaintDesc = groupDesc(GroupCore, "gpu_dra_device_taint",
+		"1 per taint a DRA driver put on the device in this node's ResourceSlice (its health check's verdict, e.g. NVIDIA's gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost): key, value and effect as on the slice; dra_driver, dra_pool and dra_device the DRA device it was published as. A NoSchedule or NoExecute taint counts the device unhealthy (gpu_devices). Only with --kubernetes.resource-slices; no series while no device is tainted.",
+		append(slices.Clone(deviceLabels), "dra_driver", "dra_pool", "dra_device", "key", "value", "effect"))
 	sampleAgeDesc = groupDesc(GroupCore, "gpu_exporter_sample_age_seconds",
 		"Age, at render time, of the oldest NVML answer on the page: grows while a GPU's NVML calls hang.", nil)
 )
@@ -186,6 +192,9 @@ func collectState(st *state.State, ch chan<- prometheus.Metric) {
 func collectDevice(d *sample.DeviceState, ch chan<- prometheus.Metric) {
 	lv := labelValues(d)
 	ch <- prometheus.MustNewConstMetric(gpuUpDesc, prometheus.GaugeValue, b2f(d.Up), lv...)
+	for _, t := range d.Taints {
+		ch <- prometheus.MustNewConstMetric(draTaintDesc, prometheus.GaugeValue, 1, append(slices.Clone(lv), t.Driver, t.Pool, t.Device, t.Key, t.Value, t.Effect)...)
+	}
 	for f := sample.Field(0); f < sample.NumFields; f++ {
 		if v, ok := d.Values.Get(f); ok {
 			ch <- prometheus.MustNewConstMetric(fieldDescs[f], fieldSpecs[f].valueType, v, lv...)

@@ -55,6 +55,38 @@ type DeviceState struct {
 	// Processes are the device's processes from NVML's process lists;
 	// Known is false unless process accounting is on.
 	Processes DeviceProcesses
+	// Taints are the device taints a DRA driver put on the device in its
+	// ResourceSlice (its health check's verdict), joined in by the
+	// exporter before anything else reads the sample; nil without the
+	// ResourceSlice watch.
+	Taints []DeviceTaint
+}
+
+// DeviceTaint is a taint on a DRA device (resource.k8s.io/v1
+// DeviceTaint) and the device it was published as.
+type DeviceTaint struct {
+	Key, Value string
+	// Effect is None, NoSchedule or NoExecute.
+	Effect string
+	// Driver, Pool and Device name the DRA device the taint is on.
+	Driver, Pool, Device string
+}
+
+// Blocks reports whether the taint keeps new work off the device: the
+// scheduler places no claim on it (NoSchedule) or evicts its pods
+// (NoExecute). A None taint is informational (the NVIDIA DRA driver's
+// application XIDs, an unmonitored device).
+func (t DeviceTaint) Blocks() bool { return t.Effect == "NoSchedule" || t.Effect == "NoExecute" }
+
+// Quarantined reports whether a DRA driver keeps new work off the device
+// (a taint that blocks it).
+func (d *DeviceState) Quarantined() bool {
+	for _, t := range d.Taints {
+		if t.Blocks() {
+			return true
+		}
+	}
+	return false
 }
 
 // IsMIG reports whether the device is a MIG instance.

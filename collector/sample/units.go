@@ -49,7 +49,7 @@ func (s *NodeSample) Units() []Unit {
 		}
 		for j := range g.MIG {
 			m := &g.MIG[j]
-			out = append(out, Unit{Key: MIGKey(g.GPU, m), Device: m, GPU: g, Healthy: ok && m.Up})
+			out = append(out, Unit{Key: MIGKey(g.GPU, m), Device: m, GPU: g, Healthy: ok && m.Up && !m.Quarantined()})
 		}
 	}
 	return out
@@ -100,11 +100,13 @@ func (s *NodeSample) AnyUp() bool {
 // still be repaired, and no reset is pending. A GPU whose row remapping
 // failed (replace it), or that waits for a reset (rows to remap, pages to
 // retire, an NVML recovery action) is unhealthy: never free capacity, even
-// though NVML answers and pods may still run on it.
+// though NVML answers and pods may still run on it. So is one a DRA driver
+// tainted NoSchedule or NoExecute as a whole GPU (its health check's
+// verdict): the scheduler places no claim on it.
 func (g *GPUState) Healthy() bool {
 	h := &g.Health
 	switch {
-	case !g.Up,
+	case !g.Up, g.Quarantined(),
 		h.RemapFailed.OK && h.RemapFailed.V,
 		h.RemapPending.OK && h.RemapPending.V,
 		h.RetiredPending.OK && h.RetiredPending.V,

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -91,6 +92,16 @@ type Allocations struct {
 	SharedGPUInstance map[sample.UnitKey]bool
 	// Replicas are the replica numbers each holder holds on a shared unit.
 	Replicas map[HolderOn][]int
+	// Claims are the DRA ResourceClaims through which each holder holds a
+	// unit (none for a device plugin's devices).
+	Claims map[HolderOn][]DRAClaim
+}
+
+// DRAClaim is a device of a ResourceClaim, as the kubelet reports it in
+// PodResources' DynamicResources.
+type DRAClaim struct {
+	ClaimName, ClaimNamespace string
+	Driver, Pool, Device      string
 }
 
 // HolderOn is a holder of one unit.
@@ -121,7 +132,8 @@ func inventory(s *sample.NodeSample) *podmap.Inventory {
 // resolveAllocations matches the kubelet's holdings to the sample's devices
 // (units are the sample's).
 func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, units []sample.Unit, now time.Time, unmatchedLog *podmap.UnmatchedLogger) *Allocations {
-	a := &Allocations{ByDevice: map[sample.UnitKey][]Holder{}, Unmatched: map[string]int{}, Shared: map[sample.UnitKey]bool{}, Replicas: map[HolderOn][]int{}}
+	a := &Allocations{ByDevice: map[sample.UnitKey][]Holder{}, Unmatched: map[string]int{}, Shared: map[sample.UnitKey]bool{}, Replicas: map[HolderOn][]int{},
+		Claims: map[HolderOn][]DRAClaim{}}
 	if snap == nil {
 		return a
 	}
@@ -169,7 +181,15 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, units []sam
 		}
 	}
 	matched, unmatched := podmap.Match(snap, inv)
-	add := func(k sample.UnitKey, h Holder) {
+	add := func(k sample.UnitKey, h Holder, dyn *podmap.DynamicRef) {
+		if dyn != nil {
+			c := DRAClaim{ClaimName: validUTF8(dyn.ClaimName), ClaimNamespace: validUTF8(dyn.ClaimNamespace),
+				Driver: validUTF8(dyn.DriverName), Pool: validUTF8(dyn.PoolName), Device: validUTF8(dyn.DeviceName)}
+			on := HolderOn{h, k}
+			if !slices.Contains(a.Claims[on], c) {
+				a.Claims[on] = append(a.Claims[on], c)
+			}
+		}
 		hs := a.ByDevice[k]
 		for _, x := range hs { // two replicas of one GPU in one container are one holder
 			if x == h {
@@ -190,11 +210,11 @@ func resolveAllocations(snap *podmap.Snapshot, s *sample.NodeSample, units []sam
 			// plugin's migStrategy none): its holder holds every
 			// instance, and the devices are only counted per instance.
 			for j := range g.MIG {
-				add(sample.MIGKey(k.GPU, &g.MIG[j]), h)
+				add(sample.MIGKey(k.GPU, &g.MIG[j]), h, m.Dynamic)
 			}
 			continue
 		}
-		add(k, h)
+		add(k, h, m.Dynamic)
 	}
 	for k, hs := range a.ByDevice {
 		sort.Slice(hs, func(i, j int) bool { return holderLess(hs[i], hs[j]) })

@@ -35,6 +35,18 @@ type Config struct {
 	// Derived configures idle allocations, prices and fragmentation; the
 	// zero value uses the defaults.
 	Derived DerivedConfig
+	// Reporters add the status of parts that run beside the sample (the
+	// node condition's writer) to each sample's collectors.
+	Reporters []StatusReporter
+	// Slices, when set, gives the devices of this node's DRA
+	// ResourceSlices: their taints are joined onto the sample's devices.
+	Slices SliceSource
+}
+
+// StatusReporter is a part of the exporter whose health shows as a
+// collector (gpu_exporter_collector_up).
+type StatusReporter interface {
+	CollectorStatus() CollectorStatus
 }
 
 // Joiner joins each sample with the other sources into a State. It
@@ -51,6 +63,8 @@ type Joiner struct {
 	procsWarned bool
 	// procRootDown: the proc root could not be read at the last sample.
 	procRootDown bool
+	// faults remembers the GPU resets that clear fatal XIDs.
+	faults faultTracker
 	// gpuByUUID maps the physical GPUs' UUIDs to their NVML indexes, as of
 	// the last sample: the XIDs DCGM hands over are placed by UUID, as
 	// DCGM's own GPU numbering need not be NVML's.
@@ -117,6 +131,11 @@ func (j *Joiner) Join(ctx context.Context, s *sample.NodeSample, now time.Time) 
 		}
 	}
 	st.ECCUncorrectedGrew = j.ecc.observe(s)
+	if j.cfg.Slices != nil {
+		devs, synced, lastErr := j.cfg.Slices.Devices()
+		joinDeviceTaints(s, devs)
+		st.Collectors = append(st.Collectors, CollectorStatus{Name: "dra_slices", Up: synced && lastErr == ""})
+	}
 	st.Units = s.Units()
 	if j.cfg.Pods != nil {
 		st.Allocations = resolveAllocations(j.cfg.Pods.Snapshot(), s, st.Units, now, j.unmatched)
@@ -133,6 +152,10 @@ func (j *Joiner) Join(ctx context.Context, s *sample.NodeSample, now time.Time) 
 	st.Derived = computeDerived(&j.cfg.Derived, j.idle, s, st.Units, st.Allocations, st.Usage, s.Time)
 	if j.cfg.XID != nil {
 		joinXIDs(st, j.cfg.XID)
+	}
+	st.Faults = j.faults.faults(st)
+	for _, r := range j.cfg.Reporters {
+		st.Collectors = append(st.Collectors, r.CollectorStatus())
 	}
 	return st
 }

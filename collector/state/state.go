@@ -56,6 +56,9 @@ type State struct {
 	// Usage is per-container use from process accounting; nil when off.
 	Usage      *Usage
 	Collectors []CollectorStatus
+	// Faults are the GPUs' fatal faults in this sample (Fault), sorted by
+	// GPU: what the node condition reports.
+	Faults []Fault
 	// LastGood is, per GPU, the time of its last successful read.
 	LastGood []time.Time
 	// LastAnswer is, per GPU, the time NVML last answered at all (a lost

@@ -43,7 +43,7 @@ func overview() *dashboard.DashboardBuilder {
 			series(`sum(clamp_min(sum by (node) (gpu_healthy_devices{`+onNodes+`}) - sum by (node) (gpu_kubelet_allocatable_healthy_devices{`+onNodes+`}), 0)) or vector(0)`, "lost"))).
 		WithPanel(statPanel("Pending GPU pods", "Pods Pending that request nvidia.com/gpu (kube-state-metrics), cluster-wide.", "none", 3, 4, thresholds("green", step{1, "orange"}),
 			series(`count(`+pendingGPUPods+`) or vector(0)`, "pending"))).
-		WithPanel(timeseriesPanel("GPUs by state", "Schedulable units by state, summed over the chosen node pools.", "none", 12, 8, []*prometheus.DataqueryBuilder{
+		WithPanel(timeseriesPanel("GPUs by state", "Schedulable units by state, summed over the chosen node pools: quarantined are those of the nodes a remediator holds (GKE's XidCriticalError, NVSentinel's quarantine: alerts/remediators.yml), in no other state.", "none", 12, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (state) (nodepool:gpu_devices:sum{`+pool+`})`, "{{state}}"),
 		}, stacked)).
 		WithPanel(timeseriesPanel("kubelet allocatable vs healthy, by pool", "What the kubelets advertise against the healthy units: allocatable below healthy means a device plugin lost capacity; above it means time-slicing replicas.", "none", 12, 8, []*prometheus.DataqueryBuilder{
@@ -54,6 +54,7 @@ func overview() *dashboard.DashboardBuilder {
 			column{"Free", "none", `sum by (nodepool) (nodepool:gpu_devices:sum{` + pool + `, state="free"})`},
 			column{"Allocated", "none", `sum by (nodepool) (nodepool:gpu_devices:sum{` + pool + `, state="allocated"})`},
 			column{"Unhealthy", "none", `sum by (nodepool) (nodepool:gpu_devices:sum{` + pool + `, state="unhealthy"})`},
+			column{"Quarantined", "none", `sum by (nodepool) (nodepool:gpu_devices:sum{` + pool + `, state="quarantined"}) or 0 * sum by (nodepool) (nodepool:gpu_devices:sum{` + pool + `})`},
 			column{"Idle allocated", "none", `nodepool:gpu_idle_allocated_devices:sum{` + pool + `}`},
 			column{"Avg utilisation", "percentunit", `nodepool:gpu_utilization_ratio:avg{` + pool + `}`},
 			column{"VRAM used", "percentunit", `nodepool:gpu_memory_used_bytes:sum{` + pool + `} / nodepool:gpu_memory_total_bytes:sum{` + pool + `}`},
@@ -63,7 +64,8 @@ func overview() *dashboard.DashboardBuilder {
 		))
 
 	// Where the next job fits: GPU node pools are zonal and GPUs scarce per
-	// zone. Cordoned nodes add no free capacity.
+	// zone. Cordoned nodes, and nodes a remediator holds, add no free
+	// capacity; the latter show as quarantined.
 	d = d.WithRow(dashboard.NewRowBuilder("Capacity per zone")).
 		WithPanel(timeseriesPanel("Free GPUs by zone and accelerator", "Free schedulable units (whole GPUs and MIG instances) on schedulable nodes, per zone (topology.kubernetes.io/zone) and accelerator.", "none", 12, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (zone, accelerator) (nodepool_zone:gpu_free_devices:sum{`+pool+`})`, "{{zone}} {{accelerator}}"),
@@ -72,12 +74,16 @@ func overview() *dashboard.DashboardBuilder {
 			[]string{"zone", "accelerator", "shape"}, "Jobs that fit",
 			column{"Jobs that fit", "none", `sum by (zone, accelerator, shape) (nodepool_zone:gpu_fitting_jobs:sum{` + pool + `})`},
 		)).
-		WithPanel(tablePanel("Capacity per pool and zone", "Per node pool, zone and accelerator now: free units, the largest free group of whole GPUs in one NVLink domain on one node, and allocated units whose holders are all idle.", 24, 7,
+		WithPanel(tablePanel("Capacity per pool and zone", "Per node pool, zone and accelerator now: free units, the largest free group of whole GPUs in one NVLink domain on one node, allocated units whose holders are all idle, and the units of nodes a remediator holds (quarantined: in none of the others).", 24, 7,
 			[]string{"nodepool", "zone", "accelerator"}, "Free",
 			column{"Free", "none", `nodepool_zone:gpu_free_devices:sum{` + pool + `}`},
 			column{"Largest free NVLink group", "none", `nodepool_zone:gpu_free_devices_largest_group:max{` + pool + `, domain="nvlink"}`},
 			column{"Idle allocated", "none", `nodepool_zone:gpu_idle_allocated_devices:sum{` + pool + `}`},
-		))
+			column{"Quarantined", "none", `sum by (nodepool, zone, accelerator) (nodepool_zone:gpu_quarantined_devices:sum{` + pool + `}) or 0 * nodepool_zone:gpu_free_devices:sum{` + pool + `}`},
+		)).
+		WithPanel(timeseriesPanel("Quarantined GPUs by remediator", "Units of the nodes a remediator holds (alerts/remediators.yml: GKE's XidCriticalError, NVSentinel's conditions, taint and label, node-problem-detector conditions), by remediator and zone: out of service, not free, not idle (a line none at 0 while nobody holds any). A GPU a DRA driver tainted counts as unhealthy instead.", "none", 24, 8, []*prometheus.DataqueryBuilder{
+			series(`sum by (remediator, zone) (nodepool_zone:gpu_quarantined_devices:sum{`+pool+`}) or label_replace(0 * sum by (zone) (nodepool_zone:gpu_free_devices:sum{`+pool+`}), "remediator", "none", "", "")`, "{{remediator}} {{zone}}"),
+		}, stacked))
 
 	// Utilisation.
 	d = d.WithRow(dashboard.NewRowBuilder("Utilisation")).

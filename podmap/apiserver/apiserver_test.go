@@ -1,6 +1,9 @@
 // Package apiserver tests the pod metadata watch (podmap.MetaWatcher) and
-// the exporter's pod labels and UIDs against a real kube-apiserver and etcd,
-// on loopback only. `make test-apiserver` builds both once
+// the exporter's pod labels and UIDs, DRA (ResourceClaims and
+// ResourceSlices, device taints, the dcgm-exporter page's dra_* labels) and
+// the node condition (its writes, its RBAC and docs/node-condition.md's
+// ValidatingAdmissionPolicy) against a real kube-apiserver and etcd, on
+// loopback only. `make test-apiserver` builds both once
 // (scripts/apiserver.sh) and runs it; without APISERVER_TOOLS it is skipped,
 // in CI too, as the Thanos suite is.
 package apiserver
@@ -56,6 +59,11 @@ type cluster struct {
 	url     string
 	dir     string
 	version string
+	// apiserver is the running kube-apiserver (nil while stopped), bin and
+	// args how to start it again.
+	apiserver *exec.Cmd
+	bin       string
+	args      []string
 }
 
 func toolsDir(t *testing.T) string {
@@ -81,9 +89,9 @@ func freePort(t *testing.T) string {
 }
 
 // start runs bin with args until the test ends, its output in dir/name.log.
-func start(t *testing.T, dir, name, bin string, args ...string) {
+func start(t *testing.T, dir, name, bin string, args ...string) *exec.Cmd {
 	t.Helper()
-	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,14 +100,17 @@ func start(t *testing.T, dir, name, bin string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-done
 		logf.Close()
 		if t.Failed() {
 			tail(t, filepath.Join(dir, name+".log"), 30)
 		}
 	})
+	return cmd
 }
 
 func tail(t *testing.T, path string, n int) {
@@ -165,24 +176,49 @@ func startCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	start(t, dir, "kube-apiserver", filepath.Join(tools, "kube-apiserver"),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+port,
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--etcd-servers=http://127.0.0.1:"+etcdClient,
-		"--token-auth-file="+tokens, "--authorization-mode=RBAC", "--anonymous-auth=false",
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+keyFile,
-		"--service-account-signing-key-file="+keyFile, "--service-cluster-ip-range=10.0.0.0/24",
+	args := []string{"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + port,
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--etcd-servers=http://127.0.0.1:" + etcdClient,
+		"--token-auth-file=" + tokens, "--authorization-mode=RBAC", "--anonymous-auth=false",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + keyFile,
+		"--service-account-signing-key-file=" + keyFile, "--service-cluster-ip-range=10.0.0.0/24",
 		// No controller manager makes each namespace's default service
 		// account: pods are admitted without one.
 		"--disable-admission-plugins=ServiceAccount",
 		// Loopback only: the kubernetes Service's endpoint cannot be 127.0.0.1.
-		"--endpoint-reconciler-type=none")
+		"--endpoint-reconciler-type=none"}
 	url := "https://127.0.0.1:" + port
-	waitHTTP(t, url+"/readyz", 3*time.Minute)
-	c := &cluster{url: url, dir: dir}
+	c := &cluster{url: url, dir: dir, bin: filepath.Join(tools, "kube-apiserver"), args: args}
+	c.startAPIServer(t)
 	c.version = c.serverVersion(t)
 	t.Logf("kube-apiserver %s and etcd on loopback (%s)", c.version, url)
 	return c
+}
+
+// startAPIServer starts kube-apiserver (again) and waits until it is
+// ready; its certificates and etcd's data stay from the last run.
+func (c *cluster) startAPIServer(t *testing.T) {
+	t.Helper()
+	c.apiserver = start(t, c.dir, "kube-apiserver", c.bin, c.args...)
+	waitHTTP(t, c.url+"/readyz", 3*time.Minute)
+}
+
+// stopAPIServer kills kube-apiserver: its clients find nobody listening.
+func (c *cluster) stopAPIServer(t *testing.T) {
+	t.Helper()
+	if c.apiserver == nil {
+		return
+	}
+	_ = c.apiserver.Process.Kill()
+	for i := 0; i < 100; i++ {
+		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(c.url, "https://"), 100*time.Millisecond)
+		if err != nil {
+			break
+		}
+		conn.Close()
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.apiserver = nil
 }
 
 func (c *cluster) restConfig(token string) *rest.Config {

@@ -28,7 +28,10 @@ type File struct {
 const (
 	chart    = "deploy/helm/gpu-pool-exporter"
 	rulesSrc = "alerts/" + alerts.RulesFileName
-	gmpSrc   = "alerts/" + alerts.GMPRulesFileName
+	// remediatorsSrc lists the remediators the rules file's generated
+	// group reads.
+	remediatorsSrc = "alerts/" + alerts.RemediatorsFileName
+	gmpSrc         = "alerts/" + alerts.GMPRulesFileName
 )
 
 // owned are the globs whose every file is generated: a file there that Files
@@ -50,7 +53,7 @@ func header(source string) string {
 }
 
 // Files returns every generated file in the order make generate writes
-// them: the GMP rules, the shard and global layers, the promtool tests from
+// them: the rules file's remediators group, the GMP rules, the shard and global layers, the promtool tests from
 // real pages (alerts/pages), the dashboards, the Helm chart's copies, the
 // kustomize rule objects, the built-in copies of dcgm-exporter's default
 // counters files. Its inputs on disk are alerts/gpu-pool-exporter.rules.yml, the
@@ -62,12 +65,25 @@ func Files(root string) ([]File, error) {
 	if err != nil {
 		return nil, err
 	}
+	remData, err := os.ReadFile(filepath.Join(root, remediatorsSrc))
+	if err != nil {
+		return nil, err
+	}
+	rem, err := alerts.ParseRemediators(remData)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", remediatorsSrc, err)
+	}
+	if src, err = alerts.WithRemediators(src, rem); err != nil {
+		return nil, fmt.Errorf("%s: %w", rulesSrc, err)
+	}
 	rf, err := alerts.ParseRules(src)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", rulesSrc, err)
 	}
 	var out []File
 	add := func(p string, b []byte) { out = append(out, File{Path: p, Data: b}) }
+	// The rules file's remediators group, from alerts/remediators.yml.
+	add(rulesSrc, src)
 	rules := map[string][]byte{rulesSrc: src} // alerts/ path -> content
 
 	gmp := alerts.GMPRules(src)

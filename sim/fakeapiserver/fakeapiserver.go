@@ -2,9 +2,14 @@
 // collections of JSON objects served over real HTTP on loopback with the
 // API server's list and watch protocol (resource versions, field
 // selectors on the fields it is given, metadata-only answers,
-// bookmarks, 410 Gone for a version older than its event log). The
-// agent's kubeapi client talks to it as to a real one; the real
-// kube-apiserver runs in podmap/apiserver's tests (make test-apiserver).
+// bookmarks, 410 Gone for a version older than its event log), and the
+// GET and PATCH of a cluster-scoped object and of its status subresource
+// (strategic merge: lists of conditions merged by type, as core/v1 Node
+// declares them; a metadata.resourceVersion in the patch is a
+// precondition, 409 Conflict when stale). Failures can be asked for
+// (Fail: a 409, a 500, a refusal). The agent's kubeapi client talks to it
+// as to a real one; the real kube-apiserver runs in podmap/apiserver's
+// tests (make test-apiserver).
 package fakeapiserver
 
 import (
@@ -59,6 +64,23 @@ type Server struct {
 	closed      bool
 	// Requests counts the requests served, by method and path.
 	requests map[string]int
+	// fail are the answers asked for in place of the next requests.
+	fail []failure
+}
+
+// failure answers the next Times requests of Method to Path with Code.
+type failure struct {
+	method, path string
+	code, times  int
+}
+
+// Fail makes the next times requests of method to path answer code
+// (409: Conflict, 500: InternalError, 403: Forbidden...) instead of
+// being served.
+func (s *Server) Fail(method, path string, code, times int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = append(s.fail, failure{method, path, code, times})
 }
 
 // New starts a server with no collection.
@@ -237,10 +259,25 @@ func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests[r.Method+" "+r.URL.Path]++
+	for i := range s.fail {
+		f := &s.fail[i]
+		if f.times > 0 && f.method == r.Method && f.path == r.URL.Path {
+			f.times--
+			s.mu.Unlock()
+			writeStatus(w, f.code, http.StatusText(f.code), "failure asked for by the test")
+			return
+		}
+	}
 	s.mu.Unlock()
 	switch r.Method {
 	case http.MethodGet:
+		if c, name, _, ok := s.object(r.URL.Path); ok {
+			s.getObject(w, c, name)
+			return
+		}
 		s.get(w, r)
+	case http.MethodPatch:
+		s.patch(w, r)
 	default:
 		writeStatus(w, http.StatusMethodNotAllowed, "MethodNotAllowed", r.Method+" is not served here")
 	}
@@ -407,4 +444,138 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, c *collection, se
 			fl.Flush()
 		}
 	}
+}
+
+// object splits the path of a cluster-scoped object (COLLECTION/NAME) or
+// of its status (COLLECTION/NAME/status) whose collection is served.
+func (s *Server) object(path string) (c *collection, name string, status, ok bool) {
+	p := strings.TrimSuffix(path, "/status")
+	status = p != path
+	i := strings.LastIndexByte(p, '/')
+	if i <= 0 {
+		return nil, "", false, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c = s.collections[p[:i]]
+	return c, p[i+1:], status, c != nil
+}
+
+func (s *Server) getObject(w http.ResponseWriter, c *collection, name string) {
+	s.mu.Lock()
+	o, ok := c.objects["/"+name]
+	if ok {
+		o = clone(o)
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeStatus(w, http.StatusNotFound, "NotFound", name+" not found")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(o)
+}
+
+// Strategic merge patch's content type, the one PATCH served here.
+const strategicMergePatch = "application/strategic-merge-patch+json"
+
+// patch applies a strategic-merge patch to a cluster-scoped object or its
+// status: only status changes through /status, and only the rest without
+// it, as the API server does.
+func (s *Server) patch(w http.ResponseWriter, r *http.Request) {
+	c, name, status, ok := s.object(r.URL.Path)
+	if !ok {
+		writeStatus(w, http.StatusNotFound, "NotFound", "the server could not find the requested resource "+r.URL.Path)
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != strategicMergePatch {
+		writeStatus(w, http.StatusUnsupportedMediaType, "UnsupportedMediaType", "the fake serves "+strategicMergePatch+" only, not "+ct)
+		return
+	}
+	var p Object
+	if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "the patch is not a JSON object: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := "/" + name
+	o, ok := c.objects[k]
+	if !ok {
+		writeStatus(w, http.StatusNotFound, "NotFound", name+" not found")
+		return
+	}
+	md, _ := o["metadata"].(map[string]any)
+	if pmd, _ := p["metadata"].(map[string]any); pmd != nil {
+		if want, ok := pmd["resourceVersion"].(string); ok && want != md["resourceVersion"] {
+			writeStatus(w, http.StatusConflict, "Conflict", "the object has been modified; please apply your changes to the latest version and try again")
+			return
+		}
+	}
+	next := clone(o)
+	for field, v := range p {
+		if field == "metadata" || (field == "status") != status {
+			continue // what the subresource does not write is dropped, as the API server does
+		}
+		next[field] = merge(next[field], v)
+	}
+	if !sameContent(o, next) {
+		s.put(c, "MODIFIED", k, next)
+		s.changed.Broadcast()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(c.objects[k])
+}
+
+// merge is a strategic merge of patch into cur: maps merge key by key
+// (null deletes), a list of objects that all have a "type" merges by it
+// (core/v1's conditions: patchMergeKey type), any other list is replaced.
+func merge(cur, patch any) any {
+	switch p := patch.(type) {
+	case map[string]any:
+		m, _ := cur.(map[string]any)
+		out := map[string]any{}
+		for k, v := range m {
+			out[k] = v
+		}
+		for k, v := range p {
+			if v == nil {
+				delete(out, k)
+				continue
+			}
+			out[k] = merge(out[k], v)
+		}
+		return out
+	case []any:
+		l, _ := cur.([]any)
+		if !byType(p) || !byType(l) {
+			return p
+		}
+		out := append([]any(nil), l...)
+		for _, e := range p {
+			pe := e.(map[string]any)
+			i := slices.IndexFunc(out, func(x any) bool { return x.(map[string]any)["type"] == pe["type"] })
+			if i < 0 {
+				out = append(out, pe)
+			} else {
+				out[i] = merge(out[i], pe)
+			}
+		}
+		return out
+	}
+	return patch
+}
+
+// byType: every element is an object with a string type.
+func byType(l []any) bool {
+	for _, e := range l {
+		m, ok := e.(map[string]any)
+		if !ok {
+			return false
+		}
+		if _, ok := m["type"].(string); !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -43,8 +43,9 @@ func (s *Simulation) AddFlags(app *kingpin.Application) {
 }
 
 // Check reads the scenario and applies the seed: the Config's Simulation
-// is the scenario. Without --node-name the pods watched on the API server
-// are those of the simulated node's own name.
+// is the scenario. Without --node-name the pods and ResourceSlices watched
+// on the API server, and the node whose condition is kept, are the
+// simulated node's own name's.
 func (s *Simulation) Check(c *agent.Config) (any, error) {
 	sc := simnode.DefaultScenario()
 	if s.scenarioFile != "" {
@@ -56,8 +57,16 @@ func (s *Simulation) Check(c *agent.Config) (any, error) {
 	if s.seedSet || sc.Seed == 0 {
 		sc.Seed = s.seed
 	}
-	if c.PodMeta != nil && c.NodeName == "" {
-		c.PodMeta.NodeName = sc.Node.Name
+	if c.NodeName == "" {
+		if c.PodMeta != nil {
+			c.PodMeta.NodeName = sc.Node.Name
+		}
+		if c.Slices != nil {
+			c.Slices.NodeName = sc.Node.Name
+		}
+		if c.NodeCondition != nil {
+			c.NodeCondition.NodeName = sc.Node.Name
+		}
 	}
 	return sc, nil
 }
@@ -75,9 +84,10 @@ func (s *Simulation) Sources(c *agent.Config, log zerolog.Logger) (collector.Sou
 		return collector.Sources{}, agent.NewInputError(fmt.Errorf("--simulate.scenario=%s: %w", s.scenarioFile, err))
 	}
 	log.Warn().Str("model", sc.Node.Model).Int("gpus", sc.Node.Count).Str("flavour", sc.Node.Flavour).Msg("running on a SIMULATED GPU node; no real GPU is read")
-	// The pod labels and UIDs come from the API server a kubeconfig names,
-	// else from the simulated node's own.
-	podMeta := c.PodMeta != nil && c.Kubeconfig == ""
+	// The pod labels and UIDs, the ResourceSlices and the node condition
+	// are the API server's a kubeconfig names, else the simulated node's
+	// own.
+	podMeta := (c.PodMeta != nil || c.Slices != nil || c.NodeCondition != nil) && c.Kubeconfig == ""
 	nodeName := c.NodeName
 	if nodeName == "" {
 		nodeName = sc.Node.Name

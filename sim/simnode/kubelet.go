@@ -59,6 +59,10 @@ func (n *Node) kubeletPodsAt(t time.Duration) []fakekubelet.Pod {
 		}
 		pod := fakekubelet.Pod{Namespace: p.Namespace, Name: p.Name}
 		for _, c := range p.Containers {
+			if n.Scenario.Node.Flavour == "dra" {
+				pod.Containers = append(pod.Containers, fakekubelet.Container{Name: c.Name, Dynamic: n.draResources(p.Namespace, p.Name, c)})
+				continue
+			}
 			byRes := map[string][]string{}
 			var order []string
 			for _, d := range c.Devices {
@@ -83,6 +87,11 @@ func (n *Node) kubeletPodsAt(t time.Duration) []fakekubelet.Pod {
 // device the device plugin advertises, unless a devicePlugin fault cuts it.
 func (n *Node) KubeletAllocatable() map[string][]string {
 	out := map[string][]string{}
+	if n.Scenario.Node.Flavour == "dra" {
+		// DRA devices are published in ResourceSlices, not allocatable
+		// through a device plugin.
+		return out
+	}
 	for i, dev := range n.devices {
 		switch {
 		case len(dev.migs) > 0:

@@ -50,8 +50,13 @@ type NodeSpec struct {
 	DriverVersion     string `yaml:"driverVersion"`
 	CUDADriverVersion string `yaml:"cudaDriverVersion"`
 	// Flavour is the device plugin whose device IDs the kubelet reports:
-	// "nvidia" (GPU-/MIG- UUIDs, nvidia.com/gpu.shared, nvidia.com/mig-*) or
-	// "gke" (nvidiaN, nvidiaN/vgpuK, nvidiaN/giM, all nvidia.com/gpu).
+	// "nvidia" (GPU-/MIG- UUIDs, nvidia.com/gpu.shared, nvidia.com/mig-*),
+	// "gke" (nvidiaN, nvidiaN/vgpuK, nvidiaN/giM, all nvidia.com/gpu) or
+	// "dra" (NVIDIA's DRA driver, gpu.nvidia.com: ResourceClaims in
+	// DynamicResources, devices gpu-<minor> and
+	// gpu-<minor>-mig-<profile>-<profile id>-<placement start>, published
+	// in a ResourceSlice of the node's pool; a time-sliced GPU is one claim
+	// its pods share).
 	Flavour string `yaml:"flavour"`
 	// MinorNumbers, when set, gives each GPU's NVML minor number (default:
 	// its index). Real nodes need not number /dev/nvidiaN in index order.
@@ -174,6 +179,17 @@ type FaultSpec struct {
 	// DCGMHealth makes DCGM's health watch of one subsystem report warn or
 	// fail for the GPU (a whole GPU: DCGM's health is per GPU).
 	DCGMHealth *DCGMHealthFault `yaml:"dcgmHealth"`
+	// DRATaint puts a device taint on the GPU's device (or, with MIG, the
+	// MIG device's) in the node's ResourceSlice, as the NVIDIA DRA
+	// driver's health check does (flavour dra).
+	DRATaint *DRATaintFault `yaml:"draTaint"`
+}
+
+// DRATaintFault is a device taint (resource.k8s.io/v1 DeviceTaint).
+type DRATaintFault struct {
+	Key    string `yaml:"key"`
+	Value  string `yaml:"value"`
+	Effect string `yaml:"effect"`
 }
 
 // DCGMHealthFault is one DCGM health watch result.
@@ -654,9 +670,9 @@ func (s *Scenario) validate() error {
 		return s.errorAt([]any{"node", "count"}, "%d GPUs: a node has 1 to 64", s.Node.Count)
 	}
 	switch s.Node.Flavour {
-	case "nvidia", "gke":
+	case "nvidia", "gke", "dra":
 	default:
-		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia or gke", s.Node.Flavour)
+		return s.errorAt([]any{"node", "flavour"}, "unknown flavour %q: nvidia, gke or dra", s.Node.Flavour)
 	}
 	for i, f := range s.Node.Unsupported {
 		switch f {
@@ -914,13 +930,13 @@ func describeUnit(u heldUnit) string {
 
 func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 	kinds := 0
-	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset, f.DCGMHealth != nil} {
+	for _, set := range []bool{f.XID != 0, f.ECC != nil, f.Lost, f.Hang, len(f.Throttle) > 0, f.Remap != nil, f.RecoveryAction != "", f.DevicePlugin != nil, f.Reset, f.DCGMHealth != nil, f.DRATaint != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset, dcgmHealth (found %d)", kinds)
+		return s.errorAt(p, "a fault names exactly one of xid, ecc, lost, hang, throttle, remap, recoveryAction, devicePlugin, reset, dcgmHealth, draTaint (found %d)", kinds)
 	}
 	if f.Until != 0 && f.Until <= f.At {
 		return s.errorAt(append(p, "until"), "until (%s) must come after at (%s)", time.Duration(f.Until), time.Duration(f.At))
@@ -948,10 +964,25 @@ func (s *Scenario) validateFault(f FaultSpec, p []any) error {
 			return s.errorAt(append(p, "dcgmHealth", "result"), "result %q: give warn or fail (a pass is the fault's end: until)", h.Result)
 		}
 	}
+	if t := f.DRATaint; t != nil {
+		if s.Node.Flavour != "dra" {
+			return s.errorAt(append(p, "draTaint"), "a DRA device taint needs node.flavour: dra (the ResourceSlice it is on)")
+		}
+		if t.Key == "" {
+			return s.errorAt(append(p, "draTaint", "key"), "a taint needs a key, e.g. gpu.nvidia.com/xid")
+		}
+		if t.Effect != "None" && t.Effect != "NoSchedule" && t.Effect != "NoExecute" {
+			return s.errorAt(append(p, "draTaint", "effect"), "effect %q: None, NoSchedule or NoExecute", t.Effect)
+		}
+	}
 	if f.XID < 0 || f.XID > 10000 {
 		return s.errorAt(append(p, "xid"), "%d is not an XID code", f.XID)
 	}
-	if f.MIG != nil && (f.XID == 0 || *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU)) {
+	if f.MIG != nil && f.DRATaint != nil {
+		if *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU) {
+			return s.errorAt(append(p, "mig"), "mig %d: GPU %d has %d MIG devices", *f.MIG, *f.GPU, s.migCount(*f.GPU))
+		}
+	} else if f.MIG != nil && (f.XID == 0 || *f.MIG < 0 || *f.MIG >= s.migCount(*f.GPU)) {
 		return s.errorAt(append(p, "mig"), "mig %d: an XID fault may name one of GPU %d's %d MIG devices", *f.MIG, *f.GPU, s.migCount(*f.GPU))
 	}
 	if f.Count < 0 || f.Count > 1000 || (f.Count == 0 && s.has(append(p, "count"))) {
