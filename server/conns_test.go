@@ -144,6 +144,14 @@ func TestConnectionCap(t *testing.T) {
 	// New scrapes get through while the slow clients keep coming.
 	scraper := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DialContext: scraperDialer.DialContext, DisableKeepAlives: true}}
 	for i := 0; i < 3; i++ {
+		// The scraper's last connection is gone first: the server closes
+		// it after the answer the client already holds, and while it
+		// counts the scraper's address holds two.
+		waitUntil(t, "the scraper's last connection to be closed", func() bool {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			return tr.byAddr["127.0.0.2"] == 0
+		})
 		slowFrom("127.0.0.1")
 		slowFrom(fmt.Sprintf("127.0.2.%d", i+1))
 		code, body := get(t, scraper, "http://"+l.Addr().String()+"/", "", "")
