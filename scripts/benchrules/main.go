@@ -91,6 +91,7 @@ type config struct {
 	keep                  bool
 	top                   int
 	baseline              bool
+	budget                float64 // percent of the interval; 0: none
 	profile               string
 }
 
@@ -115,6 +116,7 @@ func main() {
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
 	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
 	flag.BoolVar(&cfg.baseline, "cpu-baseline", true, "after the measured cycles, reload Prometheus without the rules and measure its CPU for as long again: the difference is the rules' CPU")
+	flag.Float64Var(&cfg.budget, "budget", 0, "fail (exit 1) unless the rules' evaluation per cycle (wall) and their CPU per cycle each stay within this percentage of the interval (0: report only)")
 	flag.Parse()
 	if err := cfg.check(); err != nil {
 		fmt.Fprintf(os.Stderr, "bench-rules: %v\n", err)
@@ -151,6 +153,10 @@ func (c *config) check() error {
 		return fmt.Errorf("-shard-nodes %d: want at least 1", c.shardNodes)
 	case len(c.rules) == 0:
 		return errors.New("no -rules: name the rule files to measure, e.g. -rules alerts/gpu-pool-exporter.rules.yml")
+	case c.budget < 0 || c.budget > 100:
+		return fmt.Errorf("-budget %g: want a percentage of the interval, 0 (none) to 100", c.budget)
+	case c.budget > 0 && !c.baseline:
+		return errors.New("-budget checks the rules' CPU too, which the CPU baseline measures: drop -cpu-baseline=false")
 	case (c.exporter == "") == (c.page == ""):
 		return errors.New("give exactly one of -exporter (a built gpu-pool-exporter) and -page (a saved /metrics page)")
 	}
@@ -293,7 +299,44 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
 		cpu.measured = true
 	}
-	report(out, cfg, prom.version, head, fleet, samples, cpu)
+	sum := report(out, cfg, prom.version, head, fleet, samples, cpu)
+	return checkBudget(out, cfg, sum)
+}
+
+// costSummary is a run's bottom line: the rules' evaluation per cycle
+// (wall) and their CPU per cycle (with the rules less without them),
+// in seconds.
+type costSummary struct {
+	evalPerCycle, cpuPerCycle float64
+	cpuMeasured               bool
+}
+
+// checkBudget prints each figure against -budget (a percentage of the
+// interval) and fails if one is over it.
+func checkBudget(out io.Writer, cfg config, s costSummary) error {
+	if cfg.budget <= 0 {
+		return nil
+	}
+	limit := cfg.budget / 100 * cfg.interval.Seconds()
+	var over []string
+	fmt.Fprintf(out, "\nBudget: %g%% of %s (%s) per cycle, by wall time and by rule CPU:\n\n| figure | per cycle | share of %s | within %g%% |\n|---|---:|---:|---|\n",
+		cfg.budget, cfg.interval, ms(limit), cfg.interval, cfg.budget)
+	check := func(name string, v float64) {
+		ok := v <= limit
+		verdict := "yes"
+		if !ok {
+			verdict = "NO"
+			over = append(over, fmt.Sprintf("%s %s (%.1f%%)", name, ms(v), 100*v/cfg.interval.Seconds()))
+		}
+		fmt.Fprintf(out, "| %s | %s | %.1f%% | %s |\n", name, ms(v), 100*v/cfg.interval.Seconds(), verdict)
+	}
+	check("rule evaluation (wall)", s.evalPerCycle)
+	if s.cpuMeasured {
+		check("rule CPU", s.cpuPerCycle)
+	}
+	if len(over) > 0 {
+		return fmt.Errorf("over the budget of %g%% of %s (%s): %s", cfg.budget, cfg.interval, ms(limit), strings.Join(over, ", "))
+	}
 	return nil
 }
 
@@ -540,8 +583,10 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 	if len(holders) == 0 {
 		return nil, errors.New("node page has no gpu_allocation_info: the kube-state-metrics pods follow its holders")
 	}
-	// An old XID on every tenth node, in the exporter's shape, so that the
-	// XID rules read series: application XID 13, three times, two hours ago.
+	// An old XID on every tenth node, in the exporter's shape (the counter,
+	// the first and last event times per code, the last per GPU), so that
+	// the XID rules read series: application XID 13, three times, from
+	// three to two hours ago.
 	xidLines := ""
 	if firstUUID != "" {
 		uuid := firstUUID
@@ -550,8 +595,12 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 		}
 		uuid = uuid[:4] + "@IDX@" + uuid[12:] // the node index goes where the page's UUIDs get it
 		old := strconv.FormatInt(start.Add(-2*time.Hour).Unix(), 10)
-		xidLines = fmt.Sprintf("gpu_xid_errors_total{action=\"restart_app\",category=\"application\",gpu=\"0\",uuid=\"%s\",xid=\"13\"} 3\n"+
-			"gpu_last_xid_timestamp_seconds{gpu=\"0\",uuid=\"%s\"} %s\n", uuid, uuid, old)
+		first := strconv.FormatInt(start.Add(-3*time.Hour).Unix(), 10)
+		xid := `action="restart_app",category="application",gpu="0",uuid="` + uuid + `",xid="13"`
+		xidLines = "gpu_xid_errors_total{" + xid + "} 3\n" +
+			"gpu_xid_first_timestamp_seconds{" + xid + "} " + first + "\n" +
+			"gpu_xid_last_timestamp_seconds{" + xid + "} " + old + "\n" +
+			`gpu_last_xid_timestamp_seconds{gpu="0",uuid="` + uuid + `"} ` + old + "\n"
 	}
 	emit(segEnd, xidLines)
 
@@ -617,7 +666,29 @@ func newFleet(page []byte, n, pools, pending int, start time.Time) (*fleet, erro
 	return f, nil
 }
 
-// writeNodeObject writes kube-state-metrics' series of node i's Node object.
+// The node objects' states, one node in every so many: a node the cluster
+// autoscaler is removing (its ToBeDeletedByClusterAutoscaler taint), one
+// cordoned, and one a remediator holds (GKE's XidCriticalError condition),
+// so that the rules about departing, cordoned and quarantined nodes read
+// series as in a big fleet, where some nodes always are.
+const (
+	leavingEvery     = 200
+	cordonedEvery    = 100
+	quarantinedEvery = 100
+)
+
+// nodeConditions are the node conditions every kubelet reports, and the
+// value of each for a healthy node (kube-state-metrics serves one series
+// per condition and status, the true one 1).
+var nodeConditions = []struct{ condition, status string }{
+	{"Ready", "true"}, {"MemoryPressure", "false"}, {"DiskPressure", "false"},
+	{"PIDPressure", "false"}, {"NetworkUnavailable", "false"},
+}
+
+// writeNodeObject writes kube-state-metrics' series of node i's Node object:
+// its labels (pool, accelerator, zone), info, capacity and allocatable,
+// cordon, creation time, taints (GKE's nvidia.com/gpu on every GPU node) and
+// conditions.
 func writeNodeObject(ksm *bytes.Buffer, i, pools int) {
 	node := nodeName(i)
 	fmt.Fprintf(ksm, "kube_node_labels{node=%q,label_cloud_google_com_gke_nodepool=%q,label_cloud_google_com_gke_accelerator=\"nvidia-h100-80gb\",label_cloud_google_com_gke_accelerator_count=\"8\",label_topology_kubernetes_io_zone=%q} 1\n", node, benchPool(i%pools), benchZone(i%pools))
@@ -626,6 +697,30 @@ func writeNodeObject(ksm *bytes.Buffer, i, pools int) {
 		fmt.Fprintf(ksm, "%s{node=%q,resource=\"cpu\",unit=\"core\"} 208\n", kind, node)
 		fmt.Fprintf(ksm, "%s{node=%q,resource=\"memory\",unit=\"byte\"} 1.9e+12\n", kind, node)
 		fmt.Fprintf(ksm, "%s{node=%q,resource=\"nvidia_com_gpu\",unit=\"integer\"} 8\n", kind, node)
+	}
+	cordoned := 0
+	if i%cordonedEvery == cordonedEvery/2 {
+		cordoned = 1
+	}
+	fmt.Fprintf(ksm, "kube_node_spec_unschedulable{node=%q} %d\n", node, cordoned)
+	// Created a day ago (a fixed time: the page is rendered once).
+	fmt.Fprintf(ksm, "kube_node_created{node=%q} %d\n", node, time.Now().Add(-24*time.Hour).Unix())
+	fmt.Fprintf(ksm, "kube_node_spec_taint{node=%q,key=\"nvidia.com/gpu\",value=\"present\",effect=\"NoSchedule\"} 1\n", node)
+	if i%leavingEvery == leavingEvery/2 {
+		fmt.Fprintf(ksm, "kube_node_spec_taint{node=%q,key=\"ToBeDeletedByClusterAutoscaler\",value=\"1700000000\",effect=\"NoSchedule\"} 1\n", node)
+	}
+	conditions := nodeConditions
+	if i%quarantinedEvery == quarantinedEvery/4 {
+		conditions = append(slices.Clone(conditions), struct{ condition, status string }{"XidCriticalError", "true"})
+	}
+	for _, c := range conditions {
+		for _, status := range []string{"true", "false", "unknown"} {
+			v := 0
+			if status == c.status {
+				v = 1
+			}
+			fmt.Fprintf(ksm, "kube_node_status_condition{node=%q,condition=%q,status=%q} %d\n", node, c.condition, status, v)
+		}
 	}
 }
 
@@ -1118,7 +1213,7 @@ func perCycle(eval float64, groupInterval, cycle time.Duration) float64 {
 	return eval * cycle.Seconds() / groupInterval.Seconds()
 }
 
-func report(out io.Writer, cfg config, version string, head int, f *fleet, evals map[groupKey][]groupReading, cpu cpuFigures) {
+func report(out io.Writer, cfg config, version string, head int, f *fleet, evals map[groupKey][]groupReading, cpu cpuFigures) costSummary {
 	keys := make([]groupKey, 0, len(evals))
 	for k := range evals {
 		keys = append(keys, k)
@@ -1200,9 +1295,11 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 	tw.Flush()
 
 	cpuCol, cpuNode := "-", "-"
+	sum := costSummary{evalPerCycle: total, cpuMeasured: cpu.measured}
 	if cpu.measured {
 		// Rule CPU per evaluation cycle: the extra cores times the interval.
 		perCycle := (cpu.withRules - cpu.without) * cfg.interval.Seconds()
+		sum.cpuPerCycle = perCycle
 		cpuCol = fmt.Sprintf("%s (%.2f of %.2f cores)", ms(perCycle), cpu.withRules-cpu.without, cpu.withRules)
 		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
 	}
@@ -1210,4 +1307,5 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s |\n", cfg.nodes, head, ms(total),
 		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode)
+	return sum
 }

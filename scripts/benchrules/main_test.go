@@ -72,8 +72,9 @@ func TestFleetPagesAreDistinctNodes(t *testing.T) {
 	}
 	a, b := get(t, f, "/node/0/metrics"), get(t, f, "/node/7/metrics")
 	pa, pb := parse(t, a), parse(t, b)
-	// Node 0 carries the two XID families besides the page's.
-	if len(pa) != len(pb)+2 || len(pa["gpu_up"].series) != len(pb["gpu_up"].series) {
+	// Node 0 carries the four XID families besides the page's (the
+	// counter, its first and last event times, the last per GPU).
+	if len(pa) != len(pb)+4 || len(pa["gpu_up"].series) != len(pb["gpu_up"].series) {
 		t.Fatalf("nodes serve different families: %d and %d", len(pa), len(pb))
 	}
 	want := 0
@@ -391,5 +392,45 @@ func TestClusterNodesAddNodeObjectsOnly(t *testing.T) {
 	}
 	if len(f.nodes) != 20 {
 		t.Errorf("%d exporter targets, want the fleet's 20", len(f.nodes))
+	}
+}
+
+// The budget: each figure against a percentage of the interval, the run
+// failing when one is over it, and naming which.
+func TestBudgetChecksWallAndRuleCPU(t *testing.T) {
+	cfg := config{interval: 15 * time.Second, budget: 7}
+	for _, tc := range []struct {
+		name string
+		sum  costSummary
+		over []string // figures the error names; none: within
+	}{
+		{"both within", costSummary{evalPerCycle: 1.0, cpuPerCycle: 1.05, cpuMeasured: true}, nil},
+		{"wall over", costSummary{evalPerCycle: 1.06, cpuPerCycle: 0.5, cpuMeasured: true}, []string{"rule evaluation (wall) 1060.0 ms (7.1%)"}},
+		{"CPU over", costSummary{evalPerCycle: 0.5, cpuPerCycle: 1.2, cpuMeasured: true}, []string{"rule CPU 1200.0 ms (8.0%)"}},
+		{"both over", costSummary{evalPerCycle: 2, cpuPerCycle: 3, cpuMeasured: true}, []string{"rule evaluation (wall)", "rule CPU"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			err := checkBudget(&b, cfg, tc.sum)
+			if (err != nil) != (len(tc.over) > 0) {
+				t.Fatalf("error %v, want over for %v\n%s", err, tc.over, b.String())
+			}
+			for _, o := range tc.over {
+				if !strings.Contains(err.Error(), o) {
+					t.Errorf("error %q does not name %q", err, o)
+				}
+			}
+			if !strings.Contains(b.String(), "| rule CPU |") || !strings.Contains(b.String(), "Budget: 7% of 15s (1050.0 ms)") {
+				t.Errorf("budget table:\n%s", b.String())
+			}
+		})
+	}
+	var b strings.Builder
+	if err := checkBudget(&b, config{interval: 15 * time.Second}, costSummary{evalPerCycle: 100}); err != nil || b.Len() != 0 {
+		t.Errorf("no -budget: %v, printed %q; want nothing checked", err, b.String())
+	}
+	bad := config{nodes: 1, interval: 15 * time.Second, cycles: 1, shardNodes: 1000, rules: ruleFiles{"x"}, page: "p", budget: 5}
+	if err := bad.check(); err == nil || !strings.Contains(err.Error(), "cpu-baseline") {
+		t.Errorf("-budget without the CPU baseline: %v, want an error naming -cpu-baseline", err)
 	}
 }
