@@ -23,16 +23,22 @@ import (
 // and can evict its cached login. Here credentials accepted before skip
 // bcrypt, a client address that keeps failing is refused before bcrypt
 // runs, and bcrypt work waits in a bounded queue that serves first the
-// attempts whose networks and user name have asked least. The toolkit
+// attempts whose networks and user name have asked least, and keeps one
+// slot from a flood for a first login from a quiet network. The toolkit
 // still serves TLS, HTTP/2 and the configured headers (webconfig.go).
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
-// never wait for a bcrypt slot. A slot that frees goes to the waiting
-// attempt of the lowest rank (the loads of its networks and user name, and
-// a penalty for an address that keeps failing), the oldest of equals; a
-// full queue makes room for an attempt of lower rank than its highest by
-// refusing that one (the newest of equals).
+// never wait for a bcrypt slot. Attempts that are not quiet (quietLocked:
+// their networks or user name made other attempts lately, or their address
+// is failing) hold at most every slot but one (maxLoudLocked): a flood,
+// which piles load on its networks or the user names it tries, waits for
+// its own slots while a scraper's first login from a network of its own
+// takes the last at once. A slot that frees goes to the waiting attempt of
+// the lowest rank (the loads of its networks and user name, and a penalty
+// for an address that keeps failing) that may take it, the oldest of
+// equals; a full queue makes room for an attempt of lower rank than its
+// highest by refusing that one (the newest of equals).
 type authenticator struct {
 	now     func() time.Time
 	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests

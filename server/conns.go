@@ -606,7 +606,8 @@ func connOf(r *http.Request) *trackedConn {
 // markLogin records on r's connection how its last login (as user) went:
 // a connection whose login was refused gives way first at a cap, even with
 // a request in flight; one whose credentials were accepted is shed after
-// every connection without, unless it stalls. A user holding more than
+// every connection without them, or, while its writes stall, after every
+// one of those but a login still within its requestGrace. A user holding more than
 // maxConnsPerUser connections gives up the one of them that goes first,
 // serving or not: a thief reconnecting faster than its streams are seen to
 // stall holds no more than the cap, and of a user's connections serving
