@@ -307,6 +307,47 @@ func TestLaggingLoggedInScraperOutlastsConnectionsWithoutCredentials(t *testing.
 	}
 }
 
+// A stolen password's connections whose streams stall go before any
+// logged-in connection that is idle (the scrapers' keep-alives, of the
+// user whose password was stolen and of another), for anyone at the cap:
+// a new login's connection without credentials, and the scrapers
+// reconnecting from their trusted addresses, which take the thief's room
+// rather than the new login's.
+func TestStolenPasswordsStalledConnectionsGoBeforeLoggedInScrapers(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 8, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	login(scraper, "prometheus", true)
+	other := dial("127.0.0.3")
+	login(other, "gmp", true)
+	var thief []*trackedConn
+	for range 6 {
+		c := dial("127.0.0.7")
+		login(c, "prometheus", true)
+		tr.startRequest(c, requestBytes, true)
+		c.stream.start(clock.now()) // its streams held at window 0
+		thief = append(thief, c)
+	}
+	clock.add(stallGrace)
+	firstLogin := dial("127.0.0.4") // no credentials yet
+	otherAgain := dial("127.0.0.3") // trusted: counts as credentialed
+	scraperAgain := dial("127.0.0.2")
+	for _, c := range []*trackedConn{scraper, other, firstLogin, otherAgain, scraperAgain} {
+		if !open(tr, c) {
+			t.Errorf("%s's connection shed while the thief's stalled connections were open", c.addr)
+		}
+	}
+	held := 0
+	for _, c := range thief {
+		if open(tr, c) {
+			held++
+		}
+	}
+	if held != 3 || tr.stats().shed != 3 {
+		t.Errorf("the thief holds %d of its 6 stalled connections after 3 newcomers at the cap (%d shed), want 3 (3)", held, tr.stats().shed)
+	}
+}
+
 // Of connections without credentials alike (one address each, the same
 // state), those whose networks have made the most login attempts lately go
 // first: a password flood from many addresses, each connection in its TLS
