@@ -15,11 +15,12 @@
 //	              sockets, the probe address
 //	conns.go      each listener's connection cap and the memory budget (the
 //	              web listeners' and the probe listener's own), the shed order
-//	              that pushes out what makes no progress first, then what has
-//	              no credentials, then a logged-in connection that stalls, from
-//	              any address, a password flood's networks before a quiet
-//	              one's; the sockets' kernel buffers bounded; every write's
-//	              deadline and progress
+//	              (without credentials, what makes no progress, then what
+//	              serves no request or a login past its grace; then a
+//	              logged-in connection that stalls; from any address, a
+//	              password flood's networks before a quiet one's); the
+//	              sockets' kernel buffers bounded; every write's deadline and
+//	              progress
 //	webconfig.go  --web.config.file parsed as the toolkit does, its view handed
 //	              to the toolkit (TLS, headers), reloaded on change or SIGHUP
 //	handlers.go   the first handler: the request charged to the budget,
