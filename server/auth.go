@@ -23,16 +23,22 @@ import (
 // and can evict its cached login. Here credentials accepted before skip
 // bcrypt, a client address that keeps failing is refused before bcrypt
 // runs, and bcrypt work waits in a bounded queue that serves first the
-// attempts whose networks and user name have asked least. The toolkit
+// attempts whose networks and user name have asked least, and keeps one
+// slot from a flood for a first login from a quiet network. The toolkit
 // still serves TLS, HTTP/2 and the configured headers (webconfig.go).
 
 // authenticator checks basic auth against the web config's bcrypt hashes.
 // What cannot cost bcrypt is served first: credentials accepted before
-// never wait for a bcrypt slot. A slot that frees goes to the waiting
-// attempt of the lowest rank (the loads of its networks and user name, and
-// a penalty for an address that keeps failing), the oldest of equals; a
-// full queue makes room for an attempt of lower rank than its highest by
-// refusing that one (the newest of equals).
+// never wait for a bcrypt slot. Attempts that are not quiet (quietLocked:
+// their networks or user name made other attempts lately, or their address
+// is failing) hold at most every slot but one (maxLoudLocked): a flood,
+// which piles load on its networks or the user names it tries, waits for
+// its own slots while a scraper's first login from a network of its own
+// takes the last at once. A slot that frees goes to the waiting attempt of
+// the lowest rank (the loads of its networks and user name, and a penalty
+// for an address that keeps failing) that may take it, the oldest of
+// equals; a full queue makes room for an attempt of lower rank than its
+// highest by refusing that one (the newest of equals).
 type authenticator struct {
 	now     func() time.Time
 	compare func(hash, pass []byte) error // bcrypt.CompareHashAndPassword; a fake in tests
@@ -43,7 +49,9 @@ type authenticator struct {
 	good   map[[sha256.Size]byte]struct{} // credentials (with the hash they matched) accepted before
 	fails  map[string]*failBucket         // client address -> failed attempts
 	loads  map[string]*load               // network or user -> attempts, decaying
+	slots  int                            // bcrypt slots in all
 	free   int                            // bcrypt slots free
+	loud   int                            // slots held by attempts that were not quiet (quietLocked) when they got them
 	queued []*bcryptWaiter
 	seq    uint64
 
@@ -56,6 +64,7 @@ type authenticator struct {
 type bcryptWaiter struct {
 	done    chan struct{}
 	granted bool
+	loud    bool // granted as an attempt that was not quiet
 	seq     uint64
 	client  string
 	keys    [3]string // its networks and user name (loadKeys)
@@ -79,8 +88,9 @@ func (a *authenticator) cleanLocked(b *failBucket) bool {
 }
 
 func newAuthenticator() *authenticator {
+	slots := max(1, min(bcryptSlots, runtime.GOMAXPROCS(0)))
 	return &authenticator{now: time.Now, compare: bcrypt.CompareHashAndPassword,
-		wait: bcryptWait, queue: bcryptQueue, free: max(1, min(bcryptSlots, runtime.GOMAXPROCS(0))),
+		wait: bcryptWait, queue: bcryptQueue, slots: slots, free: slots,
 		good: map[[sha256.Size]byte]struct{}{}, fails: map[string]*failBucket{}, loads: map[string]*load{}}
 }
 
@@ -133,6 +143,24 @@ func (a *authenticator) forgetLoadsLocked() {
 	}
 }
 
+// networkLoad is how many login attempts client's networks (IPv4 /16 and
+// /24, IPv6 /48 and /64) have made lately, in orders of magnitude, as the
+// bcrypt queue counts them: what tells a password flood's connections from
+// a scraper's before either has sent a request.
+func (a *authenticator) networkLoad(client string) int {
+	keys := loadKeys(client, "", false)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	n := 0
+	for _, k := range keys[:2] {
+		if l := a.loads[k]; l != nil {
+			n += bits.Len(uint(l.v * math.Exp2(-float64(now.Sub(l.at))/float64(loadHalfLife))))
+		}
+	}
+	return n
+}
+
 func (a *authenticator) addLoadLocked(keys [3]string, n float64) {
 	for _, k := range keys {
 		l := a.loadLocked(k)
@@ -148,25 +176,67 @@ func (a *authenticator) rankLocked(w *bcryptWaiter) int {
 	for _, k := range w.keys {
 		r += bits.Len(uint(a.loadLocked(k).v))
 	}
-	if b := a.fails[w.client]; b != nil {
-		if a.refillLocked(b); !a.cleanLocked(b) {
-			r += addressPenalty
-		}
+	if a.failingLocked(w.client) {
+		r += addressPenalty
 	}
 	return r
 }
 
+// failingLocked: client, which has an attempt under way (and has paid a
+// token for it), failed recently or came back within busyCooldown of being
+// turned away. The attempt's own token does not count: a first attempt is
+// not a failure.
+func (a *authenticator) failingLocked(client string) bool {
+	b := a.fails[client]
+	if b == nil {
+		return false
+	}
+	a.refillLocked(b)
+	return b.tokens+1 < failBurst || a.now().Sub(b.busyAt) < busyCooldown
+}
+
+// quietLocked: w's networks and user name have made no other attempt
+// lately (each load, its own included, under 2) and its address is not
+// failing: a scraper's first login from a network of its own, not a flood
+// from any number of addresses, which piles load on its networks or on the
+// user names it tries.
+func (a *authenticator) quietLocked(w *bcryptWaiter) bool {
+	for _, k := range w.keys {
+		if a.loadLocked(k).v >= 2 {
+			return false
+		}
+	}
+	return !a.failingLocked(w.client)
+}
+
+// maxLoudLocked is how many slots attempts that are not quiet may hold at
+// once: all but one, which is kept for a quiet one, or the only one.
+func (a *authenticator) maxLoudLocked() int { return max(1, a.slots-1) }
+
+// grantLocked gives w a slot.
+func (a *authenticator) grantLocked(w *bcryptWaiter, loud bool) {
+	a.free--
+	if loud {
+		a.loud++
+	}
+	w.granted, w.loud = true, loud
+}
+
 // acquireLocked waits for a bcrypt slot; false if none came within a.wait,
 // the queue was full of attempts of lower or equal rank, or the request
-// ended. Under a.mu on entry; returns with a.mu unlocked.
-func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]string) bool {
-	if a.free > 0 && len(a.queued) == 0 {
-		a.free--
-		a.mu.Unlock()
-		return true
-	}
+// ended. Under a.mu on entry; returns with a.mu unlocked. loud: the slot is
+// one of those attempts that are not quiet may hold (release takes it).
+func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]string) (granted, loud bool) {
 	a.seq++
 	w := &bcryptWaiter{done: make(chan struct{}), seq: a.seq, client: client, keys: keys}
+	if a.free > 0 {
+		quiet := a.quietLocked(w)
+		if quiet || (a.loud < a.maxLoudLocked() && len(a.queued) == 0) {
+			a.grantLocked(w, !quiet)
+			a.mu.Unlock()
+			return true, w.loud
+		}
+	}
 	if len(a.queued) >= a.queue {
 		worst, wr := -1, 0
 		for i, x := range a.queued {
@@ -176,7 +246,7 @@ func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]st
 		}
 		if a.rankLocked(w) >= wr {
 			a.mu.Unlock()
-			return false
+			return false, false
 		}
 		close(a.queued[worst].done) // pushed out
 		a.queued = append(a.queued[:worst], a.queued[worst+1:]...)
@@ -194,7 +264,7 @@ func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]st
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if w.granted {
-		return true
+		return true, w.loud
 	}
 	for i, x := range a.queued {
 		if x == w {
@@ -202,28 +272,39 @@ func (a *authenticator) acquireLocked(r *http.Request, client string, keys [3]st
 			break
 		}
 	}
-	return false
+	return false, false
 }
 
-// release hands the slot to the waiting attempt of the lowest rank (the
-// oldest of equals), else frees it.
-func (a *authenticator) release() {
+// release frees a slot (loud: one held by an attempt that was not quiet)
+// and hands the free slots to the waiting attempts that may take them:
+// the lowest rank first (the oldest of equals), one that is not quiet only
+// while such attempts hold fewer than maxLoudLocked.
+func (a *authenticator) release(loud bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.queued) == 0 {
-		a.free++
-		return
+	a.free++
+	if loud {
+		a.loud--
 	}
-	best, br := 0, 0
-	for i, x := range a.queued {
-		if xr := a.rankLocked(x); i == 0 || xr < br || (xr == br && x.seq < a.queued[best].seq) {
-			best, br = i, xr
+	for a.free > 0 {
+		best, br, bestQuiet := -1, 0, false
+		for i, x := range a.queued {
+			quiet := a.quietLocked(x)
+			if !quiet && a.loud >= a.maxLoudLocked() {
+				continue
+			}
+			if xr := a.rankLocked(x); best < 0 || xr < br || (xr == br && x.seq < a.queued[best].seq) {
+				best, br, bestQuiet = i, xr, quiet
+			}
 		}
+		if best < 0 {
+			return
+		}
+		w := a.queued[best]
+		a.queued = append(a.queued[:best], a.queued[best+1:]...)
+		a.grantLocked(w, !bestQuiet)
+		close(w.done)
 	}
-	w := a.queued[best]
-	a.queued = append(a.queued[:best], a.queued[best+1:]...)
-	w.granted = true
-	close(w.done)
 }
 
 // waiting is how many attempts wait for a bcrypt slot (for tests).
@@ -273,7 +354,8 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 	b.tokens--
 	keys := loadKeys(client, user, known)
 	a.addLoadLocked(keys, 1)
-	if !a.acquireLocked(r, client, keys) {
+	granted, loud := a.acquireLocked(r, client, keys)
+	if !granted {
 		// Refused unseen: the attempt is given back, so a scraper turned
 		// away while bcrypt is busy does not count as failing.
 		a.mu.Lock()
@@ -286,7 +368,7 @@ func (a *authenticator) check(users map[string]string, r *http.Request) int {
 		return http.StatusServiceUnavailable
 	}
 	err := a.compare([]byte(hash), []byte(pass))
-	a.release()
+	a.release(loud)
 
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 	"time"
 
@@ -68,10 +70,6 @@ func TestAuthenticatorLimitsFailuresPerAddress(t *testing.T) {
 	}
 }
 
-// bcrypt work across many addresses: the queue for a bcrypt slot is
-// bounded (the rest refused at once with 503 and Retry-After), a
-// credential accepted before never waits behind bcrypt, and an address with
-// no recent failure is served before the addresses that keep failing.
 // blockedBcrypt is an authenticator on a stopped clock whose bcrypt
 // compare blocks until the test lets it finish, for the tests of its queue.
 type blockedBcrypt struct {
@@ -82,10 +80,15 @@ type blockedBcrypt struct {
 	release chan struct{}     // one value lets one compare finish
 }
 
-func newBlockedBcrypt(t *testing.T, users map[string]string, free, queue int) *blockedBcrypt {
+// newBlockedBcrypt has slots bcrypt slots (0: as many as newAuthenticator
+// gives) and a queue of queue attempts.
+func newBlockedBcrypt(t *testing.T, users map[string]string, slots, queue int) *blockedBcrypt {
 	b := &blockedBcrypt{t: t, a: newAuthenticator(), users: users,
 		started: make(chan string, 100), release: make(chan struct{}, 100)}
-	b.a.free, b.a.queue, b.a.wait = free, queue, time.Hour
+	if slots > 0 {
+		b.a.slots, b.a.free = slots, slots
+	}
+	b.a.queue, b.a.wait = queue, time.Hour
 	now := time.Unix(1e9, 0)
 	b.a.now = func() time.Time { return now }
 	b.a.compare = func(hash, pass []byte) error {
@@ -127,46 +130,89 @@ func (b *blockedBcrypt) result(what string, c chan int) int {
 	}
 }
 
-func TestAuthenticatorBcryptQueue(t *testing.T) {
-	b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}, 2, 4)
-	a, started, release := b.a, b.started, b.release
-	try, async, result := b.try, b.async, b.result
-	waitFor := func(what string, cond func() bool) {
-		for i := 0; !cond(); i++ {
-			if i > 30000 {
-				t.Fatalf("never reached: %s", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
+// next is the password of the next compare to start. A liveness bound
+// only: a compare that should start at once but does not fails here
+// instead of hanging.
+func (b *blockedBcrypt) next(what string) string {
+	b.t.Helper()
+	select {
+	case p := <-b.started:
+		return p
+	case <-time.After(30 * time.Second):
+		b.t.Fatalf("%s: no bcrypt compare started", what)
+		return ""
 	}
+}
+
+// waiting waits until n attempts wait for a bcrypt slot (a liveness bound
+// only).
+func (b *blockedBcrypt) waiting(n int) {
+	b.t.Helper()
+	for i := 0; b.a.waiting() != n; i++ {
+		if i > 30000 {
+			b.t.Fatalf("never %d attempts waiting for a bcrypt slot (%d)", n, b.a.waiting())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// settled checks, once every attempt has been answered, that every slot
+// came back: all free, none counted as held by an attempt that was not
+// quiet, none waiting.
+func (b *blockedBcrypt) settled() {
+	b.t.Helper()
+	a := b.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.free != a.slots || a.loud != 0 || len(a.queued) != 0 {
+		b.t.Errorf("every attempt answered: %d of %d bcrypt slots free, %d held by attempts that were not quiet, %d waiting; want all free, 0, 0",
+			a.free, a.slots, a.loud, len(a.queued))
+	}
+}
+
+// bcrypt work across many addresses: a flood holds at most every slot but
+// one, the queue for a slot is bounded (the rest refused at once with 503
+// and Retry-After, not counted as failures), a credential accepted before
+// never waits behind bcrypt, a first login from a network of its own takes
+// the slot kept from the flood, and one that finds every slot busy takes
+// the place of the newest failing attempt in the full queue and gets the
+// next slot.
+func TestAuthenticatorBcryptQueue(t *testing.T) {
+	b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right", "other-scraper": "hash:other-right"}, 2, 4)
+	a, release := b.a, b.release
+	try, async, result := b.try, b.async, b.result
 	flood := func(i int) string { return fmt.Sprintf("10.2.0.%d", i) }
 
 	// Ten flooding addresses have each failed once; the scraper logged in.
 	for i := 1; i <= 10; i++ {
 		release <- struct{}{}
-		if code := try(flood(i), "prometheus", "wrong"); code != http.StatusUnauthorized {
+		if code := result("wrong password", async(flood(i), "prometheus", "wrong")); code != http.StatusUnauthorized {
 			t.Fatalf("wrong password from %s: %d", flood(i), code)
 		}
-		<-started
+		b.next("wrong password")
 	}
 	release <- struct{}{}
 	if code := try("10.9.0.1", "prometheus", "right"); code != 0 {
 		t.Fatalf("scraper's first login: %d", code)
 	}
-	<-started
+	b.next("scraper's first login")
 
-	// They keep trying: two hold the bcrypt slots, four wait, the rest are
-	// refused at once, and their attempt is not counted against them.
+	// They keep trying: one holds a bcrypt slot, the other is kept for a
+	// quiet attempt; four wait, the rest are refused at once, and their
+	// attempt is not counted against them.
 	var flooding []chan int
-	for i := 1; i <= 2; i++ {
+	flooding = append(flooding, async(flood(1), "prometheus", "wrong"))
+	b.next("the flood's first attempt")
+	for i := 2; i <= 5; i++ {
 		flooding = append(flooding, async(flood(i), "prometheus", "wrong"))
-		<-started
+		b.waiting(i - 1)
 	}
-	for i := 3; i <= 6; i++ {
-		flooding = append(flooding, async(flood(i), "prometheus", "wrong"))
-		waitFor(fmt.Sprintf("%d attempts waiting", i-2), func() bool { return a.waiting() == i-2 })
+	a.mu.Lock()
+	if a.free != 1 || a.loud != 1 {
+		t.Errorf("the flood waiting: %d bcrypt slots free, %d held by it; want 1 and 1", a.free, a.loud)
 	}
-	for i := 7; i <= 10; i++ {
+	a.mu.Unlock()
+	for i := 6; i <= 9; i++ {
 		if code := result("attempt past a full queue", async(flood(i), "prometheus", "wrong")); code != http.StatusServiceUnavailable {
 			t.Errorf("attempt from %s past a full queue: %d, want 503", flood(i), code)
 		}
@@ -175,7 +221,7 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 		t.Errorf("%d attempts refused as busy, want 4", a.busy.Load())
 	}
 	a.mu.Lock()
-	if tok := a.fails[flood(8)].tokens; tok != failBurst-1 {
+	if tok := a.fails[flood(7)].tokens; tok != failBurst-1 {
 		t.Errorf("an attempt refused as busy cost the address a token: %v left, want %v", tok, failBurst-1)
 	}
 	a.mu.Unlock()
@@ -185,27 +231,41 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 		t.Errorf("known credential while bcrypt is busy: %d, want 0", code)
 	}
 
-	// A scraper not logged in yet, from an address with no failure, takes
-	// the place of the newest failing attempt and gets the next slot.
+	// A scraper not logged in yet, from a network of its own, takes the
+	// slot kept from the flood at once (nothing of the flood finishes
+	// first) and pushes nothing out of the queue.
 	newScraper := async("10.9.0.2", "new-scraper", "new-right")
-	if code := result("pushed-out attempt", flooding[5]); code != http.StatusServiceUnavailable {
+	if first := b.next("first login beside the flood"); first != "new-right" {
+		t.Errorf("the free slot went to %q, want the new scraper's login", first)
+	}
+	if n := a.waiting(); n != 4 {
+		t.Errorf("%d of the flood's attempts waiting after the first login took its slot, want 4", n)
+	}
+
+	// Another, with both slots busy, takes the place of the newest failing
+	// attempt in the full queue and gets the next slot, whichever frees.
+	otherScraper := async("10.8.0.1", "other-scraper", "other-right")
+	if code := result("pushed-out attempt", flooding[4]); code != http.StatusServiceUnavailable {
 		t.Errorf("newest failing attempt, pushed out of the full queue: %d, want 503", code)
 	}
 	release <- struct{}{}
-	if first := <-started; first != "new-right" {
-		t.Errorf("the slot went to %q, want the new scraper's login first", first)
+	if next := b.next("a slot freed"); next != "other-right" {
+		t.Errorf("the freed slot went to %q, want the other scraper's first login", next)
 	}
 	for i := 0; i < 10; i++ {
 		release <- struct{}{}
 	}
-	if code := result("new scraper", newScraper); code != 0 {
-		t.Errorf("new scraper: %d, want 0", code)
+	for name, c := range map[string]chan int{"new scraper": newScraper, "other scraper": otherScraper} {
+		if code := result(name, c); code != 0 {
+			t.Errorf("%s: %d, want 0", name, code)
+		}
 	}
-	for i, c := range flooding[:5] {
+	for i, c := range flooding[:4] {
 		if code := result("flood", c); code != http.StatusUnauthorized {
 			t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
 		}
 	}
+	b.settled()
 
 	// An attempt that gets no slot within the bound is refused; the web
 	// handler answers 503 with Retry-After.
@@ -283,14 +343,18 @@ func TestAuthenticatorFirstLoginBeforeRetryingAddresses(t *testing.T) {
 			t.Errorf("wrong password: %d, want 401", code)
 		}
 	}
+	b.settled()
 }
 
 // A flood of wrong passwords from many addresses (12,000 here, three times
 // the addresses the failure budgets remember; the bench runs 60,000), each
 // trying once (so none has failed, and none has been turned away before),
-// fills the bcrypt slots and the queue. A scraper logging in for the first time still gets
-// the next slot: from the flood's own /24 as another user, or from another
-// network as the user the flood tries.
+// fills the bcrypt slots (its first attempt, which nothing tells from a
+// first login, takes the slot kept for a quiet one) and the queue. A
+// scraper logging in for the first time, from the flood's own /24 as
+// another user or from another network as the user the flood tries (not
+// quiet either: its network or its user name is the flood's), gets the
+// first slot it may take, before any of the flood's waiting attempts.
 func TestFirstLoginBeforeAFloodFromManyAddresses(t *testing.T) {
 	for _, tc := range []struct {
 		name, addr, user string
@@ -300,20 +364,17 @@ func TestFirstLoginBeforeAFloodFromManyAddresses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}, 2, bcryptQueue)
-			a := b.a
 			// Address i of the flood: 250 /16 networks of 10.0.0.0/8, 240
 			// addresses in the first /24 of each.
 			flood := func(i int) string { return fmt.Sprintf("10.%d.%d.%d", 1+i%250, i/250/240, 1+i/250%240) }
 			var held []chan int
 			for i := 0; i < 2; i++ { // the bcrypt slots
 				held = append(held, b.async(flood(i), "prometheus", "wrong"))
-				<-b.started
+				b.next("the flood's attempt taking a free slot")
 			}
 			for i := 2; i < 2+bcryptQueue; i++ { // the queue
 				held = append(held, b.async(flood(i), "prometheus", "wrong"))
-				for a.waiting() != i-1 {
-					time.Sleep(time.Millisecond)
-				}
+				b.waiting(i - 1)
 			}
 			busy := 0
 			const addresses = 3 * maxFailClients
@@ -332,8 +393,12 @@ func TestFirstLoginBeforeAFloodFromManyAddresses(t *testing.T) {
 				t.Fatalf("first login from %s as %s: answered %d at once; want it queued ahead of the flood", tc.addr, tc.user, code)
 			case <-time.After(50 * time.Millisecond): // queued (no latency is asserted: it waits for a slot)
 			}
+			// The two attempts holding the slots finish (in either order):
+			// the first slot the login may take is its, not a waiting
+			// attempt's of the flood.
 			b.release <- struct{}{}
-			if first := <-b.started; first != pass {
+			b.release <- struct{}{}
+			if first := b.next("slots freed"); first != pass {
 				t.Errorf("the freed bcrypt slot went to %q, want the first login", first)
 			}
 			for i := 0; i < len(held)+1; i++ {
@@ -342,6 +407,173 @@ func TestFirstLoginBeforeAFloodFromManyAddresses(t *testing.T) {
 			if code := b.result("first login", login); code != 0 {
 				t.Errorf("first login from %s as %s beside the flood: %d, want 0", tc.addr, tc.user, code)
 			}
+			for _, c := range held {
+				b.result("the flood", c)
+			}
+			b.settled()
 		})
 	}
+}
+
+// One bcrypt slot is kept from attempts that are not quiet (their networks
+// or user name made other attempts lately, or their address is failing): a
+// flood whose attempts wait holds every slot but one, and a scraper's first
+// login from a network of its own takes that one at once, without waiting
+// for any of the flood's checks to finish. With one slot only (GOMAXPROCS
+// 1) the flood may still hold it: its attempts go on being checked, and a
+// quiet attempt gets the slot next.
+func TestBcryptSlotKeptForAQuietAttempt(t *testing.T) {
+	users := map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}
+	flood := func(i int) string { return fmt.Sprintf("10.2.0.%d", i) }
+	// Ten flooding addresses have each failed once: their network and the
+	// user name they try have a load, so none of their attempts is quiet.
+	failedOnce := func(b *blockedBcrypt) {
+		for i := 1; i <= 10; i++ {
+			b.release <- struct{}{}
+			if code := b.result("wrong password", b.async(flood(i), "prometheus", "wrong")); code != http.StatusUnauthorized {
+				b.t.Fatalf("wrong password from %s: %d", flood(i), code)
+			}
+			b.next("wrong password")
+		}
+	}
+
+	t.Run("two slots", func(t *testing.T) {
+		b := newBlockedBcrypt(t, users, 2, 8)
+		failedOnce(b)
+		var flooding []chan int
+		flooding = append(flooding, b.async(flood(1), "prometheus", "wrong-1"))
+		if p := b.next("the flood's first attempt"); p != "wrong-1" {
+			t.Fatalf("the slot went to %q", p)
+		}
+		for i := 2; i <= 6; i++ {
+			flooding = append(flooding, b.async(flood(i), "prometheus", fmt.Sprint("wrong-", i)))
+			b.waiting(i - 1)
+		}
+		b.a.mu.Lock()
+		free, loud := b.a.free, b.a.loud
+		b.a.mu.Unlock()
+		if free != 1 || loud != 1 {
+			t.Errorf("five of the flood's attempts waiting: %d slots free, %d held by the flood; want 1 and 1", free, loud)
+		}
+		login := b.async("172.16.0.1", "new-scraper", "new-right")
+		if p := b.next("a first login from a quiet network"); p != "new-right" {
+			t.Errorf("the kept slot went to %q, want the first login", p)
+		}
+		if n := b.a.waiting(); n != 5 {
+			t.Errorf("%d of the flood's attempts waiting after the first login took the kept slot, want 5 (none pushed out)", n)
+		}
+		for range 10 {
+			b.release <- struct{}{}
+		}
+		if code := b.result("first login", login); code != 0 {
+			t.Errorf("first login: %d, want 0", code)
+		}
+		for i, c := range flooding {
+			if code := b.result("the flood", c); code != http.StatusUnauthorized {
+				t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
+			}
+		}
+		b.settled()
+	})
+
+	t.Run("one slot", func(t *testing.T) {
+		procs := runtime.GOMAXPROCS(1)
+		b := newBlockedBcrypt(t, users, 0, 8) // as many slots as newAuthenticator gives under GOMAXPROCS 1
+		runtime.GOMAXPROCS(procs)
+		failedOnce(b)
+		var flooding []chan int
+		flooding = append(flooding, b.async(flood(1), "prometheus", "wrong-1"))
+		if p := b.next("the flood's attempt, the only slot free"); p != "wrong-1" {
+			t.Fatalf("the slot went to %q", p)
+		}
+		for i := 2; i <= 3; i++ {
+			flooding = append(flooding, b.async(flood(i), "prometheus", fmt.Sprint("wrong-", i)))
+			b.waiting(i - 1)
+		}
+		b.release <- struct{}{}
+		if p := b.next("the flood's next attempt"); p != "wrong-2" {
+			t.Errorf("the freed slot went to %q, want the flood's oldest waiting attempt", p)
+		}
+		login := b.async("172.16.0.1", "new-scraper", "new-right")
+		b.waiting(2)
+		b.release <- struct{}{}
+		if p := b.next("a first login from a quiet network"); p != "new-right" {
+			t.Errorf("the freed slot went to %q, want the first login before the flood's waiting attempt", p)
+		}
+		for range 10 {
+			b.release <- struct{}{}
+		}
+		if code := b.result("first login", login); code != 0 {
+			t.Errorf("first login: %d, want 0", code)
+		}
+		for i, c := range flooding {
+			if code := b.result("the flood", c); code != http.StatusUnauthorized {
+				t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
+			}
+		}
+		b.settled()
+	})
+}
+
+// Every way an attempt ends gives its bcrypt slot, or its place in the
+// queue, back: checked, pushed out of the full queue, its request ended
+// while it waited. Afterwards the flood again holds at most every slot but
+// one.
+func TestBcryptSlotsComeBackWhateverEndsAnAttempt(t *testing.T) {
+	b := newBlockedBcrypt(t, map[string]string{"prometheus": "hash:right", "new-scraper": "hash:new-right"}, 2, 2)
+	flood := func(i int) string { return fmt.Sprintf("10.2.0.%d", i) }
+	for i := 1; i <= 6; i++ { // the flood has failed once from each address
+		b.release <- struct{}{}
+		b.result("wrong password", b.async(flood(i), "prometheus", "wrong"))
+		b.next("wrong password")
+	}
+	holder := b.async(flood(1), "prometheus", "wrong-1")
+	b.next("the flood's attempt")
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan int, 1)
+	go func() {
+		req := httptest.NewRequest("GET", "/metrics", nil).WithContext(ctx)
+		req.RemoteAddr = flood(2) + ":1000"
+		req.SetBasicAuth("prometheus", "wrong-2")
+		ended <- b.a.check(b.users, req)
+	}()
+	b.waiting(1)
+	pushedOut := b.async(flood(3), "prometheus", "wrong-3")
+	b.waiting(2)
+	first := b.async("172.16.0.1", "new-scraper", "new-right") // quiet: the kept slot
+	b.next("first login")
+	second := b.async("172.17.0.1", "other", "wrong") // quiet, every slot busy: pushes out the newest of the flood
+	if code := b.result("pushed out", pushedOut); code != http.StatusServiceUnavailable {
+		t.Errorf("the flood's attempt pushed out of the full queue: %d, want 503", code)
+	}
+	cancel()
+	if code := b.result("request ended", ended); code != http.StatusServiceUnavailable {
+		t.Errorf("an attempt whose request ended while it waited: %d, want 503", code)
+	}
+	for range 3 { // the three checks left: the flood's, the first login's, the unknown user's
+		b.release <- struct{}{}
+	}
+	for what, c := range map[string]chan int{"the flood's attempt": holder, "first login": first, "an unknown user": second} {
+		b.result(what, c)
+	}
+	b.next("the unknown user's check")
+	b.settled()
+
+	// The flood again holds one slot, never both.
+	again := b.async(flood(4), "prometheus", "wrong-4")
+	b.next("the flood's attempt")
+	waits := b.async(flood(5), "prometheus", "wrong-5")
+	b.waiting(1)
+	b.a.mu.Lock()
+	free, loud := b.a.free, b.a.loud
+	b.a.mu.Unlock()
+	if free != 1 || loud != 1 {
+		t.Errorf("after every kind of end, the flood waiting: %d slots free, %d held by it; want 1 and 1", free, loud)
+	}
+	for range 4 {
+		b.release <- struct{}{}
+	}
+	b.result("the flood", again)
+	b.result("the flood", waits)
+	b.settled()
 }

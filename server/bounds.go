@@ -156,8 +156,12 @@ const (
 	// wait for a slot, each at most bcryptWait (well under Prometheus'
 	// 10 s scrape timeout), the rest are refused at once with 503 and
 	// Retry-After: a flood from any number of addresses costs at most the
-	// slots' CPU (bcryptSlots), never a queue of goroutines (auth-addrs:
-	// 60,000 addresses, 0.6 cores).
+	// slots' CPU (bcryptSlots, fewer with GOMAXPROCS below it), never a
+	// queue of goroutines (auth-addrs: 60,000 addresses, 0.6 cores).
+	// Attempts whose networks or user name made other attempts lately (a
+	// flood's) hold at most every slot but one: the last is kept for a
+	// first login from a quiet network (mixed: 60,000 addresses beside
+	// other attacks). With one slot they may hold it.
 	bcryptSlots      = 2
 	bcryptQueue      = 16
 	bcryptWait       = 2 * time.Second

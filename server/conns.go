@@ -12,20 +12,24 @@ import (
 )
 
 // Shed order at a cap (the listener's connections, the memory budget): the
-// lowest tier goes first. A connection making no progress goes first,
-// credentials or not, for anyone: accepted credentials (a stolen password)
-// are no licence to hold what others need. Then, with basic auth, a
-// connection without accepted credentials goes before any with; a
-// connection serving a request that makes progress is shed only if it has
-// no credentials and basic auth asks for them, and within requestGrace
+// lowest tier goes first. A connection without accepted credentials
+// making no progress goes first, then, with basic auth, every connection
+// without accepted credentials that a newcomer without them may push out,
+// and only then one with accepted credentials that makes no progress:
+// accepted credentials (a stolen password) are no licence to hold what
+// others need, but a logged-in client whose writes lag for a moment (a
+// loaded node) does not lose its connection to an attacker who holds no
+// credentials while any of that attacker's connections could go instead.
+// A connection serving a request that makes progress is shed only if it
+// has no credentials and basic auth asks for them, and within requestGrace
 // only for one with credentials. Which addresses may push out which:
 // shedOneLocked.
 const (
 	tierNoProgress       = iota // no credentials; its writes stall, or its last login was refused
-	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
 	tierIdle                    // no credentials; no request being served (TLS handshake, headers, keep-alive)
 	tierUnauthServing           // basic auth is on, no credentials accepted yet; a login being checked for requestGrace or more
-	tierUnauthRecent            // the same, for less than requestGrace
+	tierAuthedNoProgress        // credentials accepted on it, but its writes stall
+	tierUnauthRecent            // basic auth is on, no credentials accepted yet; a login being checked for less than requestGrace
 	tierAuthedIdle              // credentials accepted on it; no request being served
 	tierServing                 // serving a request that makes progress: never shed
 )
@@ -36,6 +40,10 @@ type tracker struct {
 	budget int64
 	now    func() time.Time
 	auth   atomic.Bool // basic auth is on: clients without credentials go first
+	// netLoad is how many login attempts a client address's networks
+	// have made lately, in orders of magnitude (authenticator.networkLoad);
+	// nil: none counted.
+	netLoad func(addr string) int
 
 	mu      sync.Mutex
 	used    int64 // bytes charged
@@ -138,6 +146,9 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if l.tls {
 			tc.cost += tlsConnBytes
 		}
+		if t.netLoad != nil && !l.noAuth {
+			tc.netLoad = t.netLoad(tc.addr)
+		}
 		t.mu.Lock()
 		tc.trusted = !l.noAuth && t.trustedLocked(tc.addr, now)
 		ok := t.makeRoomLocked(l, tc.cost, tc, now)
@@ -191,12 +202,16 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 // shedOneLocked closes the connection that goes first (of listener l, or
 // of any listener): the lowest tier, then (with credentials) the user
 // holding the most connections, then the client address holding the
-// most, then the one longest in its state. A connection with credentials
+// most, then the one whose networks have made the most login attempts
+// lately, then the one longest in its state. A connection with credentials
 // that makes progress goes only for another with credentials. An address
 // takes room only from an address holding at least as many connections as
 // it would, never from one holding fewer: a client reconnecting in a loop
 // cannot push out, in the moment before its request is read, the
-// connection of a scraper on another address.
+// connection of a scraper on another address. One exception: a newcomer
+// with credentials takes the room of a connection without them from
+// networks that have made more login attempts than its own (a password
+// flood's), however many connections its own address holds.
 //
 // On the web listeners a client does not push out its own connections: it
 // is refused instead, which costs an accept (no TLS handshake, no state),
@@ -209,8 +224,9 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 // probeHeaderTimeout ends the others within a second. False if there is
 // none to shed.
 func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time) bool {
+	credentialed := want.credentialed()
 	limit := tierServing // tiers below it may go
-	if !want.credentialed() {
+	if !credentialed {
 		limit = tierUnauthRecent
 	}
 	// The newcomer's address's connections, itself included.
@@ -225,6 +241,9 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 		}
 		if c.addr == want.addr {
 			return ownAddress
+		}
+		if credentialed && !c.credentialed() && c.netLoad > want.netLoad {
+			return true
 		}
 		return t.byAddr[c.addr] >= holds
 	})
@@ -257,13 +276,19 @@ func (t *tracker) victimLocked(now time.Time, limit int, may func(*trackedConn) 
 
 // goesBeforeLocked: of two connections in the same tier, c goes before v:
 // the user holding more connections, then the address holding more, then
-// the one longer in its state.
+// the one from networks with more login attempts lately (a password flood
+// from many addresses, each holding one connection, before a scraper's
+// first login from a network of its own), then the one longer in its
+// state.
 func (t *tracker) goesBeforeLocked(c, v *trackedConn) bool {
 	if cu, vu := t.byUser[c.user], t.byUser[v.user]; cu != vu {
 		return cu > vu
 	}
 	if ca, va := t.byAddr[c.addr], t.byAddr[v.addr]; ca != va {
 		return ca > va
+	}
+	if c.netLoad != v.netLoad {
+		return c.netLoad > v.netLoad
 	}
 	return c.sinceLocked().Before(v.sinceLocked())
 }
@@ -370,6 +395,9 @@ type trackedConn struct {
 	net.Conn
 	l    *capListener
 	addr string // client address
+	// netLoad is the login attempts of its networks when it was accepted,
+	// in orders of magnitude (tracker.netLoad).
+	netLoad int
 
 	// Under l.t.mu:
 	user     string    // the user whose credentials were last accepted on it ("": none)
@@ -578,7 +606,8 @@ func connOf(r *http.Request) *trackedConn {
 // markLogin records on r's connection how its last login (as user) went:
 // a connection whose login was refused gives way first at a cap, even with
 // a request in flight; one whose credentials were accepted is shed after
-// every connection without, unless it stalls. A user holding more than
+// every connection without them, or, while its writes stall, after every
+// one of those but a login still within its requestGrace. A user holding more than
 // maxConnsPerUser connections gives up the one of them that goes first,
 // serving or not: a thief reconnecting faster than its streams are seen to
 // stall holds no more than the cap, and of a user's connections serving

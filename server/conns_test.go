@@ -30,11 +30,23 @@ func newTestClock() *testClock           { c := &testClock{}; c.ns.Store(time.Un
 // returns the accepted connection.
 func acceptFrom(t *testing.T, limit int, budget int64) (*tracker, func(ip string) *trackedConn, *testClock) {
 	t.Helper()
+	return acceptWithLoads(t, limit, budget, nil)
+}
+
+// acceptWithLoads is acceptFrom with basic auth on and the login load of
+// each client address's networks (tracker.netLoad) given by loads (absent:
+// none).
+func acceptWithLoads(t *testing.T, limit int, budget int64, loads map[string]int) (*tracker, func(ip string) *trackedConn, *testClock) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := newTracker(budget)
+	if loads != nil {
+		tr.auth.Store(true)
+		tr.netLoad = func(addr string) int { return loads[addr] }
+	}
 	clock := newTestClock()
 	tr.now = clock.now
 	ll := tr.listen(l, limit, false)
@@ -241,12 +253,12 @@ func login(c *trackedConn, user string, accepted bool) {
 	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), user, accepted)
 }
 
-// The shed order: a connection whose login was refused, then one whose
-// credentials were accepted but whose writes stall (a stolen password
-// holding HTTP/2 streams at window 0), then one with no request being
-// served, then (basic auth being on) one being served without
-// credentials; an idle one with credentials goes only to make room for
-// another with credentials.
+// The shed order: a connection whose login was refused, then one with no
+// request being served, then (basic auth being on) one being served
+// without credentials past its grace, then one whose credentials were
+// accepted but whose writes stall (a stolen password holding HTTP/2
+// streams at window 0); an idle one with credentials goes only to make
+// room for another with credentials.
 func TestShedOrder(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
@@ -268,7 +280,7 @@ func TestShedOrder(t *testing.T) {
 		return tr.shedOneLocked(nil, want, tr.now())
 	}
 	newcomer := &trackedConn{addr: "127.0.0.9"}
-	for _, gone := range []*trackedConn{refusedLogin, stalled, idle, serving} {
+	for _, gone := range []*trackedConn{refusedLogin, idle, serving, stalled} {
 		if !shed(newcomer) || open(tr, gone) || !open(tr, scraper) {
 			t.Fatalf("shed order: %s still open %v, scraper open %v", gone.addr, open(tr, gone), open(tr, scraper))
 		}
@@ -278,6 +290,148 @@ func TestShedOrder(t *testing.T) {
 	}
 	if !shed(&trackedConn{addr: "127.0.0.10", authed: true}) || open(tr, scraper) {
 		t.Error("a connection with credentials not shed for another with credentials")
+	}
+}
+
+// A logged-in scraper whose answer lags for a moment (a loaded node: its
+// stream's writes fall behind the pace of progress) keeps its connection
+// while a newcomer without credentials finds a connection without
+// credentials to push out instead: an attacker who holds no credentials
+// does not take a logged-in client's room.
+func TestLaggingLoggedInScraperOutlastsConnectionsWithoutCredentials(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 3, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	login(scraper, "prometheus", true)
+	tr.startRequest(scraper, requestBytes, true)
+	scraper.stream.start(clock.now()) // its page waits for the loaded client to read
+	handshake := dial("127.0.0.3")    // no request yet: a TLS handshake under way
+	tr.startRequest(dial("127.0.0.4"), requestBytes, false)
+	clock.add(requestGrace + stallGrace) // the scraper's writes now count as stalled
+	dial("127.0.0.5")                    // at the cap, without credentials
+	if !open(tr, scraper) || open(tr, handshake) {
+		t.Errorf("a newcomer without credentials at the cap: the lagging logged-in scraper open %v, a connection without credentials and no request open %v; want the scraper kept",
+			open(tr, scraper), open(tr, handshake))
+	}
+}
+
+// A stolen password's connections whose streams stall go before any
+// logged-in connection that is idle (the scrapers' keep-alives, of the
+// user whose password was stolen and of another), for anyone at the cap:
+// a new login's connection without credentials, and the scrapers
+// reconnecting from their trusted addresses, which take the thief's room
+// rather than the new login's.
+func TestStolenPasswordsStalledConnectionsGoBeforeLoggedInScrapers(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 8, 0)
+	tr.auth.Store(true)
+	scraper := dial("127.0.0.2")
+	login(scraper, "prometheus", true)
+	other := dial("127.0.0.3")
+	login(other, "gmp", true)
+	var thief []*trackedConn
+	for range 6 {
+		c := dial("127.0.0.7")
+		login(c, "prometheus", true)
+		tr.startRequest(c, requestBytes, true)
+		c.stream.start(clock.now()) // its streams held at window 0
+		thief = append(thief, c)
+	}
+	clock.add(stallGrace)
+	firstLogin := dial("127.0.0.4") // no credentials yet
+	otherAgain := dial("127.0.0.3") // trusted: counts as credentialed
+	scraperAgain := dial("127.0.0.2")
+	for _, c := range []*trackedConn{scraper, other, firstLogin, otherAgain, scraperAgain} {
+		if !open(tr, c) {
+			t.Errorf("%s's connection shed while the thief's stalled connections were open", c.addr)
+		}
+	}
+	held := 0
+	for _, c := range thief {
+		if open(tr, c) {
+			held++
+		}
+	}
+	if held != 3 || tr.stats().shed != 3 {
+		t.Errorf("the thief holds %d of its 6 stalled connections after 3 newcomers at the cap (%d shed), want 3 (3)", held, tr.stats().shed)
+	}
+}
+
+// Of connections without credentials alike (one address each, the same
+// state), those whose networks have made the most login attempts lately go
+// first: a password flood from many addresses, each connection in its TLS
+// handshake, pushes out its own connections before a scraper's first login
+// from a network of its own, however long that handshake takes.
+func TestFloodingNetworksGoBeforeAFirstLogin(t *testing.T) {
+	flood := func(i int) string { return fmt.Sprintf("127.%d.0.1", 10+i) }
+	loads := map[string]int{}
+	for i := 0; i < 3; i++ {
+		loads[flood(i)] = 9 // a /16 and a /24 each with hundreds of attempts
+	}
+	tr, dial, clock := acceptWithLoads(t, 3, 0, loads)
+	firstLogin := dial("127.0.0.4") // oldest: its handshake is slow
+	clock.add(100 * time.Millisecond)
+	var floods []*trackedConn
+	for i := 0; i < 2; i++ {
+		floods = append(floods, dial(flood(i)))
+		clock.add(100 * time.Millisecond)
+	}
+	dial(flood(2)) // at the cap
+	if !open(tr, firstLogin) || (open(tr, floods[0]) && open(tr, floods[1])) {
+		t.Errorf("a flood's newcomer at the cap: the first login's connection open %v, the flood's %v %v; want one of the flood's shed",
+			open(tr, firstLogin), open(tr, floods[0]), open(tr, floods[1]))
+	}
+	if tr.stats().shed != 1 {
+		t.Errorf("%d connections shed, want 1", tr.stats().shed)
+	}
+}
+
+// A newcomer with credentials (a scraper reconnecting from its trusted
+// address) takes the room of a connection without credentials from a
+// network making more login attempts than its own, even when its address
+// already holds more connections than each of the flood's addresses (its
+// idle keep-alive besides); it takes none from an address holding fewer on
+// a network no busier than its own (a first login), which a thief with a
+// stolen password reconnecting in a loop cannot then push out.
+func TestTrustedNewcomerTakesTheRoomOfAFloodFromManyAddresses(t *testing.T) {
+	flood := func(i int) string { return fmt.Sprintf("127.%d.0.1", 10+i) }
+	loads := map[string]int{}
+	for i := 0; i < 4; i++ {
+		loads[flood(i)] = 9
+	}
+	tr, dial, clock := acceptWithLoads(t, 4, 0, loads)
+	keepAlive := dial("127.0.0.2")
+	login(keepAlive, "prometheus", true)
+	shut := dial("127.0.0.2") // the scraper's connection, to be lost
+	login(shut, "prometheus", true)
+	for i := 0; i < 2; i++ {
+		dial(flood(i))
+		clock.add(time.Millisecond)
+	}
+	shut.Close()
+	dial(flood(2)) // the cap full again: the scraper's address holds 1, each of the flood's 1
+	reconnect := dial("127.0.0.2")
+	if !open(tr, reconnect) || !open(tr, keepAlive) {
+		t.Fatalf("the scraper's reconnect at a cap full of a flood's connections: open %v (its keep-alive open %v); want it in, a flood connection shed",
+			open(tr, reconnect), open(tr, keepAlive))
+	}
+	if !reconnect.credentialed() {
+		t.Fatal("the scraper's reconnect is not trusted")
+	}
+
+	// A thief with the password, from a quiet network too, holding two
+	// connections: its new one does not push out a first login's.
+	tr2, dial2, _ := acceptWithLoads(t, 3, 0, map[string]int{})
+	thief := dial2("127.0.0.7")
+	login(thief, "prometheus", true)
+	firstLogin := dial2("127.0.0.4")
+	login(dial2("127.0.0.7"), "prometheus", true)
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.7")}}).Dial("tcp", thief.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !closedByServer(c) || !open(tr2, firstLogin) {
+		t.Error("a newcomer with credentials from an address holding 3 pushed out the only connection of a first login from a network no busier than its own")
 	}
 }
 

@@ -15,9 +15,12 @@
 //	              sockets, the probe address
 //	conns.go      each listener's connection cap and the memory budget (the
 //	              web listeners' and the probe listener's own), the shed order
-//	              that pushes out what makes no progress first, credentials or
-//	              not, from any address; the sockets' kernel buffers bounded;
-//	              every write's deadline and progress
+//	              (without credentials, what makes no progress, then what
+//	              serves no request or a login past its grace; then a
+//	              logged-in connection that stalls; from any address, a
+//	              password flood's networks before a quiet one's); the
+//	              sockets' kernel buffers bounded; every write's deadline and
+//	              progress
 //	webconfig.go  --web.config.file parsed as the toolkit does, its view handed
 //	              to the toolkit (TLS, headers), reloaded on change or SIGHUP
 //	handlers.go   the first handler: the request charged to the budget,
@@ -25,7 +28,9 @@
 //	              scrape slots given back at the first write
 //	auth.go       the rate limit and basic auth: accepted credentials
 //	              remembered, failing addresses refused before bcrypt, a
-//	              bounded bcrypt queue fair to every network and user
+//	              bounded bcrypt queue fair to every network and user, one
+//	              slot kept from a flood for a first login; the networks'
+//	              login load the shed order reads
 //	errorlog.go   net/http's own error lines, rate-limited at debug level
 //	server.go     Serve: one http.Server per listener with its HTTP/2 and
 //	              header limits, served by exporter-toolkit's web.Serve

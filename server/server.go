@@ -57,10 +57,12 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 	h := c.Handler
 	webFile := "" // exporter-toolkit serves plain HTTP without a file
 	var src *webConfigSource
+	t := newTracker(c.MemoryBudget)
 	if c.WebConfig != nil {
 		src = newWebConfigSource(c.WebConfig, log)
 		defer src.live.Close()
 		a := &authHandler{src: src, auth: newAuthenticator(), next: h}
+		t.netLoad = a.auth.networkLoad
 		if rl := c.WebConfig.RateLimiterConfig; rl.Interval != 0 {
 			a.limiter = rate.NewLimiter(rate.Every(rl.Interval), rl.Burst)
 		}
@@ -69,7 +71,6 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 			webFile = src.toolkitPath()
 		}
 	}
-	t := newTracker(c.MemoryBudget)
 	if src != nil {
 		src.onLoad = func(wc *WebConfig) { t.auth.Store(len(wc.users) > 0) }
 		src.onLoad(c.WebConfig)
