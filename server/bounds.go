@@ -183,6 +183,15 @@ const (
 	// address that failed recently or came back at once after being
 	// turned away: as much as 256 times another attempt's load.
 	addressPenalty = 8
+
+	// netLoadMargin is how many orders of magnitude more login attempts
+	// (the /16 and /24 loads' bit lengths added) a connection's networks
+	// must have made than another's for it to be shed first among equals
+	// (busierNetworks): a password flood's networks against a first login
+	// from a network of its own (the bench's mixed run: about 10 against
+	// 8), while connections from one network, the flood's and a scraper's
+	// in it (auth-addrs), go by age.
+	netLoadMargin = 2
 )
 
 // Logging and files.

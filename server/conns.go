@@ -242,7 +242,7 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 		if c.addr == want.addr {
 			return ownAddress
 		}
-		if credentialed && !c.credentialed() && c.netLoad > want.netLoad {
+		if credentialed && !c.credentialed() && busierNetworks(c.netLoad, want.netLoad) {
 			return true
 		}
 		return t.byAddr[c.addr] >= holds
@@ -276,10 +276,10 @@ func (t *tracker) victimLocked(now time.Time, limit int, may func(*trackedConn) 
 
 // goesBeforeLocked: of two connections in the same tier, c goes before v:
 // the user holding more connections, then the address holding more, then
-// the one from networks with more login attempts lately (a password flood
-// from many addresses, each holding one connection, before a scraper's
-// first login from a network of its own), then the one longer in its
-// state.
+// the one from networks with clearly more login attempts lately
+// (busierNetworks: a password flood from many addresses, each holding one
+// connection, before a scraper's first login from a network of its own),
+// then the one longer in its state.
 func (t *tracker) goesBeforeLocked(c, v *trackedConn) bool {
 	if cu, vu := t.byUser[c.user], t.byUser[v.user]; cu != vu {
 		return cu > vu
@@ -287,11 +287,18 @@ func (t *tracker) goesBeforeLocked(c, v *trackedConn) bool {
 	if ca, va := t.byAddr[c.addr], t.byAddr[v.addr]; ca != va {
 		return ca > va
 	}
-	if c.netLoad != v.netLoad {
+	if busierNetworks(c.netLoad, v.netLoad) || busierNetworks(v.netLoad, c.netLoad) {
 		return c.netLoad > v.netLoad
 	}
 	return c.sinceLocked().Before(v.sinceLocked())
 }
+
+// busierNetworks: networks whose login load is a (tracker.netLoad) made
+// clearly more login attempts lately than those whose load is b, by
+// netLoadMargin orders of magnitude or more. Below that margin the loads
+// tell nothing apart: a scraper in the flood's own network has about the
+// flood's load there, and its connection then goes by age, as any other.
+func busierNetworks(a, b int) bool { return a >= b+netLoadMargin }
 
 func (t *tracker) shedLocked(victim *trackedConn) {
 	t.removeLocked(victim)

@@ -385,6 +385,32 @@ func TestFloodingNetworksGoBeforeAFirstLogin(t *testing.T) {
 	}
 }
 
+// A first login from the flood's own network has about the flood's load
+// there: within netLoadMargin the loads tell nothing apart, and the oldest
+// of the connections alike goes first, the flood's, not the young login's.
+func TestFirstLoginInTheFloodsNetworkGoesByAge(t *testing.T) {
+	flood := func(i int) string { return fmt.Sprintf("127.1.0.%d", 10+i) }
+	// Its own attempts may put its address's load a little above the
+	// flood's: one order of magnitude apart, alike.
+	loads := map[string]int{"127.1.0.252": 16}
+	for i := 0; i < 3; i++ {
+		loads[flood(i)] = 15
+	}
+	tr, dial, clock := acceptWithLoads(t, 3, 0, loads)
+	var floods []*trackedConn
+	for i := 0; i < 2; i++ {
+		floods = append(floods, dial(flood(i)))
+		clock.add(100 * time.Millisecond)
+	}
+	firstLogin := dial("127.1.0.252")
+	clock.add(100 * time.Millisecond)
+	dial(flood(2)) // at the cap
+	if !open(tr, firstLogin) || open(tr, floods[0]) {
+		t.Errorf("a flood's newcomer at the cap, the first login in the flood's network: the first login open %v, the flood's oldest open %v; want the oldest shed",
+			open(tr, firstLogin), open(tr, floods[0]))
+	}
+}
+
 // A newcomer with credentials (a scraper reconnecting from its trusted
 // address) takes the room of a connection without credentials from a
 // network making more login attempts than its own, even when its address
