@@ -88,6 +88,10 @@ const missingNode = "gpu-no-exporter"
 // its free GPUs leave the pools' room for Pending pods.
 const cordonedNode = "gpu-a1"
 
+// heldNode is held by a remediator: GKE's XidCriticalError condition is
+// True on it, so its devices count as quarantined, not free or idle.
+const heldNode = "gpu-b0"
+
 // wantGlobalAlerts must fire on the reference (and so through Thanos): the
 // comparison would hold trivially if no global alert fired.
 var wantGlobalAlerts = []string{
@@ -489,7 +493,8 @@ func steadyScenario(t *testing.T, base []byte, n *node) []byte {
 
 // fakeKubeStateMetrics: every node's pool and accelerator, its GPU capacity,
 // a GPU node without an exporter, a cordoned node (its free GPUs are no
-// room for Pending pods), and two Pending GPU pods: one that fits a node's
+// room for Pending pods), a node a remediator holds (its conditions: GKE's
+// XidCriticalError True), and two Pending GPU pods: one that fits a node's
 // free GPUs, one that fits nowhere.
 func fakeKubeStateMetrics() string {
 	var b strings.Builder
@@ -512,6 +517,18 @@ func fakeKubeStateMetrics() string {
 			cordoned = 1
 		}
 		fmt.Fprintf(&b, "kube_node_spec_unschedulable{node=%q} %d\n", n[0], cordoned)
+	}
+	b.WriteString("# TYPE kube_node_status_condition gauge\n")
+	for _, n := range all {
+		for _, c := range []string{"Ready", "XidCriticalError"} {
+			for _, status := range []string{"true", "false", "unknown"} {
+				v := 0
+				if status == "true" && (c == "Ready" || n[0] == heldNode) || status == "false" && c == "XidCriticalError" && n[0] != heldNode {
+					v = 1
+				}
+				fmt.Fprintf(&b, "kube_node_status_condition{node=%q,condition=%q,status=%q} %d\n", n[0], c, status, v)
+			}
+		}
 	}
 	b.WriteString("# TYPE kube_pod_status_phase gauge\n")
 	for _, p := range []string{"wants-one", "wants-eight"} {

@@ -79,7 +79,7 @@ func overview() *dashboard.DashboardBuilder {
 			column{"Free", "none", `nodepool_zone:gpu_free_devices:sum{` + pool + `}`},
 			column{"Largest free NVLink group", "none", `nodepool_zone:gpu_free_devices_largest_group:max{` + pool + `, domain="nvlink"}`},
 			column{"Idle allocated", "none", `nodepool_zone:gpu_idle_allocated_devices:sum{` + pool + `}`},
-			column{"Quarantined", "none", `sum by (nodepool, zone, accelerator) (nodepool_zone:gpu_quarantined_devices:sum{` + pool + `}) or 0 * nodepool_zone:gpu_free_devices:sum{` + pool + `}`},
+			column{"Quarantined", "none", `sum by (nodepool, zone, accelerator) (nodepool_zone:gpu_quarantined_devices:sum{` + pool + `}) or 0 * sum by (nodepool, zone, accelerator) (nodepool_zone:gpu_free_devices:sum{` + pool + `})`},
 		)).
 		WithPanel(timeseriesPanel("Quarantined GPUs by remediator", "Units of the nodes a remediator holds (alerts/remediators.yml: GKE's XidCriticalError, NVSentinel's conditions, taint and label, node-problem-detector conditions), by remediator and zone: out of service, not free, not idle (a line none at 0 while nobody holds any). A GPU a DRA driver tainted counts as unhealthy instead.", "none", 24, 8, []*prometheus.DataqueryBuilder{
 			series(`sum by (remediator, zone) (nodepool_zone:gpu_quarantined_devices:sum{`+pool+`}) or label_replace(0 * sum by (zone) (nodepool_zone:gpu_free_devices:sum{`+pool+`}), "remediator", "none", "", "")`, "{{remediator}} {{zone}}"),
