@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,9 +235,62 @@ const (
 	backfillGroup     = "rightsizing"
 )
 
-// The recordings the commands read, in the order the backfill must make
-// them: the first pass reads raw series only, the second the first's.
-var backfillPasses = [][]string{rightsize.Recordings[:4], rightsize.Recordings[4:]}
+// backfillPasses are the recordings the commands read and those they
+// read in turn, in the order the backfill must make them: the first pass
+// reads raw series only, each later one what the earlier passes recorded
+// (a recording's pass is one past the latest of what it reads).
+func backfillPasses(t *testing.T, rf *alerts.RuleFile) [][]string {
+	t.Helper()
+	names := rf.RecordNames()
+	reads := func(name string) []string {
+		rules, err := rf.Recordings(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, rec := range names {
+			if rec != name && readsRecord(rules[0].Expr, rec) {
+				out = append(out, rec)
+			}
+		}
+		return out
+	}
+	pass := map[string]int{}
+	var place func(name string, depth int) int
+	place = func(name string, depth int) int {
+		if p, ok := pass[name]; ok {
+			return p
+		}
+		if depth > len(names) {
+			t.Fatalf("the recordings %v read each other in a cycle", rightsize.Recordings)
+		}
+		p := 0
+		for _, r := range reads(name) {
+			p = max(p, place(r, depth+1)+1)
+		}
+		pass[name] = p
+		return p
+	}
+	for _, n := range rightsize.Recordings {
+		place(n, 0)
+	}
+	var passes [][]string
+	for n, p := range pass {
+		for len(passes) <= p {
+			passes = append(passes, nil)
+		}
+		passes[p] = append(passes[p], n)
+	}
+	for _, p := range passes {
+		sort.Strings(p)
+	}
+	return passes
+}
+
+// readsRecord: expr reads the recorded series rec.
+func readsRecord(expr, rec string) bool {
+	return regexp.MustCompile(`(^|[^a-zA-Z0-9_:])` + regexp.QuoteMeta(rec) + `($|[^a-zA-Z0-9_:])`).MatchString(expr)
+}
 
 // evalPhase is where promtool evaluates the group: at offset + k x
 // interval, offset the hash of the group's name and file modulo the
@@ -295,11 +349,13 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 		t.Fatal(err)
 	}
 	blockDirs := []string{raw}
-	for i, names := range backfillPasses {
+	passes := backfillPasses(t, rf)
+	t.Logf("backfill passes: %v", passes)
+	for i, names := range passes {
 		data := filepath.Join(tmp, fmt.Sprintf("data-pass%d", i+1))
 		copyBlocks(t, data, blockDirs...)
 		prom := startPrometheus(t, ctx, servers[0], data)
-		writeRules(t, filepath.Join(tmp, backfillRulesFile), rf, names, backfillPasses[:i])
+		writeRules(t, filepath.Join(tmp, backfillRulesFile), rf, names, passes[:i])
 		out := filepath.Join(tmp, fmt.Sprintf("rules-pass%d", i+1))
 		runTool(t, promtool3, tmp, "tsdb", "create-blocks-from", blockDuration, "rules", "--quiet", "--url="+prom,
 			"--start="+strconv.FormatInt(fx.tl.start.Unix()-1, 10), "--end="+strconv.FormatInt(end.Add(time.Minute).Unix(), 10),
@@ -883,8 +939,8 @@ func writeRules(t *testing.T, path string, rf *alerts.RuleFile, names []string, 
 	}
 	for _, r := range rules {
 		for _, rec := range rf.RecordNames() {
-			if rec != r.Record && !done[rec] && regexp.MustCompile(`(^|[^a-zA-Z0-9_:])`+regexp.QuoteMeta(rec)+`($|[^a-zA-Z0-9_:])`).MatchString(r.Expr) {
-				t.Fatalf("%s reads %s, which no earlier backfill pass records: add it to backfillPasses", r.Record, rec)
+			if rec != r.Record && !done[rec] && readsRecord(r.Expr, rec) {
+				t.Fatalf("%s reads %s, which no earlier backfill pass records (backfillPasses)", r.Record, rec)
 			}
 		}
 	}
