@@ -170,6 +170,24 @@ func (b *blockedBcrypt) settled() {
 	}
 }
 
+// finish lets every check run, then wants the first login accepted, each
+// of the flood's attempts refused (401) and every slot back (settled).
+func (b *blockedBcrypt) finish(login chan int, flooding []chan int) {
+	b.t.Helper()
+	for range len(flooding) + 1 {
+		b.release <- struct{}{}
+	}
+	if code := b.result("first login", login); code != 0 {
+		b.t.Errorf("first login: %d, want 0", code)
+	}
+	for i, c := range flooding {
+		if code := b.result("the flood", c); code != http.StatusUnauthorized {
+			b.t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
+		}
+	}
+	b.settled()
+}
+
 // bcrypt work across many addresses: a flood holds at most every slot but
 // one, the queue for a slot is bounded (the rest refused at once with 503
 // and Retry-After, not counted as failures), a credential accepted before
@@ -462,18 +480,7 @@ func TestBcryptSlotKeptForAQuietAttempt(t *testing.T) {
 		if n := b.a.waiting(); n != 5 {
 			t.Errorf("%d of the flood's attempts waiting after the first login took the kept slot, want 5 (none pushed out)", n)
 		}
-		for range 10 {
-			b.release <- struct{}{}
-		}
-		if code := b.result("first login", login); code != 0 {
-			t.Errorf("first login: %d, want 0", code)
-		}
-		for i, c := range flooding {
-			if code := b.result("the flood", c); code != http.StatusUnauthorized {
-				t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
-			}
-		}
-		b.settled()
+		b.finish(login, flooding)
 	})
 
 	t.Run("one slot", func(t *testing.T) {
@@ -500,18 +507,7 @@ func TestBcryptSlotKeptForAQuietAttempt(t *testing.T) {
 		if p := b.next("a first login from a quiet network"); p != "new-right" {
 			t.Errorf("the freed slot went to %q, want the first login before the flood's waiting attempt", p)
 		}
-		for range 10 {
-			b.release <- struct{}{}
-		}
-		if code := b.result("first login", login); code != 0 {
-			t.Errorf("first login: %d, want 0", code)
-		}
-		for i, c := range flooding {
-			if code := b.result("the flood", c); code != http.StatusUnauthorized {
-				t.Errorf("flooding attempt %d: %d, want 401", i+1, code)
-			}
-		}
-		b.settled()
+		b.finish(login, flooding)
 	})
 }
 

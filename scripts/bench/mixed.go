@@ -395,13 +395,35 @@ func runEnv(cfg config) string {
 	return "GOMEMLIMIT=" + cfg.goMemLimit
 }
 
+// besideTheAttack are a run's well-behaved clients: the logged-in
+// scraper, first logins and the prober.
+type besideTheAttack struct {
+	scraper, fresh  *clientStats
+	healthz, readyz *clientStats
+}
+
+// beside runs the well-behaved clients until ctx ends: the prober, a first
+// login every firstLoginEvery from 1.5 s in, and the scraper as scrape
+// polls it.
+func (s *securedExporter) beside(ctx context.Context, firstLoginEvery time.Duration, b *besideTheAttack, scrape func(context.Context) *clientStats) {
+	var wg sync.WaitGroup
+	prober(ctx, &wg, proberAddr, s.probe, &b.healthz, &b.readyz)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sleepCtx(ctx, 1500*time.Millisecond)
+		b.fresh = s.firstLogins(ctx, firstLoginEvery)
+	}()
+	b.scraper = scrape(ctx)
+	wg.Wait()
+}
+
 type mixedResult struct {
-	mem                   memFigures
-	h2                    h2Stats
-	flood                 wrongPasswords
-	probePipe             pipelineStats
-	scraper, fresh        *clientStats
-	healthz, readyz       *clientStats
+	mem       memFigures
+	h2        h2Stats
+	flood     wrongPasswords
+	probePipe pipelineStats
+	besideTheAttack
 	loadBefore, loadAfter string
 }
 
@@ -432,26 +454,18 @@ func measureMixed(cfg config) (*mixedResult, error) {
 		}()
 		wg.Wait()
 	}, func(ctx context.Context) {
-		var wg sync.WaitGroup
-		prober(ctx, &wg, proberAddr, s.probe, &r.healthz, &r.readyz)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sleepCtx(ctx, 1500*time.Millisecond)
-			r.fresh = s.firstLogins(ctx, time.Second)
-		}()
-		r.scraper = poll(ctx, scraper, 100*time.Millisecond, scrape)
-		wg.Wait()
+		s.beside(ctx, time.Second, &r.besideTheAttack, func(ctx context.Context) *clientStats {
+			return poll(ctx, scraper, 100*time.Millisecond, scrape)
+		})
 	})
 	r.loadAfter = loadAvg()
 	return r, nil
 }
 
 type stolenResult struct {
-	mem                   memFigures
-	h2                    h2Stats
-	scraper, fresh        *clientStats
-	healthz, readyz       *clientStats
+	mem memFigures
+	h2  h2Stats
+	besideTheAttack
 	loadBefore, loadAfter string
 }
 
@@ -473,16 +487,9 @@ func measureStolenPassword(cfg config) (*stolenResult, error) {
 	r.mem = attackFor(cfg, "stolen-password", cfg.attackFor, s.exporterProc, s.probe, s.fetch(), func(ctx context.Context) {
 		h2StallFrom(ctx, s.addr, "127.0.0.1", basicAuth("prometheus", benchPassword), cfg.stolenConns, cfg.h2Streams, &r.h2)
 	}, func(ctx context.Context) {
-		var wg sync.WaitGroup
-		prober(ctx, &wg, proberAddr, s.probe, &r.healthz, &r.readyz)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sleepCtx(ctx, 1500*time.Millisecond)
-			r.fresh = s.firstLogins(ctx, time.Second)
-		}()
-		r.scraper = poll(ctx, scraper, 100*time.Millisecond, scrape)
-		wg.Wait()
+		s.beside(ctx, time.Second, &r.besideTheAttack, func(ctx context.Context) *clientStats {
+			return poll(ctx, scraper, 100*time.Millisecond, scrape)
+		})
 	})
 	r.loadAfter = loadAvg()
 	return r, nil
@@ -579,11 +586,10 @@ type soakResult struct {
 	flood                  wrongPasswords
 	probePipe, slowReaders pipelineStats
 	slowProbes             atomic.Int64
-	scraper, fresh         *clientStats
-	healthz, readyz        *clientStats
-	counterFalls           int
-	xidSeen                bool
-	loadBefore, loadAfter  string
+	besideTheAttack
+	counterFalls          int
+	xidSeen               bool
+	loadBefore, loadAfter string
 }
 
 // soakScenario is the built-in 8-GPU node's size with a GPU fault every
@@ -675,18 +681,11 @@ func measureSoak(cfg config) (*soakResult, error) {
 		}
 		wg.Wait()
 	}, func(ctx context.Context) {
-		var wg sync.WaitGroup
-		prober(ctx, &wg, proberAddr, s.probe, &r.healthz, &r.readyz)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sleepCtx(ctx, 1500*time.Millisecond)
-			r.fresh = s.firstLogins(ctx, 10*time.Second)
-		}()
-		r.scraper = pollBody(ctx, scraper, time.Second, scrape, func(body []byte) {
-			r.counterFalls += countersFell(counters, body)
+		s.beside(ctx, 10*time.Second, &r.besideTheAttack, func(ctx context.Context) *clientStats {
+			return pollBody(ctx, scraper, time.Second, scrape, func(body []byte) {
+				r.counterFalls += countersFell(counters, body)
+			})
 		})
-		wg.Wait()
 	})
 	for k := range counters {
 		if strings.HasPrefix(k, "gpu_xid_errors_total{") {
