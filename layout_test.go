@@ -128,3 +128,45 @@ func TestAgentLinksNeitherSimulationNorAnalytics(t *testing.T) {
 		t.Error("gpupool links no package of the analytics: does this test look at the right paths?")
 	}
 }
+
+// TestMakeRunBuildsOnlyWhatTheSimulatedNodeRuns: `make run`'s quick build
+// (the Makefile's RUN_BUILD_FLAGS) leaves go-dcgm out of the simulated
+// node, whose DCGM is sim/fakedcgm, while the agent links it.
+func TestMakeRunBuildsOnlyWhatTheSimulatedNodeRuns(t *testing.T) {
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags string
+	for _, l := range strings.Split(string(mk), "\n") {
+		if rest, ok := strings.CutPrefix(l, "RUN_BUILD_FLAGS :="); ok {
+			f := strings.Fields(rest)
+			if i := slices.Index(f, "-tags"); i >= 0 && i+1 < len(f) {
+				tags = f[i+1]
+			}
+		}
+	}
+	if !slices.Contains(strings.Split(tags, ","), "nodcgm") {
+		t.Fatalf("the Makefile's RUN_BUILD_FLAGS has no -tags with nodcgm (tags %q): make run would compile go-dcgm, which the simulated node never runs", tags)
+	}
+	const goDCGM = "github.com/NVIDIA/go-dcgm/pkg/dcgm"
+	deps := func(args ...string) []string {
+		out, err := exec.Command("go", append([]string{"list", "-deps"}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %v: %v", args, err)
+		}
+		return strings.Fields(string(out))
+	}
+	if slices.Contains(deps("-tags", tags, "./cmd/gpu-pool-exporter-sim"), goDCGM) {
+		t.Errorf("make run's build (-tags %s) of gpu-pool-exporter-sim links %s", tags, goDCGM)
+	}
+	if !slices.Contains(deps("./cmd/gpu-pool-exporter"), goDCGM) {
+		t.Errorf("the agent does not link %s: is DCGM still read on a node?", goDCGM)
+	}
+	// What a binary built so says when asked for DCGM (a test that only
+	// builds with the tag).
+	out, err := exec.Command("go", "test", "-count=1", "-tags", tags, "-run", "^TestBuiltWithoutDCGM$", "-v", "./collector/dcgm/").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestBuiltWithoutDCGM") {
+		t.Errorf("go test -tags %s ./collector/dcgm/: %v\n%s", tags, err, out)
+	}
+}
