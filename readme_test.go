@@ -158,8 +158,8 @@ var ansi = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
 // TestMakeRun runs README's first command as a user would and stops it with
 // Ctrl-C. The build's own output (cgo warnings, downloads on a fresh
-// machine) is shown only when it fails, so the packages compiled by the
-// suite already serve: nothing is compiled again for this test.
+// machine) is shown only when it fails. make run's quick build has flags of
+// its own (RUN_BUILD_FLAGS), so a cold suite compiles it once here.
 func TestMakeRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
