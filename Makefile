@@ -76,7 +76,7 @@ build:
 # measures a fresh clone's first page (docs/performance.md).
 RUN_BUILD_FLAGS := -tags nodcgm,netgo,osusergo -gcflags "all=-N -l -dwarf=false" -ldflags "$(LDFLAGS) -s -w"
 run:
-	@echo "make run: building ./gpu-pool-exporter-sim (under a minute on a fresh machine)"
+	@echo "make run: building ./gpu-pool-exporter-sim (about a minute on a fresh machine)"
 	@log=$$(mktemp); { \
 		go build $(RUN_BUILD_FLAGS) net/http & warm=$$!; \
 		go list $(RUN_BUILD_FLAGS) -deps ./cmd/gpu-pool-exporter-sim >/dev/null; listed=$$?; \
