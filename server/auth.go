@@ -81,6 +81,11 @@ type load struct {
 	at time.Time
 }
 
+// valueAt is l's value decayed to now (halved every loadHalfLife).
+func (l *load) valueAt(now time.Time) float64 {
+	return l.v * math.Exp2(-float64(now.Sub(l.at))/float64(loadHalfLife))
+}
+
 // cleanLocked: b has no recent failure and was not turned away within
 // busyCooldown.
 func (a *authenticator) cleanLocked(b *failBucket) bool {
@@ -122,8 +127,7 @@ func (a *authenticator) loadLocked(key string) *load {
 		l = &load{at: now}
 		a.loads[key] = l
 	}
-	l.v *= math.Exp2(-float64(now.Sub(l.at)) / float64(loadHalfLife))
-	l.at = now
+	l.v, l.at = l.valueAt(now), now
 	return l
 }
 
@@ -155,7 +159,7 @@ func (a *authenticator) networkLoad(client string) int {
 	n := 0
 	for _, k := range keys[:2] {
 		if l := a.loads[k]; l != nil {
-			n += bits.Len(uint(l.v * math.Exp2(-float64(now.Sub(l.at))/float64(loadHalfLife))))
+			n += bits.Len(uint(l.valueAt(now)))
 		}
 	}
 	return n

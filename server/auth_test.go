@@ -455,18 +455,24 @@ func TestBcryptSlotKeptForAQuietAttempt(t *testing.T) {
 		}
 	}
 
-	t.Run("two slots", func(t *testing.T) {
-		b := newBlockedBcrypt(t, users, 2, 8)
-		failedOnce(b)
-		var flooding []chan int
-		flooding = append(flooding, b.async(flood(1), "prometheus", "wrong-1"))
-		if p := b.next("the flood's first attempt"); p != "wrong-1" {
-			t.Fatalf("the slot went to %q", p)
+	// The flood's attempts 1 to n: the first takes a slot, the others
+	// queue behind it.
+	startFlood := func(b *blockedBcrypt, n int, what string) []chan int {
+		flooding := []chan int{b.async(flood(1), "prometheus", "wrong-1")}
+		if p := b.next(what); p != "wrong-1" {
+			b.t.Fatalf("the slot went to %q", p)
 		}
-		for i := 2; i <= 6; i++ {
+		for i := 2; i <= n; i++ {
 			flooding = append(flooding, b.async(flood(i), "prometheus", fmt.Sprint("wrong-", i)))
 			b.waiting(i - 1)
 		}
+		return flooding
+	}
+
+	t.Run("two slots", func(t *testing.T) {
+		b := newBlockedBcrypt(t, users, 2, 8)
+		failedOnce(b)
+		flooding := startFlood(b, 6, "the flood's first attempt")
 		b.a.mu.Lock()
 		free, loud := b.a.free, b.a.loud
 		b.a.mu.Unlock()
@@ -488,15 +494,7 @@ func TestBcryptSlotKeptForAQuietAttempt(t *testing.T) {
 		b := newBlockedBcrypt(t, users, 0, 8) // as many slots as newAuthenticator gives under GOMAXPROCS 1
 		runtime.GOMAXPROCS(procs)
 		failedOnce(b)
-		var flooding []chan int
-		flooding = append(flooding, b.async(flood(1), "prometheus", "wrong-1"))
-		if p := b.next("the flood's attempt, the only slot free"); p != "wrong-1" {
-			t.Fatalf("the slot went to %q", p)
-		}
-		for i := 2; i <= 3; i++ {
-			flooding = append(flooding, b.async(flood(i), "prometheus", fmt.Sprint("wrong-", i)))
-			b.waiting(i - 1)
-		}
+		flooding := startFlood(b, 3, "the flood's attempt, the only slot free")
 		b.release <- struct{}{}
 		if p := b.next("the flood's next attempt"); p != "wrong-2" {
 			t.Errorf("the freed slot went to %q, want the flood's oldest waiting attempt", p)

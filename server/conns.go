@@ -614,11 +614,11 @@ func connOf(r *http.Request) *trackedConn {
 // a connection whose login was refused gives way first at a cap, even with
 // a request in flight; one whose credentials were accepted is shed after
 // every connection without them, or, while its writes stall, after every
-// one of those but a login still within its requestGrace. A user holding more than
-// maxConnsPerUser connections gives up the one of them that goes first,
-// serving or not: a thief reconnecting faster than its streams are seen to
-// stall holds no more than the cap, and of a user's connections serving
-// alike, those of the address holding the most go first.
+// one of those but a login still within its requestGrace. A user holding
+// more than maxConnsPerUser connections gives up the one of them that goes
+// first, serving or not: a thief reconnecting faster than its streams are
+// seen to stall holds no more than the cap, and of a user's connections
+// serving alike, those of the address holding the most go first.
 func markLogin(r *http.Request, user string, accepted bool) {
 	c := connOf(r)
 	if c == nil {

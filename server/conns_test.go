@@ -253,6 +253,16 @@ func login(c *trackedConn, user string, accepted bool) {
 	markLogin(httptest.NewRequest("GET", "/metrics", nil).WithContext(withConn(context.Background(), c)), user, accepted)
 }
 
+// loggedInStreaming marks c logged in as user with a request being served
+// whose stream's write waits from now on (HTTP/2 at window 0, or a client
+// that reads slowly): stalled once stallGrace has passed.
+func loggedInStreaming(tr *tracker, c *trackedConn, user string, now time.Time) *trackedConn {
+	login(c, user, true)
+	tr.startRequest(c, requestBytes, true)
+	c.stream.start(now)
+	return c
+}
+
 // The shed order: a connection whose login was refused, then one with no
 // request being served, then (basic auth being on) one being served
 // without credentials past its grace, then one whose credentials were
@@ -264,10 +274,7 @@ func TestShedOrder(t *testing.T) {
 	tr.auth.Store(true)
 	scraper := dial("127.0.0.2")
 	login(scraper, "prometheus", true)
-	stalled := dial("127.0.0.6")
-	login(stalled, "prometheus", true)
-	tr.startRequest(stalled, requestBytes, true)
-	stalled.stream.start(clock.now()) // a stream's write waits at window 0
+	stalled := loggedInStreaming(tr, dial("127.0.0.6"), "prometheus", clock.now())
 	idle := dial("127.0.0.3")
 	refusedLogin := dial("127.0.0.4")
 	login(refusedLogin, "prometheus", false)
@@ -301,11 +308,9 @@ func TestShedOrder(t *testing.T) {
 func TestLaggingLoggedInScraperOutlastsConnectionsWithoutCredentials(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 3, 0)
 	tr.auth.Store(true)
-	scraper := dial("127.0.0.2")
-	login(scraper, "prometheus", true)
-	tr.startRequest(scraper, requestBytes, true)
-	scraper.stream.start(clock.now()) // its page waits for the loaded client to read
-	handshake := dial("127.0.0.3")    // no request yet: a TLS handshake under way
+	// Its page waits for the loaded client to read.
+	scraper := loggedInStreaming(tr, dial("127.0.0.2"), "prometheus", clock.now())
+	handshake := dial("127.0.0.3") // no request yet: a TLS handshake under way
 	tr.startRequest(dial("127.0.0.4"), requestBytes, false)
 	clock.add(requestGrace + stallGrace) // the scraper's writes now count as stalled
 	dial("127.0.0.5")                    // at the cap, without credentials
@@ -329,12 +334,8 @@ func TestStolenPasswordsStalledConnectionsGoBeforeLoggedInScrapers(t *testing.T)
 	other := dial("127.0.0.3")
 	login(other, "gmp", true)
 	var thief []*trackedConn
-	for range 6 {
-		c := dial("127.0.0.7")
-		login(c, "prometheus", true)
-		tr.startRequest(c, requestBytes, true)
-		c.stream.start(clock.now()) // its streams held at window 0
-		thief = append(thief, c)
+	for range 6 { // its streams held at window 0
+		thief = append(thief, loggedInStreaming(tr, dial("127.0.0.7"), "prometheus", clock.now()))
 	}
 	clock.add(stallGrace)
 	firstLogin := dial("127.0.0.4") // no credentials yet
