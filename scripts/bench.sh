@@ -12,13 +12,15 @@
 # 2 s or more, or RSS above 100 MiB), then the attacker's own choices, each
 # with GOMEMLIMIT=100MiB and without: several attacks at once, a stolen
 # password, the attacker on the prober's or the scraper's address, and a
-# 10-minute soak of every attack with GPU faults (about 25 minutes in all;
+# 10-minute soak of every attack with GPU faults (about 27 minutes in all;
 # BENCH_ARGS="-soak-for 2m" shortens it). Run from the repository root.
 #
 # The node agent's memory at rest comes first (scripts/benchrest: the agent
 # as the image builds it, on the fake libnvidia-ml with 8 H100s, no kubelet
-# and no DCGM; BENCH_REST_ARGS go to it, e.g. BENCH_REST_ARGS="-settle 20s");
-# it fails make bench above 25 MiB once the other runs are done.
+# and no DCGM, started from its file as a node has it, unpacked or read from
+# disk, and as the linker left it; BENCH_REST_ARGS go to it, e.g.
+# BENCH_REST_ARGS="-settle 20s"); it fails make bench above 25 MiB in a
+# node's states once the other runs are done.
 #
 # BENCHTIME (default 1s) is go test's -benchtime; BENCH_ARGS go to the load
 # program (e.g. BENCH_ARGS="-scrapes 1000 -idle-samples 5"; a quick run of

@@ -8,13 +8,17 @@
 //     parts, from /proc/PID/status) after -settle, the highest of the
 //     readings taken every second until then; the fake library's own
 //     mappings are named apart;
-//   - the binary's size, what of it is loaded (text, rodata, pclntab: on
-//     this kernel a process's file-backed pages are about all of them) and
+//   - that memory for the binary's file in each state of the page cache a
+//     process can start from (see binaryStates): the file-backed part is
+//     the pages of the binary a process maps, and how many of them a start
+//     maps depends on how the file came into the page cache, not only on
+//     its bytes. The target holds the states a node starts the agent in;
+//   - the binary's size, what of it is loaded (text, rodata, pclntab) and
 //     the number of packages it links;
 //   - the ten packages whose initialisation costs most (GODEBUG=inittrace=1),
 //     by bytes allocated and by time.
 //
-// It exits 1 when the resident memory is over -target-mib.
+// It exits 1 when the resident memory a node would see is over -target-mib.
 package main
 
 import (
@@ -36,8 +40,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/sim/fakenvml"
 )
@@ -137,14 +143,14 @@ func freeAddr() (string, error) {
 
 // start runs the agent on the fake driver with env added and waits until
 // it serves a page with every GPU up.
-func start(c config, lib, node string, env []string) (*exec.Cmd, string, *bytes.Buffer, error) {
+func start(c config, bin, lib, node string, env []string) (*exec.Cmd, string, *bytes.Buffer, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, "", nil, err
 	}
 	args := append([]string{"--nvml.library=" + lib, "--no-kubelet.enabled", "--dcgm.mode=off",
 		"--web.listen-address=" + addr, "--collect-interval=" + c.interval, "--log.level=warn"}, c.extra...)
-	cmd := exec.Command(c.agent, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(append(os.Environ(), fakenvml.EnvNode+"="+node, "LD_LIBRARY_PATH="), env...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -221,7 +227,7 @@ type initCost struct {
 // initTrace starts the agent with GODEBUG=inittrace=1 and reads every
 // package's init line.
 func initTrace(c config, lib, node string) ([]initCost, error) {
-	cmd, _, logs, err := start(c, lib, node, []string{"GODEBUG=inittrace=1"})
+	cmd, _, logs, err := start(c, c.agent, lib, node, []string{"GODEBUG=inittrace=1"})
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +266,150 @@ func cpuTicks(pid int) (int64, error) {
 	return u + st, nil
 }
 
-func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+// binaryState is one way the agent's file can be in the page cache when a
+// process starts it.
+type binaryState struct {
+	name string
+	// held: a node starts the agent in this state, so the target applies.
+	held bool
+	// stage puts src at dst in this state ("" : run src where it is).
+	stage func(src, dst string) error
+}
+
+// binaryStates are the states measured. The file-backed pages a start maps
+// follow the page cache's folios of the file, so the same bytes read
+// differently: a file the Go linker has just written (through a shared
+// mapping) is mapped almost whole, one written by write(2) or read back
+// from disk maps about 1.5 MiB less (docs/performance.md). A node runs the
+// agent from an image layer that containerd wrote with write(2), or read
+// back from disk after a reboot or memory pressure took it out of the
+// page cache; only a developer's freshly built binary starts as linked.
+var binaryStates = []binaryState{
+	{name: "unpacked (written by write(2), as containerd unpacks an image layer)", held: true, stage: func(src, dst string) error {
+		return copyFile(src, dst, false)
+	}},
+	{name: "read from disk (its pages dropped from the page cache first)", held: true, stage: func(src, dst string) error {
+		return copyFile(src, dst, true)
+	}},
+	{name: "as the linker left it (a fresh go build)", held: false},
+}
+
+// copyFile writes src to dst with write(2), 32 KiB at a time as a tar
+// extraction does (not copy_file_range, which io.Copy between two files
+// would use), and syncs it; with drop, it then drops dst's pages from the
+// page cache, so a start reads it from disk.
+func copyFile(src, dst string, drop bool) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o700) //nolint:gosec // G302: an executable, run by its owner
+	if err != nil {
+		return err
+	}
+	// The struct wrappers hide ReadFrom and WriteTo: plain reads and writes.
+	if _, err := io.CopyBuffer(struct{ io.Writer }{out}, struct{ io.Reader }{in}, make([]byte, 32<<10)); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	if drop {
+		if err := unix.Fadvise(int(out.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			out.Close()
+			return fmt.Errorf("dropping %s from the page cache: %w", dst, err)
+		}
+	}
+	return out.Close()
+}
+
+// cached is the share of path's pages in the page cache (mincore(2)).
+func cached(path string) (float64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return 0, err
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = unix.Munmap(m) }()
+	page := os.Getpagesize()
+	vec := make([]byte, (len(m)+page-1)/page)
+	// x/sys/unix has no mincore wrapper on Linux.
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 { //nolint:gosec // G103: m and vec outlive the call
+		return 0, fmt.Errorf("mincore %s: %w", path, errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return float64(n) / float64(len(vec)), nil
+}
+
+// atRest is one settled run of the agent.
+type atRest struct {
+	state      binaryState
+	cachedFrom float64 // share of the binary in the page cache at its start
+	peak, last memory
+	cpuPerMin  float64
+}
+
+// settle starts bin and reads its memory every second, with a scrape a
+// second, for c.settle.
+func settle(c config, bin, lib, node string) (atRest, error) {
+	var r atRest
+	var err error
+	if r.cachedFrom, err = cached(bin); err != nil {
+		return r, err
+	}
+	cmd, addr, logs, err := start(c, bin, lib, node, nil)
+	if err != nil {
+		return r, err
+	}
+	defer stop(cmd)
+	cpu0, err := cpuTicks(cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.settle)
+	defer cancel()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			// One scrape per second, as a Prometheus at a short interval.
+			if _, err := get("http://" + addr + "/metrics"); err != nil {
+				return r, fmt.Errorf("scrape: %v\n%s", err, logs.String())
+			}
+			m, err := readMemory(cmd.Process.Pid, lib)
+			if err != nil {
+				return r, err
+			}
+			r.last = m
+			if m.rss > r.peak.rss {
+				r.peak = m
+			}
+		}
+	}
+	cpu1, err := cpuTicks(cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
+	// USER_HZ is 100 on Linux.
+	r.cpuPerMin = float64(cpu1-cpu0) / 100 / c.settle.Minutes()
+	return r, nil
+}
 
 func run(w io.Writer, c config) error {
 	dir, err := os.MkdirTemp("", "benchrest-")
@@ -285,61 +434,58 @@ func run(w io.Writer, c config) error {
 		return err
 	}
 
-	cmd, addr, logs, err := start(c, lib, node, nil)
-	if err != nil {
-		return err
-	}
-	defer stop(cmd)
-	cpu0, err := cpuTicks(cmd.Process.Pid)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.settle)
-	defer cancel()
-	var peak, last memory
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-			// One scrape per second, as a Prometheus at a short interval.
-			if _, err := get("http://" + addr + "/metrics"); err != nil {
-				return fmt.Errorf("scrape: %v\n%s", err, logs.String())
-			}
-			m, err := readMemory(cmd.Process.Pid, lib)
-			if err != nil {
+	var runs []atRest
+	for i, st := range binaryStates {
+		bin := c.agent
+		if st.stage != nil {
+			bin = filepath.Join(dir, fmt.Sprintf("agent-%d", i), filepath.Base(c.agent))
+			if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 				return err
 			}
-			last = m
-			if m.rss > peak.rss {
-				peak = m
+			if err := st.stage(c.agent, bin); err != nil {
+				return err
 			}
 		}
+		r, err := settle(c, bin, lib, node)
+		if err != nil {
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+		r.state = st
+		runs = append(runs, r)
 	}
 
-	cpu1, err := cpuTicks(cmd.Process.Pid)
-	if err != nil {
-		return err
-	}
-	// USER_HZ is 100 on Linux.
-	cpuPerMin := float64(cpu1-cpu0) / 100 / c.settle.Minutes()
-
-	fmt.Fprintf(w, "Node agent at rest (%d x H100 on the fake libnvidia-ml, no kubelet, no DCGM, --collect-interval=%s, a scrape a second, after %s):\n\n", c.gpus, c.interval, c.settle)
-	fmt.Fprintln(w, "| binary | size | loaded (text + rodata + pclntab + data) | packages | RSS at rest (highest) | anonymous | file-backed | of it the fake driver's | CPU s/min | target |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintf(w, "Node agent at rest (%d x H100 on the fake libnvidia-ml, no kubelet, no DCGM, --collect-interval=%s, a scrape a second, after %s), per state of its binary in the page cache at the start:\n\n", c.gpus, c.interval, c.settle)
 	pk := "-"
 	if c.packages > 0 {
 		pk = strconv.Itoa(c.packages)
 	}
-	verdict := "met"
-	over := float64(peak.rss)/(1<<20) > c.target
-	if over {
-		verdict = "OVER"
+	fmt.Fprintf(w, "%s: %s, loaded %s (text %s, rodata %s, pclntab %s), %s packages\n\n",
+		filepath.Base(c.agent), mib(fi.Size()), mib(total), mib(secs[".text"]), mib(secs[".rodata"]), mib(secs[".gopclntab"]), pk)
+	fmt.Fprintln(w, "| binary's page cache at the start | cached | RSS at rest (highest) | anonymous | file-backed | of it the fake driver's | CPU s/min | target |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	var worst *atRest
+	for i := range runs {
+		r := &runs[i]
+		verdict := "not held (no node starts it so)"
+		if r.state.held {
+			verdict = "met"
+			if float64(r.peak.rss)/(1<<20) > c.target {
+				verdict = "OVER"
+			}
+			if worst == nil || r.peak.rss > worst.peak.rss {
+				worst = r
+			}
+		}
+		fmt.Fprintf(w, "| %s | %.0f%% | %s (last %s) | %s | %s | %s | %.2f | %.0f MiB: %s |\n",
+			r.state.name, 100*r.cachedFrom, mib(r.peak.rss), mib(r.last.rss), mib(r.peak.anon), mib(r.peak.file), mib(r.peak.driver), r.cpuPerMin, c.target, verdict)
 	}
-	fmt.Fprintf(w, "| %s | %s | %s (text %s, rodata %s, pclntab %s) | %s | %s (last %s) | %s | %s | %s | %.2f | %.0f MiB: %s |\n",
-		filepath.Base(c.agent), mib(fi.Size()), mib(total), mib(secs[".text"]), mib(secs[".rodata"]), mib(secs[".gopclntab"]), pk,
-		mib(peak.rss), mib(last.rss), mib(peak.anon), mib(peak.file), mib(peak.driver), cpuPerMin, c.target, verdict)
+	for _, r := range runs {
+		// A drop that left the file cached (tmpfs holds no file on disk)
+		// measured the wrong state: say so rather than report it as one.
+		if r.state.held && r.state.stage != nil && strings.HasPrefix(r.state.name, "read from disk") && r.cachedFrom > 0.5 {
+			fmt.Fprintf(w, "\nThe page cache kept %.0f%% of the binary after the drop: %s is likely tmpfs; set TMPDIR to a disk-backed folder.\n", 100*r.cachedFrom, dir)
+		}
+	}
 
 	fmt.Fprintln(w, "\nInitialisation (GODEBUG=inittrace=1), the ten costliest packages by bytes allocated, then by time:")
 	fmt.Fprintln(w)
@@ -359,8 +505,10 @@ func run(w io.Writer, c config) error {
 		fmt.Fprintf(w, "| %d | %s | %d | %d | %s | %.2f |\n", i+1, byBytes[i].pkg, byBytes[i].bytes, byBytes[i].allocs, byClock[i].pkg, byClock[i].clock)
 	}
 	fmt.Fprintf(w, "| | all %d packages | %d | | | %.1f |\n", len(costs), allBytes, allClock)
-	if over {
-		return fmt.Errorf("the agent holds %s at rest, over the target of %.0f MiB", mib(peak.rss), c.target)
+	if worst != nil && float64(worst.peak.rss)/(1<<20) > c.target {
+		return fmt.Errorf("the agent holds %s at rest (%s), over the target of %.0f MiB", mib(worst.peak.rss), worst.state.name, c.target)
 	}
 	return nil
 }
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
