@@ -193,12 +193,25 @@ func servedPage(t *testing.T, bin string, args ...string) string {
 	l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--collect-interval=1s", "--web.listen-address=" + addr}, args...)...)
+	// Stopped as a user stops it (Ctrl-C), not with the default SIGKILL,
+	// and in a TMPDIR of its own: the simulated node's files (sysfs tree,
+	// kubelet socket, host /proc) must be gone once it has exited.
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cancel(); _ = cmd.Wait() }()
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+		if left, _ := os.ReadDir(tmp); len(left) > 0 {
+			t.Errorf("the simulated node left %d entries in TMPDIR after Ctrl-C (first: %s)", len(left), left[0].Name())
+		}
+	}()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the simulated node's page never had DCGM, the pod map and the compatibility rates; log:\n%s", logs.String())
