@@ -138,16 +138,28 @@ pods:
   - {namespace: a, name: busy, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
   - {namespace: a, name: idle, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
 `)
+	// DCGM samples on the wall clock, every 20ms; the exporter's clock is
+	// the test's. MaxMissed keeps DCGM's values fresh through a stall of
+	// the sampler's goroutine on a loaded machine: a step that found none
+	// would leave the idle holder unmeasured for that sample, and its idle
+	// window would start again.
 	tn := newTestExporter(t, withScenario(sc), withKubelet(), withGroups(fullGroups()),
 		withDerived(state.DerivedConfig{Idle: fragmentation.IdleConfig{Threshold: 0.05, Window: time.Minute}}),
-		withDCGM(nil, splitGPUInstanceActivity))
+		withDCGM(nil, splitGPUInstanceActivity), withDCGMConfig(func(c *dcgm.Config) { c.MaxMissed = 500 }))
 	gi1 := `gpu_instance="1"` // the 3g.40gb at 0:4
 	waitFor(t, "DCGM values on both compute instances", func() bool {
 		p := tn.step(t, 0)
 		return len(series(p, "gpu_sm_active_ratio", gi1)) == 2 && len(series(p, "gpu_pcie_transmit_bytes_total", `gpu_instance=""`)) == 1
 	})
+	uuid := tn.node.Devices()[0].UUID()
 	var p *collector.Page
 	for range 5 {
+		waitFor(t, "DCGM's values of both compute instances", func() bool {
+			snap := tn.ds.Snapshot()
+			_, busy := snap.FindComputeInstance(uuid, 1, 0)
+			_, idle := snap.FindComputeInstance(uuid, 1, 1)
+			return busy && idle
+		})
 		p = tn.step(t, 20*time.Second)
 	}
 	for ci, want := range map[string]float64{"0": 0.9, "1": 0} {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -171,6 +172,43 @@ func (e *exporter) scrape() (map[string]*dto.MetricFamily, error) {
 }
 
 // waitFor scrapes until ok, failing the test if the exporter dies.
+// goroutines reads the exporter's goroutine profile (it runs with
+// --web.enable-pprof): its own goroutines, not counting those serving an
+// HTTP connection (they follow the client), and of them those inside a
+// call into NVML; and the profile, for a failure's message.
+func (e *exporter) goroutines() (own, inNVML int, profile string) {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		e.t.Fatalf("goroutine profile: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		e.t.Fatalf("goroutine profile: %s, %v:\n%s", resp.Status, err, body)
+	}
+	profile = string(body)
+	// "goroutine profile: total N", then records of "N @ pc..." and their
+	// frames, a blank line apart.
+	_, records, _ := strings.Cut(profile, "\n")
+	for _, rec := range strings.Split(records, "\n\n") {
+		head, _, _ := strings.Cut(rec, "\n")
+		count, _, ok := strings.Cut(head, " @ ")
+		n, err := strconv.Atoi(count)
+		if !ok || err != nil || strings.Contains(rec, "net/http.(*conn).serve") {
+			continue
+		}
+		own += n
+		if strings.Contains(rec, "go-nvml/pkg/nvml._Cfunc_") {
+			inNVML += n
+		}
+	}
+	if own == 0 {
+		e.t.Fatalf("goroutine profile without goroutines:\n%s", profile)
+	}
+	return own, inNVML, profile
+}
+
 func (e *exporter) waitFor(ok func(map[string]*dto.MetricFamily) bool, what string) map[string]*dto.MetricFamily {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
