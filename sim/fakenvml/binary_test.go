@@ -171,7 +171,6 @@ func (e *exporter) scrape() (map[string]*dto.MetricFamily, error) {
 	return p.TextToMetricFamilies(resp.Body)
 }
 
-// waitFor scrapes until ok, failing the test if the exporter dies.
 // goroutines reads the exporter's goroutine profile (it runs with
 // --web.enable-pprof): its own goroutines, not counting those serving an
 // HTTP connection (they follow the client), and of them those inside a
@@ -209,6 +208,7 @@ func (e *exporter) goroutines() (own, inNVML int, profile string) {
 	return own, inNVML, profile
 }
 
+// waitFor scrapes until ok, failing the test if the exporter dies.
 func (e *exporter) waitFor(ok func(map[string]*dto.MetricFamily) bool, what string) map[string]*dto.MetricFamily {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
