@@ -8,11 +8,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	config_util "github.com/prometheus/common/config"
 	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/rs/zerolog"
 	"go.yaml.in/yaml/v2"
@@ -30,11 +32,54 @@ var ErrSetup = errors.New("setting up the web config")
 // enforces itself (see auth.go for why).
 type WebConfig struct {
 	*web.Config
-	path    string
-	users   map[string]string // user -> bcrypt hash
-	modTime time.Time
-	size    int64
-	view    *os.File // the view, in memory (memfd), for exporter-toolkit to read
+	path  string
+	users map[string]string // user -> bcrypt hash
+	stamp fileStamp         // of the file as read
+	view  *os.File          // the view, in memory (memfd), for exporter-toolkit to read
+}
+
+// fileStamp tells that a file changed without reading it: its inode (a
+// Secret's atomic swap, a file moved into place), size, modification time
+// and change time (which no copy that keeps the modification time, such
+// as cp -p or rsync -t, can set back). The zero stamp is a file that
+// cannot be read.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // nanoseconds
+}
+
+func stampOf(fi os.FileInfo) fileStamp {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	}
+	return fileStamp{
+		dev: uint64(st.Dev), // its type varies by platform
+		ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
+	}
+}
+
+// statStamp is the stamp of the file at path now (following links), zero
+// where it cannot be read.
+func statStamp(path string) fileStamp {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}
+	}
+	return stampOf(fi)
+}
+
+// tlsFiles are the certificate files exporter-toolkit reads again at every
+// TLS handshake (cert_file, key_file, client_ca_file, resolved), those set.
+func (c *WebConfig) tlsFiles() []string {
+	var fs []string
+	for _, f := range []string{c.TLSConfig.TLSCertPath, c.TLSConfig.TLSKeyPath, c.TLSConfig.ClientCAs} {
+		if f != "" {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // TLS says whether the file turns TLS on.
@@ -79,8 +124,7 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 	if err := yaml.UnmarshalStrict(data, c); err != nil {
 		return nil, err
 	}
-	dir := filepath.Dir(abs)
-	c.TLSConfig.SetDirectory(dir)
+	c.TLSConfig.SetDirectory(filepath.Dir(abs))
 	users := make(map[string]string, len(c.Users))
 	for u, p := range c.Users {
 		if _, err := bcrypt.Cost([]byte(p)); err != nil {
@@ -88,7 +132,11 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 		}
 		users[u] = string(p)
 	}
-	view, err := toolkitView(data, dir)
+	view, err := toolkitView(data, map[string]string{
+		"cert_file":      c.TLSConfig.TLSCertPath,
+		"key_file":       c.TLSConfig.TLSKeyPath,
+		"client_ca_file": c.TLSConfig.ClientCAs,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -102,14 +150,17 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 		mf.Close()
 		return nil, err
 	}
-	return &WebConfig{Config: c, path: path, users: users, modTime: fi.ModTime(), size: fi.Size(), view: mf}, nil
+	return &WebConfig{Config: c, path: path, users: users, stamp: stampOf(fi), view: mf}, nil
 }
 
 // toolkitView is the web config as exporter-toolkit is given it: its TLS
-// and HTTP settings, without basic_auth_users and rate_limit, with relative
-// paths made absolute (the view lives elsewhere). Everything else is kept
+// and HTTP settings, without basic_auth_users and rate_limit, with the
+// certificate paths resolved against the file's folder (absolute: the
+// view lives elsewhere). Each path is written as the parsed config holds
+// it, whatever YAML scalar it was written as (cert_file: 1.5 is the file
+// "1.5" beside the config, as for exporter-toolkit). Everything else is kept
 // as written, inline keys included.
-func toolkitView(data []byte, dir string) ([]byte, error) {
+func toolkitView(data []byte, paths map[string]string) ([]byte, error) {
 	var doc yaml.MapSlice
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, err
@@ -122,10 +173,9 @@ func toolkitView(data []byte, dir string) ([]byte, error) {
 		case "tls_server_config":
 			if tc, ok := item.Value.(yaml.MapSlice); ok {
 				for i, kv := range tc {
-					switch kv.Key {
-					case "cert_file", "key_file", "client_ca_file":
-						if s, ok := kv.Value.(string); ok {
-							tc[i].Value = config_util.JoinDir(dir, s)
+					if k, ok := kv.Key.(string); ok {
+						if p, ok := paths[k]; ok {
+							tc[i].Value = p
 						}
 					}
 				}
@@ -158,21 +208,40 @@ func memFilePath(f *os.File) string { return fmt.Sprintf("/proc/self/fd/%d", f.F
 
 // webConfigSource is the web config being served: parsed at start, parsed
 // again when the file changes (looked at once a second) or at SIGHUP, so
-// rotated certificates and passwords need no restart. A file that became
-// invalid is logged and the last good config kept.
+// rotated passwords need no restart. A file that became invalid is logged
+// once and the last good config kept. Certificate files are exporter-
+// toolkit's to read (at every TLS handshake, so renewed ones are served at
+// once); when they change, they are checked as it will read them, and a
+// pair it cannot load is logged as an error (every handshake fails until
+// it is fixed), not left to the debug log's handshake lines.
 type webConfigSource struct {
 	log  zerolog.Logger
 	cur  atomic.Pointer[WebConfig]
 	live *os.File   // the view exporter-toolkit reads, at a path that never changes
-	mu   sync.Mutex // serialises reloads
+	mu   sync.Mutex // serialises reloads and the fields below
 	// onLoad, when set, is told of every config served after the first.
 	onLoad func(*WebConfig)
+	// tried is the stamp of the file last read (served or refused): a
+	// refused file is not read again, nor logged again, until it changes.
+	tried fileStamp
+	// certs are the stamps of the served config's certificate files as last
+	// checked, and certsBad whether exporter-toolkit could not load them.
+	certs    []fileStamp
+	certsBad bool
 }
 
 func newWebConfigSource(c *WebConfig, log zerolog.Logger) *webConfigSource {
-	s := &webConfigSource{log: log, live: c.view}
+	s := &webConfigSource{log: log, live: c.view, tried: c.stamp, certs: stamps(c.tlsFiles())}
 	s.cur.Store(c)
 	return s
+}
+
+func stamps(files []string) []fileStamp {
+	st := make([]fileStamp, len(files))
+	for i, f := range files {
+		st[i] = statStamp(f)
+	}
+	return st
 }
 
 // toolkitPath is where exporter-toolkit reads the view.
@@ -180,8 +249,8 @@ func (s *webConfigSource) toolkitPath() string { return memFilePath(s.live) }
 
 func (s *webConfigSource) get() *WebConfig { return s.cur.Load() }
 
-// watch reloads the file when it changes, and at every value on hup, until
-// ctx is done.
+// watch reloads the file when it changes, and at every value on hup, and
+// checks the certificate files when they change, until ctx is done.
 func (s *webConfigSource) watch(ctx context.Context, hup <-chan os.Signal) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -193,22 +262,77 @@ func (s *webConfigSource) watch(ctx context.Context, hup <-chan os.Signal) {
 			s.log.Info().Str("file", s.get().path).Msg("SIGHUP received: reloading the web config")
 			s.reload("SIGHUP")
 		case <-t.C:
-			c := s.get()
-			if fi, err := os.Stat(c.path); err == nil && (!fi.ModTime().Equal(c.modTime) || fi.Size() != c.size) {
-				s.reload("file changed")
-			}
+			s.poll()
 		}
 	}
 }
 
-// reload parses the file again and serves it if it is valid.
+// poll reloads the file if it changed since it was last read, else checks
+// the certificate files if one of them changed.
+func (s *webConfigSource) poll() {
+	s.mu.Lock()
+	changed := statStamp(s.get().path) != s.tried
+	s.mu.Unlock()
+	if changed {
+		s.reload("file changed")
+		return
+	}
+	s.checkCerts()
+}
+
+// checkCerts asks exporter-toolkit's own check whether it can load the
+// served config's certificate files, once they changed.
+func (s *webConfigSource) checkCerts() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.get()
+	now := stamps(c.tlsFiles())
+	if slices.Equal(now, s.certs) {
+		return
+	}
+	s.certs = now
+	files := strings.Join(c.tlsFiles(), ", ")
+	if err := web.Validate(s.toolkitPath()); err != nil {
+		s.certsBad = true
+		s.log.Error().Err(err).Str("file", c.path).Str("certificate_files", files).
+			Msg("the web config's certificate files changed and cannot be loaded: every TLS handshake fails until they are fixed (a certificate and its key written one after the other load once both are in place)")
+		return
+	}
+	if s.certsBad {
+		s.certsBad = false
+		s.log.Info().Str("file", c.path).Str("certificate_files", files).Msg("the web config's certificate files load again: TLS handshakes are served")
+		return
+	}
+	s.log.Info().Str("file", c.path).Str("certificate_files", files).Msg("the web config's certificate files changed: new TLS connections get them")
+}
+
+// reload parses the file again and serves it if it is valid and can be
+// served without a restart.
 func (s *webConfigSource) reload(reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.get()
+	s.tried = statStamp(old.path)
 	c, err := LoadWebConfig(old.path)
 	if err != nil {
-		s.log.Error().Err(err).Str("file", old.path).Str("reason", reason).Msg("the web config cannot be read or is invalid; keeping the last good one")
+		msg := "the web config cannot be read or is invalid; keeping the last good one"
+		if len(old.tlsFiles()) > 0 && web.Validate(s.toolkitPath()) != nil {
+			// The last good config names certificate files exporter-toolkit
+			// reads at every handshake: it cannot keep serving them.
+			s.certsBad = true
+			msg = "the web config cannot be read or is invalid, and the certificate files of the last good one no longer load either: every TLS handshake fails until they are fixed"
+		}
+		s.log.Error().Err(err).Str("file", old.path).Str("reason", reason).Msg(msg)
+		return
+	}
+	// The listeners were opened with TLS or without it: a config that turns
+	// it on or off would leave them serving plain HTTP with TLS asked for,
+	// or fail every handshake.
+	if c.TLS() != old.TLS() {
+		c.Close()
+		state := map[bool]string{true: "on", false: "off"}
+		s.log.Error().Str("file", old.path).Str("reason", reason).
+			Msgf("the web config now turns TLS %s, but the listeners were opened with TLS %s: restart the exporter to apply it; keeping the last good web config until then", state[c.TLS()], state[old.TLS()])
 		return
 	}
 	// The new view takes the live view's place in one step: a reader
@@ -221,8 +345,18 @@ func (s *webConfigSource) reload(reason string) {
 	c.Close()
 	c.view = s.live
 	s.cur.Store(c)
+	s.certs = stamps(c.tlsFiles())
+	s.certsBad = false
 	if s.onLoad != nil {
 		s.onLoad(c)
 	}
 	s.log.Info().Str("file", old.path).Str("reason", reason).Msg("web config reloaded")
+	// Settings exporter-toolkit and the server read once, when the
+	// listeners open.
+	if c.HTTPConfig.HTTP2 != old.HTTPConfig.HTTP2 {
+		s.log.Warn().Str("file", old.path).Bool("http2", c.HTTPConfig.HTTP2).Msg("http_server_config.http2 changed: it applies when the exporter restarts")
+	}
+	if c.RateLimiterConfig != old.RateLimiterConfig {
+		s.log.Warn().Str("file", old.path).Msg("rate_limit changed: it applies when the exporter restarts")
+	}
 }

@@ -1,0 +1,245 @@
+package server
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/crypto/bcrypt"
+)
+
+// writePair writes a self-signed certificate and its key as PEM files
+// named cert and key in dir; a key alone (cert "") is a key that matches
+// no certificate written before.
+func writePair(t *testing.T, dir, cert, key string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert != "" {
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "web config test"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, cert), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, key), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logCount is the number of lines of logs at level that contain every
+// one of words.
+func logCount(logs *syncBuffer, level string, words ...string) int {
+	n := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if !strings.Contains(line, `"level":"`+level+`"`) {
+			continue
+		}
+		all := true
+		for _, w := range words {
+			all = all && strings.Contains(line, w)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// source loads path and watches nothing: the tests call poll and reload.
+func source(t *testing.T, path string) (*webConfigSource, *syncBuffer) {
+	t.Helper()
+	c, err := LoadWebConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	s := newWebConfigSource(c, zerolog.New(logs))
+	t.Cleanup(func() { s.live.Close() })
+	return s, logs
+}
+
+// tlsSource is source on a web config in a folder of its own that names
+// a certificate pair beside it (tls.crt, tls.key) by relative paths.
+func tlsSource(t *testing.T) (dir, path string, s *webConfigSource, logs *syncBuffer) {
+	t.Helper()
+	dir = t.TempDir()
+	writePair(t, dir, "tls.crt", "tls.key")
+	path = filepath.Join(dir, "web.yml")
+	writeFile(t, path, tlsConfig)
+	s, logs = source(t, path)
+	return dir, path, s, logs
+}
+
+const tlsConfig = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A path written as another YAML scalar (cert_file: 1.5) is a file name for
+// exporter-toolkit all the same, beside the config: the view names it by
+// its resolved path, not by a path under /proc/self/fd.
+func TestWebConfigPathsOfAnyScalar(t *testing.T) {
+	dir := t.TempDir()
+	writePair(t, dir, "1.5", "true")
+	path := filepath.Join(dir, "web.yml")
+	writeFile(t, path, "tls_server_config:\n  cert_file: 1.5\n  key_file: true\n")
+	c, err := LoadWebConfig(path)
+	if err != nil {
+		t.Fatalf("cert_file: 1.5 and key_file: true beside the config: %v", err)
+	}
+	defer c.Close()
+	view, err := os.ReadFile(memFilePath(c.view))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"cert_file: " + filepath.Join(dir, "1.5"), "key_file: " + filepath.Join(dir, "true")} {
+		if !strings.Contains(string(view), want) {
+			t.Errorf("the toolkit's view has no %q:\n%s", want, view)
+		}
+	}
+}
+
+// exporter-toolkit reads the certificate files at every handshake: a pair
+// it cannot load after a change is an error in the log (once), and so is
+// its repair (info), not only debug lines of failed handshakes.
+func TestCertificateFilesThatStopLoadingAreLogged(t *testing.T) {
+	dir, _, s, logs := tlsSource(t)
+
+	s.poll()
+	if n := strings.Count(logs.String(), "\n"); n != 0 {
+		t.Fatalf("nothing changed, yet the watcher logged:\n%s", logs)
+	}
+	writePair(t, dir, "", "tls.key") // a key of another certificate
+	s.poll()
+	s.poll()
+	if n := logCount(logs, "error", "cannot be loaded", "every TLS handshake fails", filepath.Join(dir, "tls.key")); n != 1 {
+		t.Fatalf("a key that matches no certificate: %d error lines naming it, want 1:\n%s", n, logs)
+	}
+	writePair(t, dir, "tls.crt", "tls.key") // both renewed
+	s.poll()
+	if n := logCount(logs, "info", "load again"); n != 1 {
+		t.Fatalf("a repaired pair: %d info lines, want 1:\n%s", n, logs)
+	}
+	writePair(t, dir, "tls.crt", "tls.key") // renewed again
+	s.poll()
+	if n := logCount(logs, "info", "new TLS connections get them"); n != 1 {
+		t.Fatalf("a renewed pair: %d info lines, want 1:\n%s", n, logs)
+	}
+}
+
+// An edit that cannot be served is logged once, not at every look at the
+// file, and a later edit is read.
+func TestRefusedWebConfigLoggedOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "web.yml")
+	writeFile(t, path, "http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+	s, logs := source(t, path)
+	writeFile(t, path, "http_server_config:\n  headerz: {}\n")
+	for range 3 {
+		s.poll()
+	}
+	if n := logCount(logs, "error", "keeping the last good one", "headerz"); n != 1 {
+		t.Fatalf("an invalid edit, looked at three times: %d error lines, want 1:\n%s", n, logs)
+	}
+	writeFile(t, path, "http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n")
+	s.poll()
+	if got := s.get().HTTPConfig.Header["X-Frame-Options"]; got != "sameorigin" {
+		t.Errorf("the edit after it is not served: X-Frame-Options %q", got)
+	}
+	// SIGHUP reads the file whatever its stamp.
+	s.reload("SIGHUP")
+	if n := logCount(logs, "info", "web config reloaded", "SIGHUP"); n != 1 {
+		t.Errorf("SIGHUP on an unchanged file: %d reload lines, want 1:\n%s", n, logs)
+	}
+}
+
+// A new password of the same length written with the old modification
+// time (cp -p, rsync -t) is a change all the same.
+func TestWebConfigChangeKeepingModificationTime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "web.yml")
+	h1, _ := bcrypt.GenerateFromPassword([]byte("first"), bcrypt.MinCost)
+	h2, _ := bcrypt.GenerateFromPassword([]byte("other"), bcrypt.MinCost)
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h1)+"\n")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, logs := source(t, path)
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h2)+"\n")
+	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(path); after.Size() != fi.Size() || !after.ModTime().Equal(fi.ModTime()) {
+		t.Fatalf("setup: size %d and time %v, want %d and %v", after.Size(), after.ModTime(), fi.Size(), fi.ModTime())
+	}
+	s.poll()
+	if got := s.get().users["prometheus"]; got != string(h2) {
+		t.Errorf("the new hash is not served after a change that kept size and modification time:\n%s", logs)
+	}
+}
+
+// The listeners are opened with TLS or without it: an edit that turns it
+// off (or on) says a restart is needed and keeps serving the last good
+// config, rather than failing every handshake.
+func TestTLSSwitchNeedsRestart(t *testing.T) {
+	_, path, s, logs := tlsSource(t)
+	writeFile(t, path, "http_server_config:\n  http2: true\n")
+	s.poll()
+	s.poll()
+	if n := logCount(logs, "error", "turns TLS off", "restart the exporter"); n != 1 {
+		t.Fatalf("TLS turned off in the file: %d error lines, want 1:\n%s", n, logs)
+	}
+	if !s.get().TLS() {
+		t.Error("the config without TLS is served")
+	}
+
+	// Settings read when the listeners open are applied with a warning.
+	writeFile(t, path, tlsConfig+"http_server_config:\n  http2: false\n")
+	s.poll()
+	if n := logCount(logs, "warn", "http2", "restarts"); n != 1 {
+		t.Errorf("http2 switched off: %d warnings, want 1:\n%s", n, logs)
+	}
+}
+
+// An invalid edit while the served config's certificate files no longer
+// load either: the log says that keeping the last good config does not
+// keep TLS working.
+func TestRefusedEditWithBrokenCertificates(t *testing.T) {
+	dir, path, s, logs := tlsSource(t)
+	if err := os.Remove(filepath.Join(dir, "tls.key")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, tlsConfig+"  bogus: 1\n")
+	s.poll()
+	if n := logCount(logs, "error", "no longer load either"); n != 1 {
+		t.Fatalf("%d error lines saying the last good certificate files do not load, want 1:\n%s", n, logs)
+	}
+}
