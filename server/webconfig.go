@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,8 +35,11 @@ type WebConfig struct {
 	*web.Config
 	path  string
 	users map[string]string // user -> bcrypt hash
-	stamp fileStamp         // of the file as read
-	view  *os.File          // the view, in memory (memfd), for exporter-toolkit to read
+	// badUsers: why each user whose password is no bcrypt hash was left
+	// out of users (only a reload serves such a file).
+	badUsers []error
+	stamp    fileStamp // of the file as read
+	view     *os.File  // the view, in memory (memfd), for exporter-toolkit to read
 }
 
 // fileStamp tells that a file changed without reading it: its inode (a
@@ -93,6 +97,23 @@ func (c *WebConfig) Close() error { return c.view.Close() }
 // file's folder, certificates loaded, bcrypt hashes well formed), reading
 // the file once. Files over MaxWebConfigBytes are refused before parsing.
 func LoadWebConfig(path string) (*WebConfig, error) {
+	c, err := loadWebConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.badUsers) > 0 {
+		c.Close()
+		return nil, c.badUsers[0]
+	}
+	return c, nil
+}
+
+// loadWebConfig is LoadWebConfig but for the users whose password is not a
+// bcrypt hash: they are left out of the users (they cannot log in, as with
+// exporter-toolkit, which fails their logins) and named in badUsers, and
+// the rest of the file is served. A reload takes a file so: an edit that
+// removes one user and mistypes another's hash still removes the first.
+func loadWebConfig(path string) (*WebConfig, error) {
 	// The folder relative paths are read from, made absolute: the toolkit
 	// is handed a view of the file elsewhere (/proc/self/fd/N), so a path
 	// left relative ("cert.pem" beside "--web.config.file=web.yml") would
@@ -126,9 +147,12 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 	}
 	c.TLSConfig.SetDirectory(filepath.Dir(abs))
 	users := make(map[string]string, len(c.Users))
-	for u, p := range c.Users {
+	var bad []error
+	for _, u := range slices.Sorted(maps.Keys(c.Users)) {
+		p := c.Users[u]
 		if _, err := bcrypt.Cost([]byte(p)); err != nil {
-			return nil, fmt.Errorf("basic_auth_users: the password of %q is not a bcrypt hash (%v): give the output of htpasswd -nBC 10 %s", u, err, u)
+			bad = append(bad, fmt.Errorf("basic_auth_users: the password of %q is not a bcrypt hash (%v): give the output of htpasswd -nBC 10 %s", u, err, u))
+			continue
 		}
 		users[u] = string(p)
 	}
@@ -150,7 +174,7 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 		mf.Close()
 		return nil, err
 	}
-	return &WebConfig{Config: c, path: path, users: users, stamp: stampOf(fi), view: mf}, nil
+	return &WebConfig{Config: c, path: path, users: users, badUsers: bad, stamp: stampOf(fi), view: mf}, nil
 }
 
 // toolkitView is the web config as exporter-toolkit is given it: its TLS
@@ -313,7 +337,7 @@ func (s *webConfigSource) reload(reason string) {
 	defer s.mu.Unlock()
 	old := s.get()
 	s.tried = statStamp(old.path)
-	c, err := LoadWebConfig(old.path)
+	c, err := loadWebConfig(old.path)
 	if err != nil {
 		msg := "the web config cannot be read or is invalid; keeping the last good one"
 		if len(old.tlsFiles()) > 0 && web.Validate(s.toolkitPath()) != nil {
@@ -351,6 +375,9 @@ func (s *webConfigSource) reload(reason string) {
 		s.onLoad(c)
 	}
 	s.log.Info().Str("file", old.path).Str("reason", reason).Msg("web config reloaded")
+	for _, err := range c.badUsers {
+		s.log.Error().Err(err).Str("file", old.path).Msg("a user of the reloaded web config cannot log in until its password is a bcrypt hash; the other users are served")
+	}
 	// Settings exporter-toolkit and the server read once, when the
 	// listeners open.
 	if c.HTTPConfig.HTTP2 != old.HTTPConfig.HTTP2 {

@@ -243,3 +243,37 @@ func TestRefusedEditWithBrokenCertificates(t *testing.T) {
 		t.Fatalf("%d error lines saying the last good certificate files do not load, want 1:\n%s", n, logs)
 	}
 }
+
+// A reload serves an edit in which one password is no bcrypt hash, that
+// user left out (its logins fail, as with exporter-toolkit): the edit that
+// removes a leaked user and mistypes another's hash still removes the
+// first. At start such a file is refused (LoadWebConfig).
+func TestReloadLeavesOutUsersWithoutBcryptHash(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "web.yml")
+	h1, _ := bcrypt.GenerateFromPassword([]byte("one"), bcrypt.MinCost)
+	h2, _ := bcrypt.GenerateFromPassword([]byte("two"), bcrypt.MinCost)
+	writeFile(t, path, "basic_auth_users:\n  leaked: "+string(h1)+"\n  prometheus: "+string(h2)+"\n")
+	s, logs := source(t, path)
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h2)+"\n  grafana: plain-text\n")
+	s.poll()
+	users := s.get().users
+	if _, ok := users["leaked"]; ok {
+		t.Error("the removed user can still log in")
+	}
+	if _, ok := users["grafana"]; ok {
+		t.Error("a user whose password is no bcrypt hash is served")
+	}
+	if users["prometheus"] != string(h2) {
+		t.Errorf("the other user is not served: %v", users)
+	}
+	if n := logCount(logs, "error", `\"grafana\" is not a bcrypt hash`, "htpasswd"); n != 1 {
+		t.Errorf("%d error lines naming the user and the fix, want 1:\n%s", n, logs)
+	}
+	if strings.Contains(logs.String(), "plain-text") {
+		t.Error("the password reached the log")
+	}
+	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), `"grafana"`) {
+		t.Errorf("at start: %v, want the file refused, naming grafana", err)
+	}
+}
