@@ -446,7 +446,7 @@ func (h *authHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(w, http.StatusTooManyRequests)
 		return
 	}
-	if len(c.users) > 0 {
+	if c.authOn() {
 		code := h.auth.check(c.users, r)
 		user, _, _ := r.BasicAuth()
 		markLogin(r, user, code == 0)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	config_util "github.com/prometheus/common/config"
 	"github.com/prometheus/exporter-toolkit/web"
 	"golang.org/x/crypto/bcrypt"
 )
@@ -289,7 +290,11 @@ func TestAuthenticatorBcryptQueue(t *testing.T) {
 	// handler answers 503 with Retry-After.
 	a.free, a.wait = 0, time.Millisecond
 	src := &webConfigSource{}
-	src.cur.Store(&WebConfig{Config: &web.Config{}, users: b.users})
+	named := map[string]config_util.Secret{}
+	for u, h := range b.users {
+		named[u] = config_util.Secret(h)
+	}
+	src.cur.Store(&WebConfig{Config: &web.Config{Users: named}, users: b.users})
 	h := &authHandler{src: src, auth: a, next: http.NotFoundHandler()}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/metrics", nil)

@@ -72,7 +72,7 @@ func Serve(ctx context.Context, c Config, ls *Listeners) error {
 		}
 	}
 	if src != nil {
-		src.onLoad = func(wc *WebConfig) { t.auth.Store(len(wc.users) > 0) }
+		src.onLoad = func(wc *WebConfig) { t.auth.Store(wc.authOn()) }
 		src.onLoad(c.WebConfig)
 	}
 	h = guard(t, refuseUnservable(h, c.BodyPrefix)) // before a login is checked

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -38,6 +39,7 @@ type WebConfig struct {
 	// badUsers: why each user whose password is no bcrypt hash was left
 	// out of users (only a reload serves such a file).
 	badUsers []error
+	empty    bool      // the file sets nothing (or only has comments)
 	stamp    fileStamp // of the file as read
 	view     *os.File  // the view, in memory (memfd), for exporter-toolkit to read
 }
@@ -89,6 +91,10 @@ func (c *WebConfig) tlsFiles() []string {
 // TLS says whether the file turns TLS on.
 func (c *WebConfig) TLS() bool { return c.TLSConfig.IsEnabled() }
 
+// authOn says whether the file asks for basic auth: it names users, even
+// if none of them can log in (their passwords are no bcrypt hashes).
+func (c *WebConfig) authOn() bool { return len(c.Users) > 0 }
+
 // Close frees the view.
 func (c *WebConfig) Close() error { return c.view.Close() }
 
@@ -135,6 +141,9 @@ func loadWebConfig(path string) (*WebConfig, error) {
 	if err != nil {
 		return nil, err
 	}
+	if after, err := f.Stat(); err == nil && stampOf(after) != stampOf(fi) {
+		return nil, errChanging
+	}
 	if len(data) > MaxWebConfigBytes {
 		return nil, fmt.Errorf("the file is larger than the limit of %d bytes (%d KiB); TLS settings and a few users need a few KiB", MaxWebConfigBytes, MaxWebConfigBytes>>10)
 	}
@@ -146,12 +155,17 @@ func loadWebConfig(path string) (*WebConfig, error) {
 		return nil, err
 	}
 	c.TLSConfig.SetDirectory(filepath.Dir(abs))
+	if err := checkClientCAs(c.TLSConfig.ClientCAs); err != nil {
+		return nil, err
+	}
 	users := make(map[string]string, len(c.Users))
 	var bad []error
 	for _, u := range slices.Sorted(maps.Keys(c.Users)) {
 		p := c.Users[u]
 		if _, err := bcrypt.Cost([]byte(p)); err != nil {
-			bad = append(bad, fmt.Errorf("basic_auth_users: the password of %q is not a bcrypt hash (%v): give the output of htpasswd -nBC 10 %s", u, err, u))
+			// bcrypt's own error can quote the value's first byte: a
+			// password written in clear must not reach the log.
+			bad = append(bad, fmt.Errorf("basic_auth_users: the password of %q is not a bcrypt hash: give the hash that htpasswd -nBC 10 %s prints after the colon", u, u))
 			continue
 		}
 		users[u] = string(p)
@@ -174,7 +188,29 @@ func loadWebConfig(path string) (*WebConfig, error) {
 		mf.Close()
 		return nil, err
 	}
-	return &WebConfig{Config: c, path: path, users: users, badUsers: bad, stamp: stampOf(fi), view: mf}, nil
+	var keys yaml.MapSlice
+	_ = yaml.Unmarshal(data, &keys) // parsed above
+	return &WebConfig{Config: c, path: path, users: users, badUsers: bad, empty: len(keys) == 0, stamp: stampOf(fi), view: mf}, nil
+}
+
+// errChanging: the file changed while it was read (an editor or a copy
+// writing it): what was read may be half of it.
+var errChanging = errors.New("the file changed while it was read")
+
+// checkClientCAs refuses a client_ca_file without one PEM certificate:
+// exporter-toolkit accepts it, and then refuses every client certificate.
+func checkClientCAs(file string) error {
+	if file == "" {
+		return nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("client_ca_file: %w", err)
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+		return fmt.Errorf("client_ca_file %s holds no PEM certificate, so every client certificate would be refused: give the CA certificates that sign the clients' (-----BEGIN CERTIFICATE-----)", file)
+	}
+	return nil
 }
 
 // toolkitView is the web config as exporter-toolkit is given it: its TLS
@@ -252,10 +288,14 @@ type webConfigSource struct {
 	// checked, and certsBad whether exporter-toolkit could not load them.
 	certs    []fileStamp
 	certsBad bool
+	// What the listeners were opened with: a reload cannot change it.
+	startTLS, startHTTP2 bool
+	startRate            web.RateLimiterConfig
 }
 
 func newWebConfigSource(c *WebConfig, log zerolog.Logger) *webConfigSource {
-	s := &webConfigSource{log: log, live: c.view, tried: c.stamp, certs: stamps(c.tlsFiles())}
+	s := &webConfigSource{log: log, live: c.view, tried: c.stamp, certs: stamps(c.tlsFiles()),
+		startTLS: c.TLS(), startHTTP2: c.HTTPConfig.HTTP2, startRate: c.RateLimiterConfig}
 	s.cur.Store(c)
 	return s
 }
@@ -316,10 +356,14 @@ func (s *webConfigSource) checkCerts() {
 	}
 	s.certs = now
 	files := strings.Join(c.tlsFiles(), ", ")
-	if err := web.Validate(s.toolkitPath()); err != nil {
+	err := web.Validate(s.toolkitPath())
+	if err == nil {
+		err = checkClientCAs(c.TLSConfig.ClientCAs)
+	}
+	if err != nil {
 		s.certsBad = true
 		s.log.Error().Err(err).Str("file", c.path).Str("certificate_files", files).
-			Msg("the web config's certificate files changed and cannot be loaded: every TLS handshake fails until they are fixed (a certificate and its key written one after the other load once both are in place)")
+			Msg("the web config's certificate files changed and cannot be used: TLS handshakes fail until they are fixed (a certificate and its key written one after the other load once both are in place)")
 		return
 	}
 	if s.certsBad {
@@ -338,25 +382,41 @@ func (s *webConfigSource) reload(reason string) {
 	old := s.get()
 	s.tried = statStamp(old.path)
 	c, err := loadWebConfig(old.path)
+	if errors.Is(err, errChanging) {
+		// Being written: read it again at the next look.
+		s.tried = fileStamp{}
+		s.log.Debug().Str("file", old.path).Msg("the web config changed while it was read; reading it again in a second")
+		return
+	}
 	if err != nil {
 		msg := "the web config cannot be read or is invalid; keeping the last good one"
 		if len(old.tlsFiles()) > 0 && web.Validate(s.toolkitPath()) != nil {
 			// The last good config names certificate files exporter-toolkit
 			// reads at every handshake: it cannot keep serving them.
 			s.certsBad = true
+			s.certs = stamps(old.tlsFiles()) // said here, not again by checkCerts
 			msg = "the web config cannot be read or is invalid, and the certificate files of the last good one no longer load either: every TLS handshake fails until they are fixed"
 		}
 		s.log.Error().Err(err).Str("file", old.path).Str("reason", reason).Msg(msg)
 		return
 	}
+	// An empty file turns TLS and basic auth off: more likely a file
+	// caught while it is written (truncated first) than a wish, which a
+	// restart without --web.config.file says plainly.
+	if c.empty {
+		c.Close()
+		s.log.Error().Str("file", old.path).Str("reason", reason).
+			Msg("the web config is empty (as a file is while it is being written); keeping the last good one: to serve without TLS and basic auth, restart the exporter without --web.config.file")
+		return
+	}
 	// The listeners were opened with TLS or without it: a config that turns
 	// it on or off would leave them serving plain HTTP with TLS asked for,
 	// or fail every handshake.
-	if c.TLS() != old.TLS() {
+	if c.TLS() != s.startTLS {
 		c.Close()
 		state := map[bool]string{true: "on", false: "off"}
 		s.log.Error().Str("file", old.path).Str("reason", reason).
-			Msgf("the web config now turns TLS %s, but the listeners were opened with TLS %s: restart the exporter to apply it; keeping the last good web config until then", state[c.TLS()], state[old.TLS()])
+			Msgf("the web config now turns TLS %s, but the listeners were opened with TLS %s: restart the exporter to apply it; keeping the last good web config until then", state[c.TLS()], state[s.startTLS])
 		return
 	}
 	// The new view takes the live view's place in one step: a reader
@@ -376,14 +436,18 @@ func (s *webConfigSource) reload(reason string) {
 	}
 	s.log.Info().Str("file", old.path).Str("reason", reason).Msg("web config reloaded")
 	for _, err := range c.badUsers {
-		s.log.Error().Err(err).Str("file", old.path).Msg("a user of the reloaded web config cannot log in until its password is a bcrypt hash; the other users are served")
+		msg := "a user of the reloaded web config cannot log in until its password is a bcrypt hash; the other users are served"
+		if len(c.users) == 0 {
+			msg = "no user of the reloaded web config can log in until a password is a bcrypt hash: every request is refused (401) until then"
+		}
+		s.log.Error().Err(err).Str("file", old.path).Msg(msg)
 	}
 	// Settings exporter-toolkit and the server read once, when the
-	// listeners open.
-	if c.HTTPConfig.HTTP2 != old.HTTPConfig.HTTP2 {
-		s.log.Warn().Str("file", old.path).Bool("http2", c.HTTPConfig.HTTP2).Msg("http_server_config.http2 changed: it applies when the exporter restarts")
+	// listeners open (http2 only matters with TLS: no h2c).
+	if s.startTLS && c.HTTPConfig.HTTP2 != s.startHTTP2 {
+		s.log.Warn().Str("file", old.path).Bool("http2", c.HTTPConfig.HTTP2).Bool("served", s.startHTTP2).Msg("http_server_config.http2 differs from what the listeners were opened with: it applies when the exporter restarts")
 	}
-	if c.RateLimiterConfig != old.RateLimiterConfig {
-		s.log.Warn().Str("file", old.path).Msg("rate_limit changed: it applies when the exporter restarts")
+	if c.RateLimiterConfig != s.startRate {
+		s.log.Warn().Str("file", old.path).Msg("rate_limit differs from what the exporter started with: it applies when the exporter restarts")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -95,6 +96,11 @@ func tlsSource(t *testing.T) (dir, path string, s *webConfigSource, logs *syncBu
 
 const tlsConfig = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
 
+// settle waits past the file timestamps' granularity (a kernel tick on
+// older kernels), so that a file rewritten in place at its old size gets
+// a new change time, as a real edit, seconds apart, does.
+func settle() { time.Sleep(20 * time.Millisecond) }
+
 func writeFile(t *testing.T, path, data string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
@@ -136,17 +142,20 @@ func TestCertificateFilesThatStopLoadingAreLogged(t *testing.T) {
 	if n := strings.Count(logs.String(), "\n"); n != 0 {
 		t.Fatalf("nothing changed, yet the watcher logged:\n%s", logs)
 	}
+	settle()
 	writePair(t, dir, "", "tls.key") // a key of another certificate
 	s.poll()
 	s.poll()
-	if n := logCount(logs, "error", "cannot be loaded", "every TLS handshake fails", filepath.Join(dir, "tls.key")); n != 1 {
+	if n := logCount(logs, "error", "cannot be used", "TLS handshakes fail", filepath.Join(dir, "tls.key")); n != 1 {
 		t.Fatalf("a key that matches no certificate: %d error lines naming it, want 1:\n%s", n, logs)
 	}
+	settle()
 	writePair(t, dir, "tls.crt", "tls.key") // both renewed
 	s.poll()
 	if n := logCount(logs, "info", "load again"); n != 1 {
 		t.Fatalf("a repaired pair: %d info lines, want 1:\n%s", n, logs)
 	}
+	settle()
 	writePair(t, dir, "tls.crt", "tls.key") // renewed again
 	s.poll()
 	if n := logCount(logs, "info", "new TLS connections get them"); n != 1 {
@@ -193,6 +202,7 @@ func TestWebConfigChangeKeepingModificationTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, logs := source(t, path)
+	settle()
 	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h2)+"\n")
 	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
@@ -239,8 +249,12 @@ func TestRefusedEditWithBrokenCertificates(t *testing.T) {
 	}
 	writeFile(t, path, tlsConfig+"  bogus: 1\n")
 	s.poll()
+	s.poll()
 	if n := logCount(logs, "error", "no longer load either"); n != 1 {
 		t.Fatalf("%d error lines saying the last good certificate files do not load, want 1:\n%s", n, logs)
+	}
+	if n := logCount(logs, "error"); n != 1 {
+		t.Errorf("%d error lines in all, want that one:\n%s", n, logs)
 	}
 }
 
@@ -275,5 +289,89 @@ func TestReloadLeavesOutUsersWithoutBcryptHash(t *testing.T) {
 	}
 	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), `"grafana"`) {
 		t.Errorf("at start: %v, want the file refused, naming grafana", err)
+	}
+}
+
+// userSource is source on a web config with one user, prometheus.
+func userSource(t *testing.T) (path string, s *webConfigSource, logs *syncBuffer) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "web.yml")
+	h, _ := bcrypt.GenerateFromPassword([]byte("one"), bcrypt.MinCost)
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h)+"\n")
+	s, logs = source(t, path)
+	return path, s, logs
+}
+
+// Every user's password mistyped in a reload: basic auth stays on and
+// nobody logs in (as with exporter-toolkit), rather than no users meaning
+// no auth.
+func TestReloadWithNoUsableUserKeepsAuthOn(t *testing.T) {
+	path, s, logs := userSource(t)
+	writeFile(t, path, "basic_auth_users:\n  prometheus: new-password-in-clear\n")
+	s.poll()
+	c := s.get()
+	if !c.authOn() || len(c.users) != 0 {
+		t.Errorf("after a reload whose one password is in clear: auth on %v, users %v; want auth on and no user", c.authOn(), c.users)
+	}
+	if n := logCount(logs, "error", "every request is refused"); n != 1 {
+		t.Errorf("%d error lines saying nobody can log in, want 1:\n%s", n, logs)
+	}
+	if strings.Contains(logs.String(), "new-password") {
+		t.Error("the password reached the log")
+	}
+}
+
+// An empty file (as one is while it is written) is not served: it would
+// turn basic auth off.
+func TestReloadRefusesAnEmptyFile(t *testing.T) {
+	path, s, logs := userSource(t)
+	writeFile(t, path, "# being written\n")
+	s.poll()
+	if !s.get().authOn() {
+		t.Error("an empty file turned basic auth off")
+	}
+	if n := logCount(logs, "error", "empty", "without --web.config.file"); n != 1 {
+		t.Errorf("%d error lines about the empty file, want 1:\n%s", n, logs)
+	}
+}
+
+// A client_ca_file that holds no certificate refuses every client
+// certificate: refused at load, and an error when it becomes so.
+func TestClientCAFileWithoutCertificate(t *testing.T) {
+	dir := t.TempDir()
+	writePair(t, dir, "tls.crt", "tls.key")
+	writePair(t, dir, "ca.crt", "ca.key")
+	path := filepath.Join(dir, "web.yml")
+	writeFile(t, path, tlsConfig+"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n")
+	s, logs := source(t, path)
+	settle()
+	writeFile(t, filepath.Join(dir, "ca.crt"), "not a certificate\n")
+	s.poll()
+	if n := logCount(logs, "error", "holds no PEM certificate", filepath.Join(dir, "ca.crt")); n != 1 {
+		t.Errorf("a CA file turned to garbage: %d error lines, want 1:\n%s", n, logs)
+	}
+	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+		t.Errorf("at start: %v, want the CA file refused", err)
+	}
+}
+
+// The restart warnings compare with what the listeners were opened with:
+// a rate limit changed and changed back warns once.
+func TestRestartWarningsAgainstTheStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "web.yml")
+	limit := func(n int) string { return fmt.Sprintf("rate_limit:\n  interval: 1s\n  burst: %d\n", n) }
+	writeFile(t, path, limit(10))
+	s, logs := source(t, path)
+	settle()
+	writeFile(t, path, limit(20))
+	s.poll()
+	settle()
+	writeFile(t, path, limit(10)+"http_server_config:\n  http2: false\n")
+	s.poll()
+	if n := logCount(logs, "warn", "rate_limit"); n != 1 {
+		t.Errorf("rate limit changed, then back: %d warnings, want 1:\n%s", n, logs)
+	}
+	if n := logCount(logs, "warn", "http2"); n != 0 {
+		t.Errorf("http2 changed without TLS (where it does not apply): %d warnings, want none:\n%s", n, logs)
 	}
 }
