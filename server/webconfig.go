@@ -104,6 +104,13 @@ func (c *WebConfig) Close() error { return c.view.Close() }
 // the file once. Files over MaxWebConfigBytes are refused before parsing.
 func LoadWebConfig(path string) (*WebConfig, error) {
 	c, err := loadWebConfig(path)
+	for try := 0; errors.Is(err, errChanging) && try < 5; try++ {
+		time.Sleep(200 * time.Millisecond) // being written: read it again
+		c, err = loadWebConfig(path)
+	}
+	if errors.Is(err, errChanging) {
+		return nil, fmt.Errorf("%w for a second: start the exporter again once it is written", err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +162,7 @@ func loadWebConfig(path string) (*WebConfig, error) {
 		return nil, err
 	}
 	c.TLSConfig.SetDirectory(filepath.Dir(abs))
-	if err := checkClientCAs(c.TLSConfig.ClientCAs); err != nil {
+	if err := checkClientCAs(c.TLSConfig); err != nil {
 		return nil, err
 	}
 	users := make(map[string]string, len(c.Users))
@@ -197,18 +204,20 @@ func loadWebConfig(path string) (*WebConfig, error) {
 // writing it): what was read may be half of it.
 var errChanging = errors.New("the file changed while it was read")
 
-// checkClientCAs refuses a client_ca_file without one PEM certificate:
-// exporter-toolkit accepts it, and then refuses every client certificate.
-func checkClientCAs(file string) error {
-	if file == "" {
+// checkClientCAs refuses a client_ca_file without one PEM certificate
+// where exporter-toolkit verifies client certificates with it
+// (client_auth_type VerifyClientCertIfGiven or RequireAndVerifyClientCert):
+// it accepts such a file, and then refuses every client certificate.
+func checkClientCAs(c web.TLSConfig) error {
+	if c.ClientCAs == "" || (c.ClientAuth != "VerifyClientCertIfGiven" && c.ClientAuth != "RequireAndVerifyClientCert") {
 		return nil
 	}
-	pem, err := os.ReadFile(file)
+	pem, err := os.ReadFile(c.ClientCAs)
 	if err != nil {
 		return fmt.Errorf("client_ca_file: %w", err)
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-		return fmt.Errorf("client_ca_file %s holds no PEM certificate, so every client certificate would be refused: give the CA certificates that sign the clients' (-----BEGIN CERTIFICATE-----)", file)
+		return fmt.Errorf("client_ca_file %s holds no PEM certificate, so with client_auth_type %s every client certificate would be refused: give the CA certificates that sign the clients' (-----BEGIN CERTIFICATE-----)", c.ClientCAs, c.ClientAuth)
 	}
 	return nil
 }
@@ -358,7 +367,7 @@ func (s *webConfigSource) checkCerts() {
 	files := strings.Join(c.tlsFiles(), ", ")
 	err := web.Validate(s.toolkitPath())
 	if err == nil {
-		err = checkClientCAs(c.TLSConfig.ClientCAs)
+		err = checkClientCAs(c.TLSConfig)
 	}
 	if err != nil {
 		s.certsBad = true
@@ -400,10 +409,11 @@ func (s *webConfigSource) reload(reason string) {
 		s.log.Error().Err(err).Str("file", old.path).Str("reason", reason).Msg(msg)
 		return
 	}
-	// An empty file turns TLS and basic auth off: more likely a file
-	// caught while it is written (truncated first) than a wish, which a
-	// restart without --web.config.file says plainly.
-	if c.empty {
+	// An empty file where the served one sets something turns TLS and
+	// basic auth off: more likely a file caught while it is written
+	// (truncated first) than a wish, which a restart without
+	// --web.config.file says plainly.
+	if c.empty && !old.empty {
 		c.Close()
 		s.log.Error().Str("file", old.path).Str("reason", reason).
 			Msg("the web config is empty (as a file is while it is being written); keeping the last good one: to serve without TLS and basic auth, restart the exporter without --web.config.file")

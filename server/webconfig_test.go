@@ -333,6 +333,13 @@ func TestReloadRefusesAnEmptyFile(t *testing.T) {
 	if n := logCount(logs, "error", "empty", "without --web.config.file"); n != 1 {
 		t.Errorf("%d error lines about the empty file, want 1:\n%s", n, logs)
 	}
+
+	// A file that was empty at start stays so without an error.
+	s, logs = source(t, path)
+	s.reload("SIGHUP")
+	if n := logCount(logs, "error"); n != 0 {
+		t.Errorf("an empty file served since the start, read again: %d errors, want none:\n%s", n, logs)
+	}
 }
 
 // A client_ca_file that holds no certificate refuses every client
@@ -353,6 +360,13 @@ func TestClientCAFileWithoutCertificate(t *testing.T) {
 	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
 		t.Errorf("at start: %v, want the CA file refused", err)
 	}
+	// Where the toolkit verifies nothing with it, it is no mistake.
+	writeFile(t, path, tlsConfig+"  client_auth_type: RequireAnyClientCert\n  client_ca_file: ca.crt\n")
+	c, err := LoadWebConfig(path)
+	if err != nil {
+		t.Fatalf("client_auth_type RequireAnyClientCert with that CA file: %v, want it served as the toolkit serves it", err)
+	}
+	c.Close()
 }
 
 // The restart warnings compare with what the listeners were opened with:
