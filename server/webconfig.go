@@ -56,10 +56,7 @@ type fileStamp struct {
 }
 
 func stampOf(fi os.FileInfo) fileStamp {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileStamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
-	}
+	st := fi.Sys().(*syscall.Stat_t) // always, on Linux (memfd and dup3 are Linux's too)
 	return fileStamp{
 		dev: uint64(st.Dev), // its type varies by platform
 		ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
@@ -177,7 +174,7 @@ func loadWebConfig(path string) (*WebConfig, error) {
 		}
 		users[u] = string(p)
 	}
-	view, err := toolkitView(data, map[string]string{
+	view, empty, err := toolkitView(data, map[string]string{
 		"cert_file":      c.TLSConfig.TLSCertPath,
 		"key_file":       c.TLSConfig.TLSKeyPath,
 		"client_ca_file": c.TLSConfig.ClientCAs,
@@ -195,29 +192,34 @@ func loadWebConfig(path string) (*WebConfig, error) {
 		mf.Close()
 		return nil, err
 	}
-	var keys yaml.MapSlice
-	_ = yaml.Unmarshal(data, &keys) // parsed above
-	return &WebConfig{Config: c, path: path, users: users, badUsers: bad, empty: len(keys) == 0, stamp: stampOf(fi), view: mf}, nil
+	return &WebConfig{Config: c, path: path, users: users, badUsers: bad, empty: empty, stamp: stampOf(fi), view: mf}, nil
 }
 
 // errChanging: the file changed while it was read (an editor or a copy
 // writing it): what was read may be half of it.
 var errChanging = errors.New("the file changed while it was read")
 
-// checkClientCAs refuses a client_ca_file without one PEM certificate
-// where exporter-toolkit verifies client certificates with it
-// (client_auth_type VerifyClientCertIfGiven or RequireAndVerifyClientCert):
-// it accepts such a file, and then refuses every client certificate.
+// checkClientCAs refuses client CAs (client_ca_file, or client_ca inline)
+// without one PEM certificate where exporter-toolkit verifies client
+// certificates with them (its own reading of client_auth_type): it accepts
+// them, and then refuses every client certificate.
 func checkClientCAs(c web.TLSConfig) error {
-	if c.ClientCAs == "" || (c.ClientAuth != "VerifyClientCertIfGiven" && c.ClientAuth != "RequireAndVerifyClientCert") {
+	if c.ClientCAs == "" && c.ClientCAsText == "" {
 		return nil
 	}
-	pem, err := os.ReadFile(c.ClientCAs)
-	if err != nil {
-		return fmt.Errorf("client_ca_file: %w", err)
+	tc, err := web.ConfigToTLSConfig(&c)
+	if err != nil || (tc.ClientAuth != tls.VerifyClientCertIfGiven && tc.ClientAuth != tls.RequireAndVerifyClientCert) {
+		return nil // the toolkit's own check says what is wrong, or it verifies no client
+	}
+	pem, what := []byte(c.ClientCAsText), "client_ca"
+	if c.ClientCAs != "" {
+		if pem, err = os.ReadFile(c.ClientCAs); err != nil {
+			return fmt.Errorf("client_ca_file: %w", err)
+		}
+		what = "client_ca_file " + c.ClientCAs
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-		return fmt.Errorf("client_ca_file %s holds no PEM certificate, so with client_auth_type %s every client certificate would be refused: give the CA certificates that sign the clients' (-----BEGIN CERTIFICATE-----)", c.ClientCAs, c.ClientAuth)
+		return fmt.Errorf("%s holds no PEM certificate, so with client_auth_type %s every client certificate would be refused: give the CA certificates that sign the clients' (-----BEGIN CERTIFICATE-----)", what, c.ClientAuth)
 	}
 	return nil
 }
@@ -228,13 +230,13 @@ func checkClientCAs(c web.TLSConfig) error {
 // view lives elsewhere). Each path is written as the parsed config holds
 // it, whatever YAML scalar it was written as (cert_file: 1.5 is the file
 // "1.5" beside the config, as for exporter-toolkit). Everything else is kept
-// as written, inline keys included.
-func toolkitView(data []byte, paths map[string]string) ([]byte, error) {
+// as written, inline keys included. empty: the file sets nothing.
+func toolkitView(data []byte, paths map[string]string) (view []byte, empty bool, err error) {
 	var doc yaml.MapSlice
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	var view yaml.MapSlice
+	var kept yaml.MapSlice
 	for _, item := range doc {
 		switch item.Key {
 		case "basic_auth_users", "rate_limit":
@@ -250,9 +252,10 @@ func toolkitView(data []byte, paths map[string]string) ([]byte, error) {
 				}
 			}
 		}
-		view = append(view, item)
+		kept = append(kept, item)
 	}
-	return yaml.Marshal(view)
+	view, err = yaml.Marshal(kept)
+	return view, len(doc) == 0, err
 }
 
 // newMemFile is a file in memory holding data: the view holds TLS keys

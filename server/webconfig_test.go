@@ -96,6 +96,16 @@ func tlsSource(t *testing.T) (dir, path string, s *webConfigSource, logs *syncBu
 
 const tlsConfig = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
 
+// bcryptHash is pass's bcrypt hash at the lowest cost (tests only).
+func bcryptHash(t *testing.T, pass string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
 // settle waits past the file timestamps' granularity (a kernel tick on
 // older kernels), so that a file rewritten in place at its old size gets
 // a new change time, as a real edit, seconds apart, does.
@@ -194,16 +204,16 @@ func TestRefusedWebConfigLoggedOnce(t *testing.T) {
 func TestWebConfigChangeKeepingModificationTime(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "web.yml")
-	h1, _ := bcrypt.GenerateFromPassword([]byte("first"), bcrypt.MinCost)
-	h2, _ := bcrypt.GenerateFromPassword([]byte("other"), bcrypt.MinCost)
-	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h1)+"\n")
+	h1 := bcryptHash(t, "first")
+	h2 := bcryptHash(t, "other")
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+h1+"\n")
 	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, logs := source(t, path)
 	settle()
-	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h2)+"\n")
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+h2+"\n")
 	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +221,7 @@ func TestWebConfigChangeKeepingModificationTime(t *testing.T) {
 		t.Fatalf("setup: size %d and time %v, want %d and %v", after.Size(), after.ModTime(), fi.Size(), fi.ModTime())
 	}
 	s.poll()
-	if got := s.get().users["prometheus"]; got != string(h2) {
+	if got := s.get().users["prometheus"]; got != h2 {
 		t.Errorf("the new hash is not served after a change that kept size and modification time:\n%s", logs)
 	}
 }
@@ -265,11 +275,11 @@ func TestRefusedEditWithBrokenCertificates(t *testing.T) {
 func TestReloadLeavesOutUsersWithoutBcryptHash(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "web.yml")
-	h1, _ := bcrypt.GenerateFromPassword([]byte("one"), bcrypt.MinCost)
-	h2, _ := bcrypt.GenerateFromPassword([]byte("two"), bcrypt.MinCost)
-	writeFile(t, path, "basic_auth_users:\n  leaked: "+string(h1)+"\n  prometheus: "+string(h2)+"\n")
+	h1 := bcryptHash(t, "one")
+	h2 := bcryptHash(t, "two")
+	writeFile(t, path, "basic_auth_users:\n  leaked: "+h1+"\n  prometheus: "+h2+"\n")
 	s, logs := source(t, path)
-	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h2)+"\n  grafana: plain-text\n")
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+h2+"\n  grafana: plain-text\n")
 	s.poll()
 	users := s.get().users
 	if _, ok := users["leaked"]; ok {
@@ -278,7 +288,7 @@ func TestReloadLeavesOutUsersWithoutBcryptHash(t *testing.T) {
 	if _, ok := users["grafana"]; ok {
 		t.Error("a user whose password is no bcrypt hash is served")
 	}
-	if users["prometheus"] != string(h2) {
+	if users["prometheus"] != h2 {
 		t.Errorf("the other user is not served: %v", users)
 	}
 	if n := logCount(logs, "error", `\"grafana\" is not a bcrypt hash`, "htpasswd"); n != 1 {
@@ -296,8 +306,8 @@ func TestReloadLeavesOutUsersWithoutBcryptHash(t *testing.T) {
 func userSource(t *testing.T) (path string, s *webConfigSource, logs *syncBuffer) {
 	t.Helper()
 	path = filepath.Join(t.TempDir(), "web.yml")
-	h, _ := bcrypt.GenerateFromPassword([]byte("one"), bcrypt.MinCost)
-	writeFile(t, path, "basic_auth_users:\n  prometheus: "+string(h)+"\n")
+	h := bcryptHash(t, "one")
+	writeFile(t, path, "basic_auth_users:\n  prometheus: "+h+"\n")
 	s, logs = source(t, path)
 	return path, s, logs
 }
@@ -359,6 +369,11 @@ func TestClientCAFileWithoutCertificate(t *testing.T) {
 	}
 	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
 		t.Errorf("at start: %v, want the CA file refused", err)
+	}
+	// The same CAs written inline.
+	writeFile(t, path, tlsConfig+"  client_auth_type: VerifyClientCertIfGiven\n  client_ca: not a certificate\n")
+	if _, err := LoadWebConfig(path); err == nil || !strings.Contains(err.Error(), "client_ca holds no PEM certificate") {
+		t.Errorf("inline client_ca without a certificate: %v, want it refused", err)
 	}
 	// Where the toolkit verifies nothing with it, it is no mistake.
 	writeFile(t, path, tlsConfig+"  client_auth_type: RequireAnyClientCert\n  client_ca_file: ca.crt\n")
