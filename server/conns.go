@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -98,6 +97,8 @@ func (t *tracker) listen(l net.Listener, limit int, tls bool) *capListener {
 // buffers of an accepted connection: Linux copies them into the
 // connections it accepts for it, so those waiting in the accept queue are
 // bounded too, and the window a client is first offered is the small one.
+// Its segment size clamp (maxSegmentBytes) holds for every connection it
+// accepts from the handshake on.
 func boundListenerBuffers(l net.Listener) {
 	tl, ok := l.(*net.TCPListener)
 	if !ok {
@@ -107,10 +108,7 @@ func boundListenerBuffers(l net.Listener) {
 	if err != nil {
 		return
 	}
-	_ = rc.Control(func(fd uintptr) {
-		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, sendBufferBytes)
-		_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, receiveBufferBytes)
-	})
+	_ = rc.Control(boundSocketOptions)
 }
 
 // stats is l's open connections and the most ever open.
@@ -213,11 +211,17 @@ func (t *tracker) makeRoomLocked(l *capListener, bytes int64, want *trackedConn,
 // networks that have made more login attempts than its own (a password
 // flood's), however many connections its own address holds.
 //
-// On the web listeners a client does not push out its own connections: it
-// is refused instead, which costs an accept (no TLS handshake, no state),
-// and its connections age until they stall and a scraper from another
-// address may take their place; an address pushing out its own would keep
-// its connections forever young. On the probe listener (the kubelet's
+// On the web listeners a new connection does not push out its own
+// address's connections: it is refused instead, which costs an accept (no
+// TLS handshake, no state), and its connections age until they stall and a
+// scraper from another address may take their place; an address pushing
+// out its own would keep its connections forever young. What a connection
+// has shown may outrank its own address's others (outranksOwn): a request
+// on a connection whose credentials were accepted, or that has had a whole
+// answer taken and makes progress, takes the room of what that address
+// holds without either, so an attacker sharing a scraper's address (a
+// hostNetwork pod, SNAT) cannot starve the scraper's connection of the
+// budget. On the probe listener (the kubelet's
 // address may be an attacker's too: a hostNetwork pod, SNAT) the oldest
 // connection without a whole request gives way to a new one, whatever its
 // address: the kubelet sends its request with its connection, and
@@ -240,7 +244,7 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 			return false
 		}
 		if c.addr == want.addr {
-			return ownAddress
+			return ownAddress || outranksOwn(want, c, now)
 		}
 		if credentialed && !c.credentialed() && busierNetworks(c.netLoad, want.netLoad) {
 			return true
@@ -252,6 +256,35 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 	}
 	t.shedLocked(victim)
 	return true
+}
+
+// outranksOwn: a request on want may take the room of c, a connection
+// from want's own address on a web listener. Either want's credentials
+// were accepted and c has none (a password stolen from the address is
+// bounded per user, maxConnsPerUser), or want has had a whole answer taken
+// (a client that reads) and makes progress, while c makes none (its
+// writes stall, or its last login was refused). Neither can be shown by a
+// connection just accepted, so no newcomer takes its address's room: a
+// client reconnecting in a loop still only costs accepts. And a connection
+// that reads never gives way to its own address's others, so a connection
+// that read one answer and then stalls its streams sheds only connections
+// that stall like it.
+func outranksOwn(want, c *trackedConn, now time.Time) bool {
+	if want.authed && !c.credentialed() {
+		return true
+	}
+	if !want.answered {
+		return false
+	}
+	switch want.tier(now) {
+	case tierNoProgress, tierAuthedNoProgress:
+		return false
+	}
+	switch c.tier(now) {
+	case tierNoProgress, tierAuthedNoProgress:
+		return true
+	}
+	return false
 }
 
 // victimLocked is the connection of those that may (below tier limit)
@@ -415,6 +448,7 @@ type trackedConn struct {
 	authed   bool      // credentials were accepted on it
 	trusted  bool      // from an address whose credentials were accepted lately (trustedLocked)
 	refused  bool      // its last login was refused
+	answered bool      // an answer with a body was written whole on it: its client takes what it asks for
 	released bool      // no longer counted (closed, shed, or half-closed by the server)
 
 	raw    progress // its own writes
@@ -608,6 +642,28 @@ func connOf(r *http.Request) *trackedConn {
 	}
 	tc, _ := c.(*trackedConn)
 	return tc
+}
+
+// markAnswered records that c had an answer with a body of n bytes
+// written whole: its client takes its answers (outranksOwn). A refusal
+// has no body (refuse), and a client holding its window at 0 takes none.
+func (t *tracker) markAnswered(c *trackedConn, n int64) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	c.answered = true
+	t.mu.Unlock()
+}
+
+// keepsOnRefusal: a request on c refused for want of room leaves c open:
+// its credentials were accepted, or it has had a whole answer taken. Its
+// next request may find room; closing it would leave its client to
+// reconnect, and a new connection does not take its address's room.
+func (t *tracker) keepsOnRefusal(c *trackedConn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return c.authed || c.answered
 }
 
 // markLogin records on r's connection how its last login (as user) went:

@@ -357,6 +357,132 @@ func TestStolenPasswordsStalledConnectionsGoBeforeLoggedInScrapers(t *testing.T)
 	}
 }
 
+// streaming marks c serving a request (HTTP/2) whose stream's write waits
+// from now on: a client holding its window at 0, stalled once stallGrace
+// has passed.
+func streaming(tr *tracker, c *trackedConn, now time.Time) *trackedConn {
+	tr.startRequest(c, requestBytes, true)
+	c.stream.start(now)
+	return c
+}
+
+// fillBudget makes tr's budget what it holds now: the next request must
+// shed a connection or be refused.
+func fillBudget(tr *tracker) {
+	tr.mu.Lock()
+	tr.budget = tr.used
+	tr.mu.Unlock()
+}
+
+// An attacker on a scraper's own address (a hostNetwork pod, SNAT) holding
+// the memory budget with HTTP/2 streams at window 0 does not starve the
+// scraper's connection: a request on a connection that has taken a whole
+// answer and makes progress takes the room of a connection from its
+// address whose writes stall. Nothing else from that address gives way to
+// it (a connection still being served, an idle one), and nothing of that
+// address gives way to a connection that has taken no answer (the
+// attacker's own requests and newcomers) or to one that stalls itself.
+func TestConnectionThatReadsTakesTheRoomOfItsAddressStalledOnes(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 0, 0)
+	const addr = "127.0.0.2"
+	scraper := dial(addr)
+	tr.markAnswered(scraper, 40<<10) // its last scrape
+	var stalled []*trackedConn
+	for range 3 {
+		stalled = append(stalled, streaming(tr, dial(addr), clock.now()))
+	}
+	clock.add(stallGrace) // their streams have waited
+	young := streaming(tr, dial(addr), clock.now())
+	idle := dial(addr)
+	readThenStalled := streaming(tr, dial(addr), clock.now().Add(-stallGrace))
+	tr.markAnswered(readThenStalled, 1)
+	attacker := dial(addr)
+	fillBudget(tr)
+	before := tr.stats().shed
+
+	if tr.startRequest(attacker, requestBytes, true) {
+		t.Error("a request on a connection that has taken no answer was served over the budget")
+	}
+	if tr.startRequest(readThenStalled, requestBytes, true) {
+		t.Error("a request on a connection whose own writes stall was served over the budget")
+	}
+	if shed := tr.stats().shed - before; shed != 0 {
+		t.Fatalf("%d connections of the address shed for requests that show nothing; want none", shed)
+	}
+	for i := range 2 {
+		if !tr.startRequest(scraper, requestBytes, true) {
+			t.Fatalf("scrape %d: the scraper's request refused while connections of its address stall", i)
+		}
+		tr.endRequest(scraper, requestBytes)
+	}
+	gone := 0
+	for _, c := range append(stalled, readThenStalled) {
+		if !open(tr, c) {
+			gone++
+		}
+	}
+	if gone != 1 || !open(tr, young) || !open(tr, idle) || !open(tr, attacker) {
+		t.Errorf("after the scraper's requests: %d stalled connections gone (want 1: the first request's room is given back), young stream open %v, idle open %v, attacker open %v; want those three open",
+			gone, open(tr, young), open(tr, idle), open(tr, attacker))
+	}
+	// A client that took one answer and then holds its streams at window
+	// 0 sheds, while it makes progress, only connections that stall, never
+	// the scraper's or an idle one; once its own streams stall, nothing.
+	tr.markAnswered(young, 1)
+	fillBudget(tr)
+	if !tr.startRequest(young, requestBytes, true) {
+		t.Fatal("a request on a connection that took an answer found no room while connections of its address stall")
+	}
+	if !open(tr, scraper) || !open(tr, idle) {
+		t.Fatalf("a connection that took one answer pushed out the scraper (open %v) or an idle connection (open %v)", open(tr, scraper), open(tr, idle))
+	}
+	clock.add(stallGrace) // young's stream stalls now
+	fillBudget(tr)
+	before = tr.stats().shed
+	if tr.startRequest(young, requestBytes, true) || tr.stats().shed != before {
+		t.Error("a request on a connection whose own stream stalls took the room of its address's others")
+	}
+	tr.mu.Lock()
+	roomForNewcomer := tr.makeRoomLocked(nil, connBytes, &trackedConn{addr: addr}, clock.now())
+	tr.mu.Unlock()
+	if roomForNewcomer || tr.stats().shed != before {
+		t.Error("a new connection from the address took the room of its address's stalled ones")
+	}
+	if !open(tr, scraper) || !open(tr, idle) {
+		t.Error("the scraper's connection or an idle one gave way to its own address")
+	}
+}
+
+// With basic auth, a request on a connection whose credentials were
+// accepted takes the room of its own address's connections without them
+// (idle ones, or TLS handshakes under way), so an attacker without the
+// password on the scraper's address cannot starve the scraper; a request
+// without credentials from that address is refused and sheds nothing.
+func TestAcceptedCredentialsTakeTheRoomOfTheirAddressConnectionsWithout(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 0, 0)
+	tr.auth.Store(true)
+	const addr = "127.0.0.2"
+	scraper := dial(addr)
+	login(scraper, "prometheus", true)
+	var attacker []*trackedConn
+	for range 4 {
+		attacker = append(attacker, dial(addr))
+	}
+	fillBudget(tr)
+	if tr.startRequest(attacker[0], requestBytes, false) {
+		t.Error("a request without credentials from the scraper's address served over the budget")
+	}
+	if shed := tr.stats().shed; shed != 0 {
+		t.Fatalf("%d connections shed for a request without credentials from their own address", shed)
+	}
+	if !tr.startRequest(scraper, requestBytes, false) {
+		t.Fatal("the logged-in scraper's request refused while its address holds connections without credentials")
+	}
+	if shed := tr.stats().shed; shed != 1 || !open(tr, scraper) {
+		t.Errorf("%d connections shed for the scraper's request (want 1), scraper open %v", shed, open(tr, scraper))
+	}
+}
+
 // Of connections without credentials alike (one address each, the same
 // state), those whose networks have made the most login attempts lately go
 // first: a password flood from many addresses, each connection in its TLS
@@ -514,7 +640,8 @@ func TestConnectionsPerUser(t *testing.T) {
 
 // Every accepted connection's kernel queues are bounded (Linux doubles
 // what is asked for): a client reading slowly cannot grow the send queue
-// to tcp_wmem's maximum.
+// to tcp_wmem's maximum. The segments sent are small enough for the queue
+// to hold four, on loopback too.
 func TestSocketBuffersBounded(t *testing.T) {
 	_, dial, _ := acceptFrom(t, 0, 0)
 	c := dial("127.0.0.1")
@@ -522,17 +649,60 @@ func TestSocketBuffersBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var snd, rcv int
+	var snd, rcv, mss int
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		if snd, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF); serr == nil {
 			rcv, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF)
+		}
+		if serr == nil {
+			mss, serr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG)
 		}
 	}); err != nil || serr != nil {
 		t.Fatal(err, serr)
 	}
 	if snd != 2*sendBufferBytes || rcv != 2*receiveBufferBytes {
 		t.Errorf("SO_SNDBUF %d, SO_RCVBUF %d; want %d and %d", snd, rcv, 2*sendBufferBytes, 2*receiveBufferBytes)
+	}
+	// The send queue holds several segments: loopback's 64 KiB ones, twice
+	// the queue, left every answer larger than it waiting for the client's
+	// delayed acknowledgement.
+	if mss > maxSegmentBytes || snd < 4*mss {
+		t.Errorf("segments of %d bytes sent through a send queue of %d; want at most %d, four to the queue", mss, snd, maxSegmentBytes)
+	}
+}
+
+// A connection the kernel completed before the exporter wrapped its
+// listener (a scraper polling from the exporter's start) has the bounded
+// segment size too: listenTCP sets it before listen(2).
+func TestConnectionBeforeServingHasTheSegmentClamp(t *testing.T) {
+	l, err := listenTCP("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	early, err := net.Dial("tcp", l.Addr().String()) // in the accept queue before anything serves
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	ll := newTracker(0).listen(l, 0, false)
+	defer ll.Close()
+	c, err := ll.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := c.(*trackedConn).Conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mss int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { mss, serr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG) }); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if mss > maxSegmentBytes {
+		t.Errorf("a connection accepted by the kernel before serving sends segments of %d bytes; want at most %d", mss, maxSegmentBytes)
 	}
 }
 

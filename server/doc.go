@@ -12,15 +12,17 @@
 //	bounds.go     every hand-tuned bound of the defences, what it guards
 //	              against and the bench run that sets it
 //	listen.go     the listeners: --web.listen-address (TCP, vsock), systemd's
-//	              sockets, the probe address
+//	              sockets, the probe address; their sockets' buffers and
+//	              segment size bounded from before listen(2)
 //	conns.go      each listener's connection cap and the memory budget (the
 //	              web listeners' and the probe listener's own), the shed order
 //	              (without credentials, what makes no progress, then what
 //	              serves no request or a login past its grace; then a
 //	              logged-in connection that stalls; from any address, a
-//	              password flood's networks before a quiet one's); the
-//	              sockets' kernel buffers bounded; every write's deadline and
-//	              progress
+//	              password flood's networks before a quiet one's; from its
+//	              own address, only for a connection that showed credentials
+//	              or took an answer); the sockets' kernel buffers bounded;
+//	              every write's deadline and progress
 //	webconfig.go  --web.config.file parsed as the toolkit does, its view handed
 //	              to the toolkit (TLS, headers), reloaded on change or SIGHUP
 //	handlers.go   the first handler: the request charged to the budget,

@@ -17,9 +17,13 @@ func guard(t *tracker, next http.Handler) http.Handler {
 		if c != nil {
 			cost := requestCost(r)
 			if !t.startRequest(c, cost, h2) {
-				// No room for a client without credentials: the connection
-				// goes too (HTTP/2: GOAWAY).
-				w.Header().Set("Connection", "close")
+				// No room: the connection goes too (HTTP/2: GOAWAY),
+				// unless it has shown credentials or taken an answer.
+				if t.keepsOnRefusal(c) {
+					w.Header().Set("Retry-After", "1")
+				} else {
+					w.Header().Set("Connection", "close")
+				}
 				refuse(w, http.StatusServiceUnavailable)
 				return
 			}
@@ -32,6 +36,9 @@ func guard(t *tracker, next http.Handler) http.Handler {
 		aw.setDeadline()
 		next.ServeHTTP(aw, r)
 		aw.finish()
+		if c != nil && !aw.failed {
+			t.markAnswered(c, aw.n)
+		}
 	})
 }
 
@@ -62,6 +69,8 @@ type answerWriter struct {
 	end      time.Time
 	progress *progress // nil: the connection's own writes tell
 	wrote    bool
+	n        int64 // bytes written
+	failed   bool  // a write failed
 }
 
 func (a *answerWriter) setDeadline() {
@@ -85,8 +94,10 @@ func (a *answerWriter) Write(b []byte) (int, error) {
 			a.progress.done(time.Now(), m)
 		}
 		n += m
+		a.n += int64(m)
 		a.wrote = a.wrote || m > 0
 		if err != nil {
+			a.failed = true
 			return n, err
 		}
 		b = b[len(c):]

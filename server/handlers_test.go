@@ -82,3 +82,36 @@ func TestServerErrorLogFollowsLevel(t *testing.T) {
 		})
 	}
 }
+
+// guard marks a connection whose answer had a body written whole as one
+// whose client takes its answers, and not one answered with a refusal; a
+// request refused for want of room closes its connection, unless the
+// connection has taken an answer (its client retries on it, after
+// Retry-After).
+func TestGuardMarksAnswersAndKeepsReadersOnRefusal(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 0, 0)
+	serve := func(c *trackedConn, h http.HandlerFunc) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		rec := httptest.NewRecorder()
+		guard(tr, h).ServeHTTP(rec, req.WithContext(withConn(req.Context(), c)))
+		return rec
+	}
+	page := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "gpu_up 1\n") }
+	reader, refused := dial("127.0.0.2"), dial("127.0.0.2") // one address: neither may shed the other
+	serve(refused, func(w http.ResponseWriter, _ *http.Request) { refuse(w, http.StatusUnauthorized) })
+	serve(reader, page)
+	tr.mu.Lock()
+	marked, unmarked := reader.answered, refused.answered
+	tr.mu.Unlock()
+	if !marked || unmarked {
+		t.Fatalf("after a page: answered %v; after a refusal without a body: answered %v; want true, false", marked, unmarked)
+	}
+	fillBudget(tr)
+	if rec := serve(reader, page); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Connection") == "close" || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("over the budget, a connection that took an answer: %d, Connection %q, Retry-After %q; want 503 keeping the connection, with Retry-After",
+			rec.Code, rec.Header().Get("Connection"), rec.Header().Get("Retry-After"))
+	}
+	if rec := serve(refused, page); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Connection") != "close" {
+		t.Errorf("over the budget, a connection that took no answer: %d, Connection %q; want 503 closing it", rec.Code, rec.Header().Get("Connection"))
+	}
+}

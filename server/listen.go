@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -46,7 +47,7 @@ func Listen(c ListenConfig) (*Listeners, error) {
 		return nil, err
 	}
 	if c.Probe != "" {
-		if ls.Probe, err = net.Listen("tcp", c.Probe); err != nil {
+		if ls.Probe, err = listenTCP(c.Probe); err != nil {
 			ls.Close()
 			return nil, fmt.Errorf("cannot listen on --web.probe-address=%s: %v", c.Probe, err)
 		}
@@ -114,7 +115,7 @@ func listenAddress(a string) (net.Listener, error) {
 		}
 		return l, nil
 	}
-	l, err := net.Listen("tcp", a)
+	l, err := listenTCP(a)
 	if err == nil {
 		return l, nil
 	}
@@ -151,4 +152,26 @@ func otherPort(port string) string {
 		return strconv.Itoa(n + 1)
 	}
 	return "9948"
+}
+
+// listenTCP listens on a with the accepted connections' socket options
+// (boundSocketOptions) set before listen(2): a connection completed by the
+// kernel before the exporter starts serving (a scraper polling /readyz
+// from the exporter's start) has them from its handshake too.
+func listenTCP(a string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(boundSocketOptions)
+	}}
+	return lc.Listen(context.Background(), "tcp", a)
+}
+
+// boundSocketOptions sets a listening socket's send and receive buffers
+// and its segment size clamp (bounds.go), which Linux copies into the
+// connections it accepts for it; listenTCP sets them before listen(2),
+// boundListenerBuffers (conns.go) on every listener, systemd's sockets
+// too.
+func boundSocketOptions(fd uintptr) {
+	_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, sendBufferBytes)
+	_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, receiveBufferBytes)
+	_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, maxSegmentBytes)
 }
