@@ -138,6 +138,15 @@ const (
 	// instead. A scraper's first login waits for bcrypt for less than
 	// this; the flood's wait up to bcryptWait (auth-addrs).
 	requestGrace = time.Second
+
+	// refusedAgain: a request on a connection whose last request found no
+	// room less than this before is refused at once, without looking for
+	// room (a walk over every connection under the tracker's lock, about
+	// 34 µs with 700 of them): a connection kept open after a refusal
+	// (one that showed credentials or took an answer) cannot loop on
+	// refusals at that cost. Below a scraper's polling interval, so that
+	// each of its scrapes looks (shared-scraper polls every 100 ms).
+	refusedAgain = 100 * time.Millisecond
 )
 
 // Trust: an address whose credentials were accepted within trustFor

@@ -262,22 +262,25 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 // from want's own address on a web listener. Either want's credentials
 // were accepted and c has none (a password stolen from the address is
 // bounded per user, maxConnsPerUser), or want has had a whole answer taken
-// (a client that reads) and makes progress, while c makes none (its
-// writes stall, or its last login was refused). Neither can be shown by a
+// (a client that reads), while c makes no progress (its writes stall, or
+// its last login was refused); in both, want's own writes do not stall. Neither can be shown by a
 // connection just accepted, so no newcomer takes its address's room: a
 // client reconnecting in a loop still only costs accepts. And a connection
 // that reads never gives way to its own address's others, so a connection
 // that read one answer and then stalls its streams sheds only connections
 // that stall like it.
 func outranksOwn(want, c *trackedConn, now time.Time) bool {
-	if want.authed && !c.credentialed() {
-		return true
-	}
-	if !want.answered {
+	if !want.authed && !want.answered {
 		return false
 	}
 	switch want.tier(now) {
 	case tierNoProgress, tierAuthedNoProgress:
+		return false
+	}
+	if want.authed && !c.credentialed() {
+		return true
+	}
+	if !want.answered {
 		return false
 	}
 	switch c.tier(now) {
@@ -398,11 +401,16 @@ func (t *tracker) startRequest(c *trackedConn, cost int64, h2 bool) bool {
 	now := t.now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !c.refusedAt.IsZero() && now.Sub(c.refusedAt) < refusedAgain {
+		t.refused++ // refused a moment ago: refused again without looking for room
+		return false
+	}
 	if h2 && !c.h2 {
 		cost += h2ConnBytes
 	}
 	if !t.makeRoomLocked(nil, cost, c, now) {
 		t.refused++
+		c.refusedAt = now
 		return false
 	}
 	if h2 && !c.h2 {
@@ -440,16 +448,17 @@ type trackedConn struct {
 	netLoad int
 
 	// Under l.t.mu:
-	user     string    // the user whose credentials were last accepted on it ("": none)
-	cost     int64     // bytes charged
-	since    time.Time // opened, or last became idle or began serving
-	handlers int       // requests being served on it
-	h2       bool      // HTTP/2 state charged
-	authed   bool      // credentials were accepted on it
-	trusted  bool      // from an address whose credentials were accepted lately (trustedLocked)
-	refused  bool      // its last login was refused
-	answered bool      // an answer with a body was written whole on it: its client takes what it asks for
-	released bool      // no longer counted (closed, shed, or half-closed by the server)
+	user      string    // the user whose credentials were last accepted on it ("": none)
+	cost      int64     // bytes charged
+	since     time.Time // opened, or last became idle or began serving
+	handlers  int       // requests being served on it
+	h2        bool      // HTTP/2 state charged
+	authed    bool      // credentials were accepted on it
+	trusted   bool      // from an address whose credentials were accepted lately (trustedLocked)
+	refused   bool      // its last login was refused
+	answered  bool      // an answer with a body was written whole on it: its client takes what it asks for
+	refusedAt time.Time // when a request on it last found no room
+	released  bool      // no longer counted (closed, shed, or half-closed by the server)
 
 	raw    progress // its own writes
 	stream progress // the writes of its HTTP/2 streams (a stream at window 0 writes nothing to the connection)
@@ -644,9 +653,11 @@ func connOf(r *http.Request) *trackedConn {
 	return tc
 }
 
-// markAnswered records that c had an answer with a body of n bytes
-// written whole: its client takes its answers (outranksOwn). A refusal
-// has no body (refuse), and a client holding its window at 0 takes none.
+// markAnswered records that c had a successful answer to a GET with a
+// body of n bytes written whole (guard): its client takes its answers
+// (outranksOwn). A refusal has no body (refuse), and a client holding its
+// HTTP/2 window at 0 takes none, the buffered rest of the answer included
+// (guard flushes it first).
 func (t *tracker) markAnswered(c *trackedConn, n int64) {
 	if n == 0 {
 		return
@@ -659,7 +670,9 @@ func (t *tracker) markAnswered(c *trackedConn, n int64) {
 // keepsOnRefusal: a request on c refused for want of room leaves c open:
 // its credentials were accepted, or it has had a whole answer taken. Its
 // next request may find room; closing it would leave its client to
-// reconnect, and a new connection does not take its address's room.
+// reconnect, and a new connection does not take its address's room. A
+// client asking again and again on it costs a look for room at most every
+// refusedAgain (startRequest).
 func (t *tracker) keepsOnRefusal(c *trackedConn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -457,9 +457,10 @@ func TestConnectionThatReadsTakesTheRoomOfItsAddressStalledOnes(t *testing.T) {
 // accepted takes the room of its own address's connections without them
 // (idle ones, or TLS handshakes under way), so an attacker without the
 // password on the scraper's address cannot starve the scraper; a request
-// without credentials from that address is refused and sheds nothing.
+// without credentials from that address is refused and sheds nothing, and
+// so is one whose own writes stall.
 func TestAcceptedCredentialsTakeTheRoomOfTheirAddressConnectionsWithout(t *testing.T) {
-	tr, dial, _ := acceptFrom(t, 0, 0)
+	tr, dial, clock := acceptFrom(t, 0, 0)
 	tr.auth.Store(true)
 	const addr = "127.0.0.2"
 	scraper := dial(addr)
@@ -468,6 +469,8 @@ func TestAcceptedCredentialsTakeTheRoomOfTheirAddressConnectionsWithout(t *testi
 	for range 4 {
 		attacker = append(attacker, dial(addr))
 	}
+	thief := dial(addr)
+	login(thief, "prometheus", true)
 	fillBudget(tr)
 	if tr.startRequest(attacker[0], requestBytes, false) {
 		t.Error("a request without credentials from the scraper's address served over the budget")
@@ -480,6 +483,16 @@ func TestAcceptedCredentialsTakeTheRoomOfTheirAddressConnectionsWithout(t *testi
 	}
 	if shed := tr.stats().shed; shed != 1 || !open(tr, scraper) {
 		t.Errorf("%d connections shed for the scraper's request (want 1), scraper open %v", shed, open(tr, scraper))
+	}
+	// Credentials whose own writes stall (a stolen password holding its
+	// streams at window 0) take no room from their address.
+	streaming(tr, thief, clock.now())
+	login(attacker[0], "prometheus", false) // a wrong password: no credentials, trusted address or not
+	clock.add(stallGrace)
+	fillBudget(tr)
+	before := tr.stats().shed
+	if tr.startRequest(thief, requestBytes, true) || tr.stats().shed != before {
+		t.Error("a request on a logged-in connection whose writes stall took the room of its address's connections without credentials")
 	}
 }
 

@@ -8,10 +8,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
@@ -117,4 +119,67 @@ func TestClosedHTTP2ConnectionsAreFreed(t *testing.T) {
 	if left > 0 {
 		t.Errorf("%d of %d HTTP/2 connections closed with streams open still in memory 10 s after", left, len(held))
 	}
+}
+
+// An answer small enough to stay in the stream's buffer when its handler
+// returns does not mark a connection that holds its window at 0 as one
+// whose client takes its answers: guard sends the rest while the request
+// is charged, and it never leaves. A client that reads is marked.
+func TestSmallAnswerAtWindowZeroIsNoAnswerTaken(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(0)
+	page := bytes.Repeat([]byte("x"), 3000)
+	var served atomic.Int64
+	srv := newHTTPServer(guard(tr, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = w.Write(page)
+	})), zerolog.Nop())
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
+	go func() { _ = srv.ServeTLS(tr.listen(l, 0, true), "", "") }()
+	defer srv.Close()
+
+	held := holdStreams(t, l.Addr().String(), 2)
+	defer held.Close()
+	waitUntil(t, "both streams' handlers to run", func() bool { return served.Load() >= 2 })
+	var c *trackedConn
+	tr.mu.Lock()
+	for x := range tr.conns {
+		c = x
+	}
+	tr.mu.Unlock()
+	waitUntil(t, "the streams' answers to end", func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return c.handlers == 0
+	})
+	tr.mu.Lock()
+	fake := c.answered
+	tr.mu.Unlock()
+	if fake {
+		t.Error("a connection at window 0 counted as one that took an answer")
+	}
+
+	reader := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the test's own certificate
+	resp, err := reader.Get("https://" + l.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("the reader spoke %s, want HTTP/2", resp.Proto)
+	}
+	waitUntil(t, "the reader's connection to be marked", func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for x := range tr.conns {
+			if x != c && x.answered {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -18,8 +18,10 @@ func guard(t *tracker, next http.Handler) http.Handler {
 			cost := requestCost(r)
 			if !t.startRequest(c, cost, h2) {
 				// No room: the connection goes too (HTTP/2: GOAWAY),
-				// unless it has shown credentials or taken an answer.
-				if t.keepsOnRefusal(c) {
+				// unless it has shown credentials or taken an answer, and
+				// the request has no body (net/http would read it before
+				// answering a connection it keeps).
+				if r.ContentLength == 0 && t.keepsOnRefusal(c) {
 					w.Header().Set("Retry-After", "1")
 				} else {
 					w.Header().Set("Connection", "close")
@@ -36,8 +38,16 @@ func guard(t *tracker, next http.Handler) http.Handler {
 		aw.setDeadline()
 		next.ServeHTTP(aw, r)
 		aw.finish()
-		if c != nil && !aw.failed {
-			t.markAnswered(c, aw.n)
+		if c != nil && aw.wrote && r.Method == http.MethodGet && aw.code/100 == 2 {
+			if h2 {
+				// What the stream still buffers leaves now, while the
+				// request is charged and its progress watched: a client
+				// holding its window at 0 takes none of it.
+				aw.flush()
+			}
+			if !aw.failed {
+				t.markAnswered(c, aw.n)
+			}
 		}
 	})
 }
@@ -71,6 +81,14 @@ type answerWriter struct {
 	wrote    bool
 	n        int64 // bytes written
 	failed   bool  // a write failed
+	code     int   // the answer's status
+}
+
+func (a *answerWriter) WriteHeader(code int) {
+	if a.code == 0 {
+		a.code = code
+	}
+	a.ResponseWriter.WriteHeader(code)
 }
 
 func (a *answerWriter) setDeadline() {
@@ -93,6 +111,9 @@ func (a *answerWriter) Write(b []byte) (int, error) {
 		if a.progress != nil {
 			a.progress.done(time.Now(), m)
 		}
+		if a.code == 0 {
+			a.code = http.StatusOK
+		}
 		n += m
 		a.n += int64(m)
 		a.wrote = a.wrote || m > 0
@@ -111,6 +132,22 @@ func (a *answerWriter) Write(b []byte) (int, error) {
 func (a *answerWriter) finish() {
 	if a.wrote {
 		a.setDeadline()
+	}
+}
+
+// flush sends what the answer still buffers, with a deadline and its
+// progress watched; a failure counts as a failed write.
+func (a *answerWriter) flush() {
+	a.setDeadline()
+	if a.progress != nil {
+		a.progress.start(time.Now())
+	}
+	err := a.rc.Flush()
+	if a.progress != nil {
+		a.progress.done(time.Now(), 0)
+	}
+	if err != nil {
+		a.failed = true
 	}
 }
 

@@ -115,3 +115,77 @@ func TestGuardMarksAnswersAndKeepsReadersOnRefusal(t *testing.T) {
 		t.Errorf("over the budget, a connection that took no answer: %d, Connection %q; want 503 closing it", rec.Code, rec.Header().Get("Connection"))
 	}
 }
+
+// What marks a connection as one whose client takes its answers: a
+// successful GET with a body. Neither a HEAD (its body is never sent), nor
+// an error page, nor a refusal does.
+func TestOnlyASuccessfulGetWithABodyMarksAnAnswerTaken(t *testing.T) {
+	tr, dial, _ := acceptFrom(t, 0, 0)
+	for _, tc := range []struct {
+		method string
+		h      http.HandlerFunc
+		want   bool
+	}{
+		{"GET", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "gpu_up 1\n") }, true},
+		{"HEAD", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "gpu_up 1\n") }, false},
+		{"GET", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "too many concurrent scrapes", http.StatusServiceUnavailable)
+		}, false},
+		{"GET", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, false},
+		{"GET", func(w http.ResponseWriter, _ *http.Request) { refuse(w, http.StatusUnauthorized) }, false},
+	} {
+		c := dial("127.0.0.2")
+		req := httptest.NewRequest(tc.method, "/metrics", nil)
+		rec := httptest.NewRecorder()
+		guard(tr, tc.h).ServeHTTP(rec, req.WithContext(withConn(req.Context(), c)))
+		tr.mu.Lock()
+		got := c.answered
+		tr.mu.Unlock()
+		if got != tc.want {
+			t.Errorf("%s answered %d: connection marked %v, want %v", tc.method, rec.Code, got, tc.want)
+		}
+	}
+}
+
+// A request refused for want of room keeps a connection that took an
+// answer only if it has no body (net/http would read the body first); a
+// request on it within refusedAgain of the last refusal is refused
+// without looking for room, so that looping on refusals costs no walk over
+// the connections, and the next one after that looks again.
+func TestKeptConnectionsOnRefusal(t *testing.T) {
+	tr, dial, clock := acceptFrom(t, 0, 0)
+	c := dial("127.0.0.2")
+	tr.markAnswered(c, 1)
+	stalled := streaming(tr, dial("127.0.0.2"), clock.now())
+	fillBudget(tr)
+	do := func(body bool) string {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		if body {
+			req = httptest.NewRequest("GET", "/metrics", strings.NewReader("x"))
+		}
+		rec := httptest.NewRecorder()
+		guard(tr, http.NotFoundHandler()).ServeHTTP(rec, req.WithContext(withConn(req.Context(), c)))
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Fatalf("over the budget: %d, want 503", rec.Code)
+		}
+		return rec.Header().Get("Connection")
+	}
+	if got := do(true); got != "close" {
+		t.Errorf("a refused request with a body: Connection %q, want close", got)
+	}
+	clock.add(stallGrace - refusedAgain/4) // the other connection does not stall yet
+	if got := do(false); got == "close" {
+		t.Error("a refused request without a body: connection closed, want it kept")
+	}
+	clock.add(refusedAgain / 2) // the other connection now stalls: there is room to take
+	if got := do(false); got == "close" || !open(tr, stalled) {
+		t.Errorf("a request within %s of a refusal: Connection %q, the stalled connection open %v; want it refused without shedding, the connection kept", refusedAgain, got, open(tr, stalled))
+	}
+	clock.add(refusedAgain)
+	tr.mu.Lock()
+	tr.budget = tr.used // the refused request's charge was given back
+	tr.mu.Unlock()
+	if !tr.startRequest(c, requestBytes, false) || open(tr, stalled) {
+		t.Errorf("a request %s after the last refusal did not take the stalled connection's room", refusedAgain)
+	}
+}
