@@ -259,35 +259,28 @@ func (t *tracker) shedOneLocked(l *capListener, want *trackedConn, now time.Time
 }
 
 // outranksOwn: a request on want may take the room of c, a connection
-// from want's own address on a web listener. Either want's credentials
-// were accepted and c has none (a password stolen from the address is
-// bounded per user, maxConnsPerUser), or want has had a whole answer taken
-// (a client that reads), while c makes no progress (its writes stall, or
-// its last login was refused); in both, want's own writes do not stall. Neither can be shown by a
-// connection just accepted, so no newcomer takes its address's room: a
-// client reconnecting in a loop still only costs accepts. And a connection
-// that reads never gives way to its own address's others, so a connection
-// that read one answer and then stalls its streams sheds only connections
-// that stall like it.
+// from want's own address on a web listener, if want's own writes do not
+// stall and either want's credentials were accepted and c has none (a
+// password stolen from the address is bounded per user, maxConnsPerUser),
+// or want has had a whole answer taken (a client that reads) while c makes
+// no progress (its writes stall, or its last login was refused). Neither
+// can be shown by a connection just accepted, so no newcomer takes its
+// address's room: a client reconnecting in a loop still only costs
+// accepts. And a connection that reads never gives way to its own
+// address's others, so one that read an answer and then stalls its
+// streams sheds nothing more.
 func outranksOwn(want, c *trackedConn, now time.Time) bool {
 	if !want.authed && !want.answered {
 		return false
 	}
-	switch want.tier(now) {
-	case tierNoProgress, tierAuthedNoProgress:
+	if wt := want.tier(now); wt == tierNoProgress || wt == tierAuthedNoProgress {
 		return false
 	}
 	if want.authed && !c.credentialed() {
 		return true
 	}
-	if !want.answered {
-		return false
-	}
-	switch c.tier(now) {
-	case tierNoProgress, tierAuthedNoProgress:
-		return true
-	}
-	return false
+	ct := c.tier(now)
+	return want.answered && (ct == tierNoProgress || ct == tierAuthedNoProgress)
 }
 
 // victimLocked is the connection of those that may (below tier limit)
@@ -653,15 +646,12 @@ func connOf(r *http.Request) *trackedConn {
 	return tc
 }
 
-// markAnswered records that c had a successful answer to a GET with a
-// body of n bytes written whole (guard): its client takes its answers
+// markAnswered records that c had a successful answer to a GET written
+// whole, its body included (guard): its client takes its answers
 // (outranksOwn). A refusal has no body (refuse), and a client holding its
 // HTTP/2 window at 0 takes none, the buffered rest of the answer included
 // (guard flushes it first).
-func (t *tracker) markAnswered(c *trackedConn, n int64) {
-	if n == 0 {
-		return
-	}
+func (t *tracker) markAnswered(c *trackedConn) {
 	t.mu.Lock()
 	c.answered = true
 	t.mu.Unlock()

@@ -386,7 +386,7 @@ func TestConnectionThatReadsTakesTheRoomOfItsAddressStalledOnes(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	const addr = "127.0.0.2"
 	scraper := dial(addr)
-	tr.markAnswered(scraper, 40<<10) // its last scrape
+	tr.markAnswered(scraper) // its last scrape
 	var stalled []*trackedConn
 	for range 3 {
 		stalled = append(stalled, streaming(tr, dial(addr), clock.now()))
@@ -395,7 +395,7 @@ func TestConnectionThatReadsTakesTheRoomOfItsAddressStalledOnes(t *testing.T) {
 	young := streaming(tr, dial(addr), clock.now())
 	idle := dial(addr)
 	readThenStalled := streaming(tr, dial(addr), clock.now().Add(-stallGrace))
-	tr.markAnswered(readThenStalled, 1)
+	tr.markAnswered(readThenStalled)
 	attacker := dial(addr)
 	fillBudget(tr)
 	before := tr.stats().shed
@@ -428,7 +428,7 @@ func TestConnectionThatReadsTakesTheRoomOfItsAddressStalledOnes(t *testing.T) {
 	// A client that took one answer and then holds its streams at window
 	// 0 sheds, while it makes progress, only connections that stall, never
 	// the scraper's or an idle one; once its own streams stall, nothing.
-	tr.markAnswered(young, 1)
+	tr.markAnswered(young)
 	fillBudget(tr)
 	if !tr.startRequest(young, requestBytes, true) {
 		t.Fatal("a request on a connection that took an answer found no room while connections of its address stall")

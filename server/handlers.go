@@ -38,7 +38,7 @@ func guard(t *tracker, next http.Handler) http.Handler {
 		aw.setDeadline()
 		next.ServeHTTP(aw, r)
 		aw.finish()
-		if c != nil && aw.wrote && r.Method == http.MethodGet && aw.code/100 == 2 {
+		if c != nil && aw.n > 0 && r.Method == http.MethodGet && aw.code/100 == 2 {
 			if h2 {
 				// What the stream still buffers leaves now, while the
 				// request is charged and its progress watched: a client
@@ -46,7 +46,7 @@ func guard(t *tracker, next http.Handler) http.Handler {
 				aw.flush()
 			}
 			if !aw.failed {
-				t.markAnswered(c, aw.n)
+				t.markAnswered(c)
 			}
 		}
 	})
@@ -78,10 +78,9 @@ type answerWriter struct {
 	rc       *http.ResponseController
 	end      time.Time
 	progress *progress // nil: the connection's own writes tell
-	wrote    bool
-	n        int64 // bytes written
-	failed   bool  // a write failed
-	code     int   // the answer's status
+	n        int64     // bytes written
+	failed   bool      // a write failed
+	code     int       // the answer's status
 }
 
 func (a *answerWriter) WriteHeader(code int) {
@@ -116,7 +115,6 @@ func (a *answerWriter) Write(b []byte) (int, error) {
 		}
 		n += m
 		a.n += int64(m)
-		a.wrote = a.wrote || m > 0
 		if err != nil {
 			a.failed = true
 			return n, err
@@ -130,7 +128,7 @@ func (a *answerWriter) Write(b []byte) (int, error) {
 // the handler (with a Content-Length when it is all there is), a deadline
 // of its own.
 func (a *answerWriter) finish() {
-	if a.wrote {
+	if a.n > 0 {
 		a.setDeadline()
 	}
 }

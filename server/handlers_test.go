@@ -155,7 +155,7 @@ func TestOnlyASuccessfulGetWithABodyMarksAnAnswerTaken(t *testing.T) {
 func TestKeptConnectionsOnRefusal(t *testing.T) {
 	tr, dial, clock := acceptFrom(t, 0, 0)
 	c := dial("127.0.0.2")
-	tr.markAnswered(c, 1)
+	tr.markAnswered(c)
 	stalled := streaming(tr, dial("127.0.0.2"), clock.now())
 	fillBudget(tr)
 	do := func(body bool) string {
