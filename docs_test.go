@@ -247,6 +247,7 @@ var absentOnSimulatedNode = map[string]string{
 	"gpu_xid_last_timestamp_seconds":                      "no XID in the default scenario",
 	"gpu_mig_xid_errors_total":                            "no XID in the default scenario",
 	"gpu_ecc_uncorrected_last_increase_timestamp_seconds": "no ECC error in the default scenario",
+	"gpu_fault_active":                                    "served only while a GPU has a fault; the default scenario has none",
 	"gpu_dra_device_taint":                                "only with --kubernetes.resource-slices, while a DRA driver taints a device; the default scenario uses a device plugin",
 }
 

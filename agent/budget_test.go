@@ -91,6 +91,7 @@ func TestSeriesBudget(t *testing.T) {
 		"gpu_xid_first_timestamp_seconds":                     "no XID in the default scenario",
 		"gpu_xid_last_timestamp_seconds":                      "no XID in the default scenario",
 		"gpu_ecc_uncorrected_last_increase_timestamp_seconds": "no ECC error in the default scenario (its group, ecc, is on in both profiles)",
+		"gpu_fault_active":                                    "no fault in the default scenario (served while a GPU has one; lost in core, on in both profiles)",
 		"gpu_row_remap_banks_low_availability":                "no bank short of spare rows in the default scenario (its group, ecc, is on in both profiles)",
 		"gpu_mig_mode_pending":                                "no MIG mode change pending in the default scenario (its group, core, is on in both profiles)",
 		"gpu_dra_device_taint":                                "only with --kubernetes.resource-slices while a DRA driver taints a device (its group, core, is on in both profiles)",

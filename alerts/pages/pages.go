@@ -602,6 +602,10 @@ func formatFloat(v float64) string {
 // root.
 const SourceDir = "alerts/pages/testdata"
 
+// ReferenceRulesFile is the flat reference rules file, relative to the
+// repository root.
+const ReferenceRulesFile = "alerts/testdata/flat.rules.yml"
+
 // GeneratedPaths are the promtool test files of the fixture source name
 // (its base name without .yml), relative to the repository root: the
 // vanilla rules' and the GKE Managed Prometheus rules'.
@@ -616,6 +620,26 @@ func GeneratedPaths(name string) (vanilla, gmp string) {
 func Generate(root string, rf *alerts.RuleFile) (map[string][]byte, error) {
 	keep, err := RuleMetrics(rf)
 	if err != nil {
+		return nil, err
+	}
+	// The fixtures also keep what the reference rules read
+	// (alerts/equivalence_test.go compares the rules with them on these
+	// inputs): the dense families the rules now read through the
+	// exporter's sparse faults, among others, so that both readings of
+	// the same pages are compared.
+	if b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(ReferenceRulesFile))); err == nil {
+		ref, err := alerts.ParseRules(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
+		}
+		refKeep, err := RuleMetrics(ref)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
+		}
+		for m := range refKeep {
+			keep[m] = true
+		}
+	} else if !os.IsNotExist(err) {
 		return nil, err
 	}
 	files, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(SourceDir), "*.yml"))

@@ -9,6 +9,8 @@
 //	                with its group, which decides whether it is served
 //	fields.go       the per-device field families and device labels
 //	health.go       board health and DCGM health watch families
+//	faults.go       the faults the alerts read, a series each only while it
+//	                holds (from health.go's fields and groups)
 //	allocations.go  holders, device states, kubelet capacity, per-container use
 //	derived.go      idle allocations, prices, fragmentation
 //	metrics.go      the state collector's families, in one pass over the state

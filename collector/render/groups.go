@@ -234,6 +234,8 @@ const (
 	// the exporter's go_ metrics (14) left the default profile.
 	DefaultBudgetPerGPU = 60
 	// 42 until node_summary folded the per-GPU families no alert reads
-	// per GPU into one series per node.
-	LeanBudgetPerGPU = 30
+	// per GPU into one series per node; 31 (from 30) for
+	// gpu_faulted_devices, one series a node, by which the rules tell an
+	// exporter that serves gpu_fault_active from one that predates it.
+	LeanBudgetPerGPU = 31
 )

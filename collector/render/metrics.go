@@ -86,7 +86,7 @@ var eccLastIncreaseDesc = groupDesc(GroupECC, "gpu_ecc_uncorrected_last_increase
 	[]string{"gpu", "uuid"})
 
 // collectState renders the state but for the dcgm-exporter families.
-func collectState(st *state.State, ch chan<- prometheus.Metric) {
+func collectState(st *state.State, groups GroupSet, ch chan<- prometheus.Metric) {
 	s := st.Sample
 	ch <- prometheus.MustNewConstMetric(driverInfoDesc, prometheus.GaugeValue, 1,
 		s.Driver.DriverVersion, s.Driver.CUDADriverVersion, s.Driver.NVMLVersion)
@@ -124,6 +124,7 @@ func collectState(st *state.State, ch chan<- prometheus.Metric) {
 			collectDevice(m, ch)
 		}
 	}
+	collectFaults(s.GPUs, groups, ch)
 	collectAllocations(st, ch)
 	collectDerived(st, ch)
 	for _, x := range st.XIDs {

@@ -165,7 +165,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}()
-	collectState(st, filtered)
+	collectState(st, c.groups, filtered)
 	if c.compat != nil {
 		c.compat.collect(st, filtered)
 	}
