@@ -13,7 +13,13 @@ import (
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/render"
 )
 
-var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
+var (
+	labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
+	// slowdownReason: NVML's clock event reasons that slow a busy GPU
+	// down (nvmlClocksEventReason*: HwSlowdown, SwThermalSlowdown,
+	// HwThermalSlowdown, HwPowerBrakeSlowdown), and the lean summary.
+	slowdownReason = regexp.MustCompile(`^(hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|all)$`)
+)
 
 // faultsOnPage is the page's gpu_fault_active series as "gpu/fault/detail=value".
 func faultsOnPage(p *collector.Page) []string {
@@ -54,7 +60,7 @@ func faultsFromDenseFamilies(p *collector.Page) []string {
 	}
 	for _, l := range series(p, "gpu_clock_event_active") {
 		r := labelPair.FindStringSubmatch(l[strings.Index(l, `reason="`):])[2]
-		if val(l) == "1" && regexp.MustCompile(`^(hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|all)$`).MatchString(r) {
+		if val(l) == "1" && slowdownReason.MatchString(r) {
 			seen[gpuOf(l)+"/clock_slowdown/"+r+"=1"] = true
 		}
 	}

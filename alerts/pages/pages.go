@@ -627,20 +627,20 @@ func Generate(root string, rf *alerts.RuleFile) (map[string][]byte, error) {
 	// inputs): the dense families the rules now read through the
 	// exporter's sparse faults, among others, so that both readings of
 	// the same pages are compared.
-	if b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(ReferenceRulesFile))); err == nil {
-		ref, err := alerts.ParseRules(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
-		}
-		refKeep, err := RuleMetrics(ref)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
-		}
-		for m := range refKeep {
-			keep[m] = true
-		}
-	} else if !os.IsNotExist(err) {
+	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(ReferenceRulesFile)))
+	if err != nil {
 		return nil, err
+	}
+	ref, err := alerts.ParseRules(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
+	}
+	refKeep, err := RuleMetrics(ref)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ReferenceRulesFile, err)
+	}
+	for m := range refKeep {
+		keep[m] = true
 	}
 	files, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(SourceDir), "*.yml"))
 	if err != nil {

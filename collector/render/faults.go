@@ -65,16 +65,14 @@ func gpuFaults(g *sample.GPUState) []gpuFault {
 	if lost {
 		out = append(out, gpuFault{group: GroupCore, fault: FaultLost, value: 1})
 	}
-	if !g.Up {
-		// The dense health families are not served for a GPU that does
-		// not answer, and neither are their faults: lost says it all.
-		return out
-	}
+	// Each fault follows its dense family: NVML's health families are not
+	// served for a GPU that does not answer (collectHealth), DCGM's health
+	// watches are, as DCGM keeps reporting on it (collectDCGMHealth).
 	h := &g.Health
-	if h.RemapCorr.OK && h.RemapFailed.V {
+	if g.Up && h.RemapCorr.OK && h.RemapFailed.V {
 		out = append(out, gpuFault{group: GroupECC, fault: FaultRowRemapFailed, value: 1})
 	}
-	if h.RecoveryAction.OK && h.RecoveryAction.V > 0 {
+	if g.Up && h.RecoveryAction.OK && h.RecoveryAction.V > 0 {
 		out = append(out, gpuFault{group: GroupRecovery, fault: FaultRecoveryAction, value: float64(h.RecoveryAction.V)})
 	}
 	if g.DCGMHealth != nil {
@@ -89,7 +87,7 @@ func gpuFaults(g *sample.GPUState) []gpuFault {
 			out = append(out, gpuFault{group: GroupDCGMHealthSummary, fault: FaultDCGMHealth, system: "all", value: 1})
 		}
 	}
-	if h.ClockReasons.OK && h.ClockReasons.V&slowdownReasons != 0 {
+	if g.Up && h.ClockReasons.OK && h.ClockReasons.V&slowdownReasons != 0 {
 		for _, r := range sample.ClockEventReasons {
 			if r.Bit&slowdownReasons != 0 && h.ClockReasons.V&r.Bit != 0 {
 				out = append(out, gpuFault{group: GroupThrottle, fault: FaultClockSlowdown, reason: r.Name, value: 1})

@@ -43,8 +43,9 @@ func faultSeries(t *testing.T, gpus []sample.GPUState, groups GroupSet) ([]strin
 
 // DCGM health: one fault per failing system (a warning is none), or one
 // with system="all" under the summary group; a lost MIG instance makes its
-// GPU lost; a GPU that does not answer has no other fault, as it has no
-// health series.
+// GPU lost; a GPU that does not answer NVML keeps its DCGM health faults
+// (gpu_dcgm_health_status is still served for it) but not NVML's (its
+// recovery action: gpu_recovery_action_code is not).
 func TestFaultsOfDCGMHealthAndMIG(t *testing.T) {
 	up := func(gpu int) sample.GPUState {
 		return sample.GPUState{DeviceState: sample.DeviceState{GPU: gpu, UUID: fmt.Sprint("GPU-", gpu), Up: true}}
@@ -76,8 +77,8 @@ func TestFaultsOfDCGMHealthAndMIG(t *testing.T) {
 		want    []string
 		faulted float64
 	}{
-		{"default", nil, []string{"0/dcgm_health/nvlink/=1", "0/dcgm_health/pcie/=1", "2/lost//=1", "3/lost//=1"}, 3},
-		{"lean", lean, []string{"0/dcgm_health/all/=1", "2/lost//=1", "3/lost//=1"}, 3},
+		{"default", nil, []string{"0/dcgm_health/nvlink/=1", "0/dcgm_health/pcie/=1", "2/lost//=1", "3/dcgm_health/pcie/=1", "3/lost//=1"}, 3},
+		{"lean", lean, []string{"0/dcgm_health/all/=1", "2/lost//=1", "3/dcgm_health/all/=1", "3/lost//=1"}, 3},
 		{"dcgm_health off", noHealth, []string{"2/lost//=1", "3/lost//=1"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,6 +91,39 @@ func TestFaultsOfDCGMHealthAndMIG(t *testing.T) {
 			}
 		})
 	}
+	// The dcgm_health faults are the dense family's failing series, GPU by
+	// GPU, whether or not the GPU answers NVML.
+	ch := make(chan prometheus.Metric, 100)
+	for i := range gpus {
+		collectDCGMHealth(&gpus[i], ch)
+	}
+	close(ch)
+	var dense []string
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		l := map[string]string{}
+		for _, p := range pb.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		if pb.GetGauge().GetValue() == 2 && l["system"] != "all" {
+			dense = append(dense, fmt.Sprintf("%s/dcgm_health/%s/=1", l["gpu"], l["system"]))
+		}
+	}
+	sort.Strings(dense)
+	all, _ := faultSeries(t, gpus, nil)
+	var fromFaults []string
+	for _, f := range all {
+		if strings.Contains(f, "/dcgm_health/") {
+			fromFaults = append(fromFaults, f)
+		}
+	}
+	if strings.Join(fromFaults, " ") != strings.Join(dense, " ") {
+		t.Errorf("dcgm_health faults %v, gpu_dcgm_health_status 2 on %v", fromFaults, dense)
+	}
+
 	if got, faulted := faultSeries(t, []sample.GPUState{up(0), up(1)}, nil); len(got) != 0 || faulted != 0 {
 		t.Errorf("healthy node: faults %v, gpu_faulted_devices %g; want none and 0", got, faulted)
 	}

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/gpu-pool-exporter/gpu-pool-exporter/alerts/pages"
 )
 
 // TestGeneratedFilesUpToDate is the one check that every generated file and
@@ -30,13 +32,13 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 
 // TestWriteIsIdempotent generates into an empty tree holding only the
 // sources on disk (the rules file, the remediators list, the counters
-// files): the first Write writes every file but the rules file (whose
+// files, the reference rules whose inputs the page fixtures keep): the first Write writes every file but the rules file (whose
 // remediators group is current already) and removes a stray one, a second
 // changes nothing, and nothing is stale after.
 func TestWriteIsIdempotent(t *testing.T) {
 	root := t.TempDir()
 	tree := map[string][]byte{}
-	srcs := []string{rulesSrc, remediatorsSrc}
+	srcs := []string{rulesSrc, remediatorsSrc, filepath.FromSlash(pages.ReferenceRulesFile)}
 	for _, rel := range countersReleases {
 		srcs = append(srcs, filepath.Join(countersDir, rel, "default-counters.csv"))
 	}
