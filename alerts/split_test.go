@@ -57,14 +57,12 @@ var nodeObjectMetrics = map[string]bool{
 // fleet that pool and zone figures would join: global rules read the shards'
 // partial figures instead.
 var placementRecords = map[string]bool{
-	"node:gpu_nodepool:info":                     true,
-	"node:gpu_zone:info":                         true,
-	"node:gpu_accelerator:info":                  true,
-	"node:gpu_placement:info":                    true,
-	"node:gpu_schedulable:bool":                  true,
-	"node:gpu_node_unschedulable:info":           true,
-	"node:gpu_kubelet_free_devices:max":          true,
-	"node_resource:gpu_kubelet_free_devices:max": true,
+	"node:gpu_nodepool:info":           true,
+	"node:gpu_zone:info":               true,
+	"node:gpu_accelerator:info":        true,
+	"node:gpu_placement:info":          true,
+	"node:gpu_schedulable:bool":        true,
+	"node:gpu_node_unschedulable:info": true,
 }
 
 // TestSplitIsAPartition checks that the two generated files hold every group
