@@ -386,7 +386,7 @@ func TestRecommendAndReportOnABackfilledWeek(t *testing.T) {
 // checkAlignment: the backfilled recordings sit on the fixture's grid.
 func checkAlignment(t *testing.T, prom string, end time.Time) {
 	t.Helper()
-	v, err := query(prom, `timestamp(`+rightsize.RecordBusy+`{pod="notebook-alice"})`, end.Add(time.Minute))
+	v, err := query(prom, `timestamp(`+rightsize.RecordShare+`{pod="notebook-alice"})`, end.Add(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,19 +422,21 @@ func checkAlignment(t *testing.T, prom string, end time.Time) {
 //	bursty        168; busy: 2,520 samples, 21 of them spikes (end - k x 8h, k = 0..20; k = 21 is
 //	              end - 7d, before the window): (2499 x 0.08 + 21 x 0.95) x 4 / 60 = 219.87 x 4 / 60 = 14.658
 //	ranker (old)  A100, raw until rollout - 4m, recorded until rollout: 1,260 samples in the window,
-//	              4 x 1260 + 1 = 5,041 steps = 84.016667 h; busy 0.6 x that = 50.41
+//	              4 x 1260 + 1 = 5,041 steps = 84.016667 h; busy 0.6 x 5,037 / 60 = 50.37 (its activity,
+//	              recorded from the raw series, has no sample at the share's extra step: 4 steps fewer)
 //	ranker (new)  H100 from rollout = end - 3d12h to end: 1,261 samples, 5,044 steps = 84.066667 h;
 //	              busy 0.2 x that = 16.813333
 //	alice         168; busy 0; idle 168
 //	bob           168; busy (2519 x 0.01 + 0.04) x 4 / 60 = 1.682; idle 168
 //	new-svc       recorded from end - 2d: 721 samples, 2,884 steps = 48.066667 h; busy 0.4 x that = 19.226667
-//	flaky         allocation:gpu_devices:share and allocation:gpu_busy_devices:share are recorded
-//	              at end - 4d (the rules' extra sample); 1,080 samples from end - 7d + 4m to end - 4d,
+//	flaky         allocation:gpu_devices:share is recorded at end - 4d (the rules' extra sample), its
+//	              activity not; 1,080 samples from end - 7d + 4m to end - 4d,
 //	              then none until end - 4d + 3h, then 1,396 to end:
-//	              4 x 1080 + 1 + 4 x 1396 = 9,905 steps = 165.083333 h; busy 0.5 x that = 82.541667
+//	              4 x 1080 + 1 + 4 x 1396 = 9,905 steps = 165.083333 h; busy 0.5 x 9,901 / 60 = 82.508333
 //	chat          2 pods x 1/2 x 168 = 168; busy 2 x 0.15 x 168 = 50.4: the GPU's own 0.3 x 168
 //	nightly       7 nights x 30 raw samples, recorded 31: 7 x (4 x 31 + 1) = 875 steps; its replica
-//	              1/2: 7.291667 h; busy 0.7 x 875 / 60 = 10.208333, above its allocated hours (140%)
+//	              1/2: 7.291667 h; busy 7 x (4 x 30 + 1) x 0.7 / 60 = 9.881667 (its activity: 30 samples
+//	              a night), above its allocated hours (136%)
 //	finetune      3g.40gb: 1/2 x 168 = 84; busy 0.2 x 84 = 16.8
 //	embed (L4)    168; busy 0.5 x 168 = 84
 //	ocr (T4)      168; busy 0.3 x 168 = 50.4
@@ -462,11 +464,11 @@ func checkAlignment(t *testing.T, prom string, end time.Time) {
 // By namespace, at those prices (H100-hours first):
 //
 //	ml-training  1392 h: 15395.52; busy 950.4: 10511.424; idle 336: 3716.16
-//	reports      7.291667: 80.645833; busy 10.208333: 112.904167
+//	reports      7.291667: 80.645833; busy 9.881667: 109.291233
 //	research     336: 3716.16; busy 1.682: 18.60292; idle 336: 3716.16
 //	team-a       H100 168 + 168 + 84.066667 = 420.066667: 4645.937333; busy 50.4 + 14.658 + 16.813333 =
-//	             81.871333: 905.496947. A100 84.016667: 425.9645; busy 50.41: 255.5787
-//	team-b       H100 48.066667 + 165.083333 = 213.15: 2357.439; busy 101.768333: 1125.557767.
+//	             81.871333: 905.496947. A100 84.016667: 425.9645; busy 50.37: 255.3759
+//	team-b       H100 48.066667 + 165.083333 = 213.15: 2357.439; busy 101.735: 1125.1891.
 //	             L4 168: 119.28; busy 84: 59.64. T4 168, busy 50.4, no cost
 //	team-c       H100 168 + 84 = 252: 2787.12; busy 50.4 + 16.8 = 67.2: 743.232
 //	unallocated  H100 free 504.133333: 5575.714667; unheld replica 7.291667: 80.645833; free MIG 24:
@@ -478,11 +480,11 @@ func checkAlignment(t *testing.T, prom string, end time.Time) {
 // 851.76 $. L4: 168 + 119.933333 + 48.066667 = 336 h, 238.56 $. T4: 168 + 168 = 336 h.
 const wantReportByNamespace = `namespace,model,reason,allocated_gpu_hours,busy_gpu_hours,idle_gpu_hours,allocated_cost_dollars,busy_cost_dollars,idle_cost_dollars,shared_unallocated_cost_dollars
 ml-training,NVIDIA H100 80GB HBM3,,1392.000,950.400,336.000,15395.52,10511.42,3716.16,0.00
-reports,NVIDIA H100 80GB HBM3,,7.292,10.208,0.000,80.65,112.90,0.00,0.00
+reports,NVIDIA H100 80GB HBM3,,7.292,9.882,0.000,80.65,109.29,0.00,0.00
 research,NVIDIA H100 80GB HBM3,,336.000,1.682,336.000,3716.16,18.60,3716.16,0.00
-team-a,NVIDIA A100-SXM4-80GB,,84.017,50.410,0.000,425.96,255.58,0.00,0.00
+team-a,NVIDIA A100-SXM4-80GB,,84.017,50.370,0.000,425.96,255.38,0.00,0.00
 team-a,NVIDIA H100 80GB HBM3,,420.067,81.871,0.000,4645.94,905.50,0.00,0.00
-team-b,NVIDIA H100 80GB HBM3,,213.150,101.768,0.000,2357.44,1125.56,0.00,0.00
+team-b,NVIDIA H100 80GB HBM3,,213.150,101.735,0.000,2357.44,1125.19,0.00,0.00
 team-b,NVIDIA L4,,168.000,84.000,0.000,119.28,59.64,0.00,0.00
 team-b,Tesla T4,,168.000,50.400,0.000,,,,
 team-c,NVIDIA H100 80GB HBM3,,252.000,67.200,0.000,2787.12,743.23,0.00,0.00
@@ -513,15 +515,15 @@ var invoice = map[string][2]float64{
 // 149.071333: 1648.728947; ranker's A100 84.016667: 425.9645); beta =
 // new-svc, embed and ocr (H100 48.066667: 531.617333; busy 19.226667:
 // 212.646933); delta = nightly; flaky has no label (165.083333 h:
-// 1825.821667; busy 82.541667: 912.911833).
+// 1825.821667; busy 82.508333: 912.542167).
 const wantReportByTeam = `label:team,model,reason,allocated_gpu_hours,busy_gpu_hours,idle_gpu_hours,allocated_cost_dollars,busy_cost_dollars,idle_cost_dollars,shared_unallocated_cost_dollars
-(none),NVIDIA H100 80GB HBM3,,165.083,82.542,0.000,1825.82,912.91,0.00,0.00
-alpha,NVIDIA A100-SXM4-80GB,,84.017,50.410,0.000,425.96,255.58,0.00,0.00
+(none),NVIDIA H100 80GB HBM3,,165.083,82.508,0.000,1825.82,912.54,0.00,0.00
+alpha,NVIDIA A100-SXM4-80GB,,84.017,50.370,0.000,425.96,255.38,0.00,0.00
 alpha,NVIDIA H100 80GB HBM3,,672.067,149.071,0.000,7433.06,1648.73,0.00,0.00
 beta,NVIDIA H100 80GB HBM3,,48.067,19.227,0.000,531.62,212.65,0.00,0.00
 beta,NVIDIA L4,,168.000,84.000,0.000,119.28,59.64,0.00,0.00
 beta,Tesla T4,,168.000,50.400,0.000,,,,
-delta,NVIDIA H100 80GB HBM3,,7.292,10.208,0.000,80.65,112.90,0.00,0.00
+delta,NVIDIA H100 80GB HBM3,,7.292,9.882,0.000,80.65,109.29,0.00,0.00
 ml,NVIDIA H100 80GB HBM3,,1392.000,950.400,336.000,15395.52,10511.42,3716.16,0.00
 research,NVIDIA H100 80GB HBM3,,336.000,1.682,336.000,3716.16,18.60,3716.16,0.00
 ` + wantUnallocated
@@ -663,15 +665,15 @@ func checkAnswers(t *testing.T, gpupool, prom, root string, end, at time.Time) {
 	// The time-sliced GPU: chat's two holders' busy hours are the GPU's
 	// (0.3 x 168 = 50.4), the nightly job's above its allocated hours.
 	byOwner, _ := run("report", "--by=owner", "--since=7d", "-o", "csv")
-	for _, want := range []string{"team-c/Deployment/chat,NVIDIA H100 80GB HBM3,,168.000,50.400,", "reports/CronJob/nightly-report,NVIDIA H100 80GB HBM3,,7.292,10.208,",
-		"team-a/Deployment/ranker,NVIDIA A100-SXM4-80GB,,84.017,50.410,", "team-a/Deployment/ranker,NVIDIA H100 80GB HBM3,,84.067,16.813,"} {
+	for _, want := range []string{"team-c/Deployment/chat,NVIDIA H100 80GB HBM3,,168.000,50.400,", "reports/CronJob/nightly-report,NVIDIA H100 80GB HBM3,,7.292,9.882,",
+		"team-a/Deployment/ranker,NVIDIA A100-SXM4-80GB,,84.017,50.370,", "team-a/Deployment/ranker,NVIDIA H100 80GB HBM3,,84.067,16.813,"} {
 		if !strings.Contains(byOwner, want) {
 			t.Errorf("report --by=owner lacks the row %q:\n%s", want, byOwner)
 		}
 	}
 	table, _ := run("report", "--by=namespace", "--since=7d")
-	if !regexp.MustCompile(`(?m)^reports .* 140%\*`).MatchString(table) || !strings.Contains(table, "* busy above allocated") {
-		t.Errorf("report's table does not mark the nightly job's 140%% busy over allocated:\n%s", table)
+	if !regexp.MustCompile(`(?m)^reports .* 136%\*`).MatchString(table) || !strings.Contains(table, "* busy above allocated") {
+		t.Errorf("report's table does not mark the nightly job's 136%% busy over allocated:\n%s", table)
 	}
 	checkDocExample(t, root, docReportExample, table)
 

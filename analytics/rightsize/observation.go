@@ -13,7 +13,6 @@ import (
 // node-level group gpu-pool-exporter.recording.node).
 const (
 	RecordShare    = "allocation:gpu_devices:share"
-	RecordBusy     = "allocation:gpu_busy_devices:share"
 	RecordIdle     = "allocation:gpu_idle_devices:share"
 	RecordActivity = "allocation:gpu_activity_ratio:avg1m"
 	RecordMemory   = "allocation:gpu_memory_used_bytes:max1m"
@@ -23,7 +22,12 @@ const (
 
 // Recordings are the recordings the commands read, each after those it
 // reads.
-var Recordings = []string{RecordShare, RecordActivity, RecordMemory, RecordModel, RecordBusy, RecordIdle, RecordAccel}
+var Recordings = []string{RecordShare, RecordActivity, RecordMemory, RecordModel, RecordIdle, RecordAccel}
+
+// Busy is each holder's busy devices at a minute: its activity at the
+// minutes it holds a share. The activity is already the holder's own part
+// of a shared device, so it is not weighted by the share again.
+const Busy = RecordActivity + " and on (node, namespace, pod, container, uuid, gpu_instance, compute_instance) " + RecordShare
 
 // RulesHint says which rules record what the commands read.
 const RulesHint = "load alerts/gpu-pool-exporter.rules.yml (sharded: gpu-pool-exporter.shard.rules.yml in every shard, and query where every shard's node-level series are visible, such as Thanos Query)"
