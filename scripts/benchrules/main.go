@@ -256,6 +256,10 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	}
 	window := time.Duration(cfg.cycles) * longestInterval(first, cfg.interval)
 	fmt.Fprintf(os.Stderr, "bench-rules: measuring for %s (%d evaluations of the slowest group)\n", window, cfg.cycles)
+	alloc0, err := api.allocated(ctx)
+	if err != nil {
+		return err
+	}
 	cpu0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
 	profDone := make(chan error, 1)
 	if cfg.profile != "" {
@@ -271,13 +275,18 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		return err
 	}
 	cpuRules := cpuRate(procCPU(prom.cmd.Process.Pid)-cpu0, time.Since(t0))
+	alloc1, err := api.allocated(ctx)
+	if err != nil {
+		return err
+	}
+	allocRules := (alloc1 - alloc0) / time.Since(t0).Seconds()
 	head, err := api.headSeries(ctx)
 	if err != nil {
 		return err
 	}
 	rss, peak := procMemory(prom.cmd.Process.Pid)
 	fmt.Fprintf(os.Stderr, "bench-rules: Prometheus memory after the measured cycles: RSS %.2f GiB, peak %.2f GiB, %d head series\n", rss, peak, head)
-	cpu := cpuFigures{withRules: cpuRules}
+	cpu := cpuFigures{withRules: cpuRules, allocWithRules: allocRules}
 	if cfg.baseline {
 		// The same Prometheus, scraping the same targets, without rules.
 		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%s)\n", window)
@@ -292,11 +301,20 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 		if err := sleep(ctx, prom, cfg.interval); err != nil {
 			return err
 		}
+		alloc2, err := api.allocated(ctx)
+		if err != nil {
+			return err
+		}
 		cpu1, t1 := procCPU(prom.cmd.Process.Pid), time.Now()
 		if err := sleep(ctx, prom, window); err != nil {
 			return err
 		}
 		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
+		alloc3, err := api.allocated(ctx)
+		if err != nil {
+			return err
+		}
+		cpu.allocWithout = (alloc3 - alloc2) / time.Since(t1).Seconds()
 		cpu.measured = true
 	}
 	sum := report(out, cfg, prom.version, head, fleet, samples, cpu)
@@ -340,10 +358,15 @@ func checkBudget(out io.Writer, cfg config, s costSummary) error {
 	return nil
 }
 
-// cpuFigures: Prometheus' CPU (cores) with the rules and without them.
+// cpuFigures: Prometheus' CPU (cores) with the rules and without them,
+// and the bytes it allocates a second with and without them (Go's
+// go_memstats_alloc_bytes_total). The allocation is the steadier figure:
+// it depends on what the rules read and write, not on what else runs on
+// the machine, and the garbage collector's share of the CPU follows it.
 type cpuFigures struct {
-	withRules, without float64
-	measured           bool
+	withRules, without           float64
+	allocWithRules, allocWithout float64
+	measured                     bool
 }
 
 func cpuRate(d, over time.Duration) float64 { return d.Seconds() / over.Seconds() }
@@ -1136,6 +1159,48 @@ func (a *apiClient) profile(ctx context.Context, file string, d time.Duration) e
 	return os.WriteFile(file, b, 0o644)
 }
 
+// allocated is the bytes the Prometheus process has allocated since it
+// started, from its own /metrics.
+func (a *apiClient) allocated(ctx context.Context) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	return metricValue(b, "go_memstats_alloc_bytes_total")
+}
+
+// metricValue is the value of an unlabelled series in a text exposition.
+func metricValue(page []byte, name string) (float64, error) {
+	for line := range strings.SplitSeq(string(page), "\n") {
+		rest, ok := strings.CutPrefix(line, name+" ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0, fmt.Errorf("%s: no value", name)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
+		}
+		return v, nil
+	}
+	return 0, fmt.Errorf("%s not in the page", name)
+}
+
 func (a *apiClient) headSeries(ctx context.Context) (int, error) {
 	var d struct {
 		HeadStats struct {
@@ -1294,7 +1359,7 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 	}
 	tw.Flush()
 
-	cpuCol, cpuNode := "-", "-"
+	cpuCol, cpuNode, allocCol := "-", "-", "-"
 	sum := costSummary{evalPerCycle: total, cpuMeasured: cpu.measured}
 	if cpu.measured {
 		// Rule CPU per evaluation cycle: the extra cores times the interval.
@@ -1302,10 +1367,11 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 		sum.cpuPerCycle = perCycle
 		cpuCol = fmt.Sprintf("%s (%.2f of %.2f cores)", ms(perCycle), cpu.withRules-cpu.without, cpu.withRules)
 		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
+		allocCol = fmt.Sprintf("%.0f MB", (cpu.allocWithRules-cpu.allocWithout)*cfg.interval.Seconds()/1e6)
 	}
-	fmt.Fprintf(out, "\nRule evaluation per cycle: the sum over groups of each group's median evaluation time, times %s over its interval; \"every group at once\": the plain sum, a cycle in which every group evaluates.\n", cfg.interval)
-	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node |\n|---|---|---|---|---|---|---|\n")
-	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s |\n", cfg.nodes, head, ms(total),
-		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode)
+	fmt.Fprintf(out, "\nRule evaluation per cycle: the sum over groups of each group's median evaluation time, times %s over its interval; \"every group at once\": the plain sum, a cycle in which every group evaluates. Rule allocation: the bytes Prometheus allocates per cycle with the rules less without them (go_memstats_alloc_bytes_total), which the runs' noise moves far less than the CPU.\n", cfg.interval)
+	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node | rule allocation per cycle |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s | %s |\n", cfg.nodes, head, ms(total),
+		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode, allocCol)
 	return sum
 }

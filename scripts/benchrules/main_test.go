@@ -200,11 +200,21 @@ func TestReportScalesGroupsByInterval(t *testing.T) {
 	// fast 0.2 + slow 0.9/4 + default 0.05 = 0.475 s per cycle; at once 1.15 s.
 	for _, want := range []string{
 		"| slow    | 1m0s     | 900.0 ms | 1200.0 ms | 225.0 ms",
-		"| 100 | 1234 | 475.0 ms | 4750 µs | 1150.0 ms | - | - |",
+		"| 100 | 1234 | 475.0 ms | 4750 µs | 1150.0 ms | - | - | - |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	// Measured: 0.1 of 0.3 cores is 1.5 s a 15 s cycle; 30 MB/s with the
+	// rules and 10 MB/s without are 300 MB a cycle.
+	b.Reset()
+	sum := report(&b, cfg, "test", 1234, &fleet{seriesPerNode: 470}, evals, cpuFigures{withRules: 0.3, without: 0.2, allocWithRules: 30e6, allocWithout: 10e6, measured: true})
+	if want := "| 1500.0 ms (0.10 of 0.30 cores) | 15000 µs | 300 MB |"; !strings.Contains(b.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, b.String())
+	}
+	if !sum.cpuMeasured || sum.cpuPerCycle < 1.499 || sum.cpuPerCycle > 1.501 {
+		t.Errorf("summary %+v, want 1.5 s of rule CPU per cycle", sum)
 	}
 	if i, j := strings.Index(out, "| slow-rule"), strings.Index(out, "| fast-rule"); i < 0 || j < 0 || i > j {
 		t.Errorf("costliest rules not ordered by cost per cycle (slow 225 ms before fast 200 ms):\n%s", out)
@@ -432,5 +442,19 @@ func TestBudgetChecksWallAndRuleCPU(t *testing.T) {
 	bad := config{nodes: 1, interval: 15 * time.Second, cycles: 1, shardNodes: 1000, rules: ruleFiles{"x"}, page: "p", budget: 5}
 	if err := bad.check(); err == nil || !strings.Contains(err.Error(), "cpu-baseline") {
 		t.Errorf("-budget without the CPU baseline: %v, want an error naming -cpu-baseline", err)
+	}
+}
+
+func TestMetricValue(t *testing.T) {
+	page := []byte("# HELP go_memstats_alloc_bytes_total Total bytes.\n# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total_extra 1\ngo_memstats_alloc_bytes_total 1.2345e+10\ngo_memstats_alloc_bytes 7\n")
+	v, err := metricValue(page, "go_memstats_alloc_bytes_total")
+	if err != nil || v != 1.2345e10 {
+		t.Errorf("metricValue = %v, %v; want 1.2345e10", v, err)
+	}
+	if _, err := metricValue(page, "missing_total"); err == nil || !strings.Contains(err.Error(), "missing_total not in the page") {
+		t.Errorf("a missing series: err %v, want one that names it", err)
+	}
+	if _, err := metricValue([]byte("x_total abc\n"), "x_total"); err == nil {
+		t.Error("a value that is not a number: no error")
 	}
 }
