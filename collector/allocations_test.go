@@ -408,3 +408,101 @@ func TestUnhealthyIncludesRemapFailureAndPendingReset(t *testing.T) {
 		t.Errorf("free nvidia.com/gpu = %s with the only free GPU's remapping failed, want 0", got)
 	}
 }
+
+// The namespace figures are what the rules computed from the page's own
+// series: each holder's share (1 over the holders of its device, counted
+// on (uuid, gpu_instance, compute_instance) as gpu_allocation_info lists
+// them) summed per namespace, and weighted by the device's
+// gpu_utilization_ratio where it has one.
+func TestNamespaceDevicesOnSimulatedNode(t *testing.T) {
+	p := newPodNode(t, nil).step(t, time.Second)
+	type unit struct{ uuid, gi, ci string }
+	holdersOf := map[unit]int{}
+	for _, l := range series(p, "gpu_allocation_info") {
+		lab := parseLabels(l)
+		holdersOf[unit{lab["uuid"], lab["gpu_instance"], lab["compute_instance"]}]++
+	}
+	util := map[unit]float64{}
+	for _, l := range series(p, "gpu_utilization_ratio") {
+		lab := parseLabels(l)
+		v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		util[unit{lab["uuid"], lab["gpu_instance"], lab["compute_instance"]}] = v
+	}
+	alloc, busy, measured := map[string]float64{}, map[string]float64{}, map[string]float64{}
+	for _, l := range series(p, "gpu_allocation_info") {
+		lab := parseLabels(l)
+		u := unit{lab["uuid"], lab["gpu_instance"], lab["compute_instance"]}
+		share := 1 / float64(holdersOf[u])
+		alloc[lab["namespace"]] += share
+		if v, ok := util[u]; ok {
+			busy[lab["namespace"]] += share * v
+			measured[lab["namespace"]] += share
+		}
+	}
+	// GPUs 0-3 and a 3g.40gb; GPU 6 split three ways and a 2g.20gb; GPU 4
+	// and a 1g.10gb. MIG devices have no busy ratio.
+	for ns, want := range map[string][2]float64{"ml-training": {5, 4}, "inference": {2, 1}, "research": {2, 1}} {
+		if !near(alloc[ns], want[0]) || !near(measured[ns], want[1]) {
+			t.Fatalf("%s from the page's series: %v allocated, %v measured; want %v (has the simulated node changed?)", ns, alloc[ns], measured[ns], want)
+		}
+	}
+	for name, want := range map[string]map[string]float64{
+		"gpu_namespace_allocated_devices":            alloc,
+		"gpu_namespace_busy_devices":                 busy,
+		"gpu_namespace_utilization_measured_devices": measured,
+	} {
+		if got := len(series(p, name)); got != len(want) {
+			t.Errorf("%s: %d series, want %d (one per namespace): %v", name, got, len(want), series(p, name))
+		}
+		for ns, w := range want {
+			if v := num(t, p, name, `namespace="`+ns+`"`); !near(v, w) {
+				t.Errorf("%s{namespace=%q} = %v, want %v", name, ns, v, w)
+			}
+		}
+	}
+}
+
+// A namespace that holds MIG devices only (no busy ratio) has its
+// allocated devices and no busy or measured series: 0 of 0 is no
+// utilization, not 0%. Two compute instances of one GPU instance, held by
+// two pods, are a device each.
+func TestNamespaceDevicesMIGOnly(t *testing.T) {
+	sc, err := simnode.ParseScenario("ns.yaml", []byte(`
+node: {model: A100-SXM4-80GB, count: 2}
+gpus:
+  - {index: 0, mig: [{profile: 3g.40gb, computeInstances: 2}, {profile: 4g.40gb}]}
+pods:
+  - {namespace: mig-only, name: p0, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: mig-only, name: p1, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+  - {namespace: whole, name: w, containers: [{name: c, devices: [{gpu: 1}]}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := newTestExporter(t, withScenario(sc), withRealTime(), withKubelet())
+	if err := tn.client.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	tn.e.SampleOnce(context.Background())
+	p := tn.e.Page()
+	if v := num(t, p, "gpu_namespace_allocated_devices", `namespace="mig-only"`); v != 2 {
+		t.Errorf("mig-only allocated %v, want 2 (a device per compute instance)", v)
+	}
+	if v := num(t, p, "gpu_namespace_allocated_devices", `namespace="whole"`); v != 1 {
+		t.Errorf("whole allocated %v, want 1", v)
+	}
+	for _, name := range []string{"gpu_namespace_busy_devices", "gpu_namespace_utilization_measured_devices"} {
+		if s := series(p, name, `namespace="mig-only"`); len(s) != 0 {
+			t.Errorf("%s for a namespace with MIG devices only: %v", name, s)
+		}
+	}
+	if v := num(t, p, "gpu_namespace_utilization_measured_devices", `namespace="whole"`); v != 1 {
+		t.Errorf("whole measured %v, want 1", v)
+	}
+	if b, u := num(t, p, "gpu_namespace_busy_devices", `namespace="whole"`), num(t, p, "gpu_utilization_ratio", `gpu="1"`); !near(b, u) {
+		t.Errorf("whole busy %v, want GPU 1's busy ratio %v", b, u)
+	}
+}

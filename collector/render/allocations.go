@@ -37,6 +37,15 @@ var (
 	freeIDsDesc = groupDesc(GroupAllocation, "gpu_kubelet_free_devices",
 		"Device IDs of the resource that the kubelet can allocate, that no container holds and whose device is healthy: what the scheduler can still place here (each time-slicing replica counts). Absent while the pod map is unknown.",
 		[]string{"resource"})
+	nsAllocatedDesc = groupDesc(GroupAllocation, "gpu_namespace_allocated_devices",
+		"Devices (whole GPUs and MIG devices) the namespace's containers hold on this node, a device held by n containers counting 1/n for each (as gpu_allocation_info lists them). Absent while the pod map is unknown.",
+		[]string{"namespace"})
+	nsBusyDesc = groupDesc(GroupAllocation, "gpu_namespace_busy_devices",
+		"NVML busy ratio (gpu_utilization_ratio) of the devices the namespace's containers hold on this node, each weighted by the holder's share of it (as in gpu_namespace_allocated_devices): 2 GPUs held alone at 50% busy are 1. MIG devices have no busy ratio and add nothing.",
+		[]string{"namespace"})
+	nsMeasuredDesc = groupDesc(GroupAllocation, "gpu_namespace_utilization_measured_devices",
+		"The devices of gpu_namespace_allocated_devices that have an NVML busy ratio: gpu_namespace_busy_devices over this is the namespace's average utilization of them. Absent, as gpu_namespace_busy_devices, where none has one (MIG devices only).",
+		[]string{"namespace"})
 	unmatchedDesc = groupDesc(GroupAllocation, "gpu_kubelet_unmatched_device_ids",
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"})
 )
@@ -46,6 +55,7 @@ var (
 func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 	a := st.Allocations
 	var free, allocated, unhealthy, healthy, allocatableHealthy int
+	ns := map[string]*namespaceDevices{}
 	for _, u := range st.Units {
 		d, key, ok := u.Device, u.Key, u.Healthy
 		holders := a.ByDevice[key]
@@ -64,8 +74,21 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 			}
 		}
 		lv := labelValues(d)
+		util, measured := d.Values.Get(sample.FieldUtilization)
 		for _, h := range holders {
 			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
+			nd := ns[h.Namespace]
+			if nd == nil {
+				nd = &namespaceDevices{}
+				ns[h.Namespace] = nd
+			}
+			share := 1 / float64(len(holders))
+			nd.allocated += share
+			if measured {
+				nd.busy += share * util
+				nd.measured += share
+				nd.anyMeasured = true
+			}
 		}
 		if !d.Up {
 			continue
@@ -106,6 +129,15 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		}
 	}
 	if a.Known {
+		for name, nd := range ns {
+			ch <- prometheus.MustNewConstMetric(nsAllocatedDesc, prometheus.GaugeValue, nd.allocated, name)
+			if nd.anyMeasured {
+				// None where no device it holds has a busy ratio (MIG
+				// devices only): 0 of 0 is no utilization, not 0%.
+				ch <- prometheus.MustNewConstMetric(nsBusyDesc, prometheus.GaugeValue, nd.busy, name)
+				ch <- prometheus.MustNewConstMetric(nsMeasuredDesc, prometheus.GaugeValue, nd.measured, name)
+			}
+		}
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
 	}
@@ -123,6 +155,16 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 	for r, n := range a.Unmatched {
 		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
 	}
+}
+
+// namespaceDevices are a namespace's figures on the node: the devices its
+// containers hold (a device's n holders 1/n each), their NVML busy ratio
+// weighted alike, and how many of them have one. The rules' namespace
+// figures read these few series per node instead of joining every
+// holder's series with every device's busy ratio.
+type namespaceDevices struct {
+	allocated, busy, measured float64
+	anyMeasured               bool
 }
 
 // Sources of gpu_container_utilization_ratio.

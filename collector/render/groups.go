@@ -227,15 +227,20 @@ func descName(d *prometheus.Desc) string {
 // Series budgets per GPU on the simulated 8 x H100 node (sim/simnode's default
 // scenario: one GPU in MIG mode with four instances, eleven holders, DCGM
 // on), counted over the whole page, the exporter's own go_ and process_
-// series included. cmd/gpu-pool-exporter's budget test fails when a page
+// series included. agent's budget test (TestSeriesBudget) fails when a page
 // grows past them.
 const (
 	// Memory info v2's gpu_memory_reserved_bytes (12 series) fits since
-	// the exporter's go_ metrics (14) left the default profile.
-	DefaultBudgetPerGPU = 60
+	// the exporter's go_ metrics (14) left the default profile; 62 (from
+	// 60) for the per-namespace sums (gpu_namespace_*: three series per
+	// namespace that holds devices on the node, 9 on the simulated one),
+	// which the rules' namespace figures read instead of joining every
+	// holder's series with every device's busy ratio each minute.
+	DefaultBudgetPerGPU = 62
 	// 42 until node_summary folded the per-GPU families no alert reads
 	// per GPU into one series per node; 31 (from 30) for
 	// gpu_faulted_devices, one series a node, by which the rules tell an
-	// exporter that serves gpu_fault_active from one that predates it.
-	LeanBudgetPerGPU = 31
+	// exporter that serves gpu_fault_active from one that predates it;
+	// 32 for the per-namespace sums.
+	LeanBudgetPerGPU = 32
 )
