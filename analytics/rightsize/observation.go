@@ -24,11 +24,6 @@ const (
 // reads.
 var Recordings = []string{RecordShare, RecordActivity, RecordMemory, RecordModel, RecordIdle, RecordAccel}
 
-// Busy is each holder's busy devices at a minute: its activity at the
-// minutes it holds a share. The activity is already the holder's own part
-// of a shared device, so it is not weighted by the share again.
-const Busy = RecordActivity + " and on (node, namespace, pod, container, uuid, gpu_instance, compute_instance) " + RecordShare
-
 // RulesHint says which rules record what the commands read.
 const RulesHint = "load alerts/gpu-pool-exporter.rules.yml (sharded: gpu-pool-exporter.shard.rules.yml in every shard, and query where every shard's node-level series are visible, such as Thanos Query)"
 

@@ -132,7 +132,9 @@ func (o *Observation) readHoldings(ctx context.Context, q querier) error {
 		set  func(*Holding, float64)
 	}{
 		{"sum_over_time(" + RecordShare + sub + ")", func(h *Holding, v float64) { h.Share = v }},
-		{"sum_over_time((" + Busy + ")" + sub + ")", func(h *Holding, v float64) { h.Busy = v }},
+		// Busy: its activity, recorded at the minutes it holds a share and
+		// already its own part of a shared device (not weighted again).
+		{"sum_over_time(" + RecordActivity + sub + ")", func(h *Holding, v float64) { h.Busy = v }},
 		{"sum_over_time(" + RecordIdle + sub + ")", func(h *Holding, v float64) { h.Idle = v }},
 		{"quantile_over_time(" + strconv.FormatFloat(o.Quantile, 'g', -1, 64) + ", " + RecordActivity + "[" + w + "])", func(h *Holding, v float64) { h.P95Activity = &v }},
 		// The first and last steps held: the step's time where it is held.

@@ -9,12 +9,6 @@ import (
 // $node and $namespace variables.
 const held = `node=~"$node", namespace=~"$namespace"`
 
-// busy is each holder's busy devices at a minute: its activity (already
-// its own part of a shared device) at the minutes it holds a share.
-const busy = `allocation:gpu_activity_ratio:avg1m{` + held + `}
-  and on (node, namespace, pod, container, uuid, gpu_instance, compute_instance)
-  allocation:gpu_devices:share{` + held + `}`
-
 // holders keys a holder: the labels joining gpu_allocation_info,
 // gpu_allocation_idle and the allocation:* recording rules.
 const holders = `node, uuid, gpu_instance, namespace, pod, container`
@@ -188,11 +182,11 @@ max by (namespace, pod) (
 			column{"Peak VRAM", "bytes", `max by (namespace, pod) (max_over_time(allocation:gpu_memory_used_bytes:max1m{` + held + `}[$__range]))`},
 			column{"p95 activity", "percentunit", `max by (namespace, pod) (quantile_over_time(0.95, allocation:gpu_activity_ratio:avg1m{` + held + `}[$__range]))`},
 			column{"Device-hours held", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_devices:share{` + held + `}[$__range])) / 60`},
-			column{"Busy device-hours", "none", `sum by (namespace, pod) (sum_over_time((` + busy + `)[$__range:1m])) / 60`},
+			column{"Busy device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_activity_ratio:avg1m{` + held + `}[$__range])) / 60`},
 			column{"Idle device-hours", "none", `sum by (namespace, pod) (sum_over_time(allocation:gpu_idle_devices:share{` + held + `}[$__range])) / 60`},
 		)).
 		WithPanel(timeseriesPanel("Busy and idle devices by namespace", "Devices its holders kept busy (each its own activity) and devices held by holders the exporter judges idle, by namespace: the gap between the two and the devices held is what right-sizing can give back.", "none", 12, 8, []*prometheus.DataqueryBuilder{
-			series(`sum by (namespace) (`+busy+`)`, "{{namespace}} busy"),
+			series(`sum by (namespace) (allocation:gpu_activity_ratio:avg1m{`+held+`})`, "{{namespace}} busy"),
 			series(`sum by (namespace) (allocation:gpu_idle_devices:share{`+held+`})`, "{{namespace}} idle"),
 		})).
 		WithPanel(timeseriesPanel("GPUs on the bill and nobody's", "Every GPU of the chosen nodes (the bill: gpu_info, whatever holds it), the GPUs out of MIG mode that no container holds, and of those the ones on a cordoned node or unhealthy; whatever the namespace filter says, these are nobody's. `gpupool report` splits the unallocated GPU-hours by reason over a window (free, unheld time-sliced replicas, free MIG devices, the remainder of a MIG layout, unhealthy or cordoned), at MIG devices' cost shares, so that its rows add up to the bill (docs/rightsizing.md).", "none", 12, 8, []*prometheus.DataqueryBuilder{
