@@ -360,9 +360,11 @@ func checkBudget(out io.Writer, cfg config, s costSummary) error {
 
 // cpuFigures: Prometheus' CPU (cores) with the rules and without them,
 // and the bytes it allocates a second with and without them (Go's
-// go_memstats_alloc_bytes_total). The allocation is the steadier figure on 3.x:
-// it depends on what the rules read and write, not on what else runs on
-// the machine, and the garbage collector's share of the CPU follows it.
+// go_memstats_alloc_bytes_total). The allocation is the steadier figure
+// between runs of one file: it depends on what the rules read and write
+// more than on what else runs on the machine (though the server's own
+// background work moves it too), and the garbage collector's share of the
+// CPU follows it.
 type cpuFigures struct {
 	withRules, without           float64
 	allocWithRules, allocWithout float64
@@ -1369,7 +1371,7 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 		cpuNode = strconv.FormatFloat(perCycle*1e6/float64(cfg.nodes), 'f', 0, 64) + " µs"
 		allocCol = fmt.Sprintf("%.0f MB", (cpu.allocWithRules-cpu.allocWithout)*cfg.interval.Seconds()/1e6)
 	}
-	fmt.Fprintf(out, "\nRule evaluation per cycle: the sum over groups of each group's median evaluation time, times %s over its interval; \"every group at once\": the plain sum, a cycle in which every group evaluates. Rule allocation: the bytes Prometheus allocates per cycle with the rules less without them (go_memstats_alloc_bytes_total); on Prometheus 3.x it moves far less between runs than the CPU.\n", cfg.interval)
+	fmt.Fprintf(out, "\nRule evaluation per cycle: the sum over groups of each group's median evaluation time, times %s over its interval; \"every group at once\": the plain sum, a cycle in which every group evaluates. Rule allocation: the bytes Prometheus allocates per cycle with the rules less without them (go_memstats_alloc_bytes_total); steadier than the CPU between runs of one file, though it also moves with what the server does besides the rules.\n", cfg.interval)
 	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node | rule allocation per cycle |\n|---|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s | %s |\n", cfg.nodes, head, ms(total),
 		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode, allocCol)
