@@ -63,6 +63,9 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 type ruleFiles []string
@@ -1176,31 +1179,22 @@ func (a *apiClient) allocated(ctx context.Context) (float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	return metricValue(b, "go_memstats_alloc_bytes_total")
+	return allocatedBytes(resp.Body)
 }
 
-// metricValue is the value of an unlabelled series in a text exposition.
-func metricValue(page []byte, name string) (float64, error) {
-	for line := range strings.SplitSeq(string(page), "\n") {
-		rest, ok := strings.CutPrefix(line, name+" ")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return 0, fmt.Errorf("%s: no value", name)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", name, err)
-		}
-		return v, nil
+// allocatedBytes is go_memstats_alloc_bytes_total of a text exposition.
+func allocatedBytes(r io.Reader) (float64, error) {
+	const name = "go_memstats_alloc_bytes_total"
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return 0, fmt.Errorf("Prometheus' /metrics: %w", err)
 	}
-	return 0, fmt.Errorf("%s not in the page", name)
+	f, ok := fams[name]
+	if !ok || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetCounter() == nil {
+		return 0, fmt.Errorf("Prometheus' /metrics has no counter %s", name)
+	}
+	return f.GetMetric()[0].GetCounter().GetValue(), nil
 }
 
 func (a *apiClient) headSeries(ctx context.Context) (int, error) {

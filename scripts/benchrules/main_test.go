@@ -445,16 +445,16 @@ func TestBudgetChecksWallAndRuleCPU(t *testing.T) {
 	}
 }
 
-func TestMetricValue(t *testing.T) {
-	page := []byte("# HELP go_memstats_alloc_bytes_total Total bytes.\n# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total_extra 1\ngo_memstats_alloc_bytes_total 1.2345e+10\ngo_memstats_alloc_bytes 7\n")
-	v, err := metricValue(page, "go_memstats_alloc_bytes_total")
+func TestAllocatedBytes(t *testing.T) {
+	page := "# HELP go_memstats_alloc_bytes_total Total bytes.\n# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 1.2345e+10\n# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n"
+	v, err := allocatedBytes(strings.NewReader(page))
 	if err != nil || v != 1.2345e10 {
-		t.Errorf("metricValue = %v, %v; want 1.2345e10", v, err)
+		t.Errorf("allocatedBytes = %v, %v; want 1.2345e10", v, err)
 	}
-	if _, err := metricValue(page, "missing_total"); err == nil || !strings.Contains(err.Error(), "missing_total not in the page") {
-		t.Errorf("a missing series: err %v, want one that names it", err)
+	if _, err := allocatedBytes(strings.NewReader("# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n")); err == nil || !strings.Contains(err.Error(), "no counter go_memstats_alloc_bytes_total") {
+		t.Errorf("a page without the counter: err %v, want one that names it", err)
 	}
-	if _, err := metricValue([]byte("x_total abc\n"), "x_total"); err == nil {
+	if _, err := allocatedBytes(strings.NewReader("go_memstats_alloc_bytes_total abc\n")); err == nil {
 		t.Error("a value that is not a number: no error")
 	}
 }
