@@ -1188,11 +1188,11 @@ func allocatedBytes(r io.Reader) (float64, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return 0, fmt.Errorf("Prometheus' /metrics: %w", err)
+		return 0, fmt.Errorf("the server's /metrics: %w", err)
 	}
 	f, ok := fams[name]
 	if !ok || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetCounter() == nil {
-		return 0, fmt.Errorf("Prometheus' /metrics has no counter %s", name)
+		return 0, fmt.Errorf("the server's /metrics has no counter %s", name)
 	}
 	return f.GetMetric()[0].GetCounter().GetValue(), nil
 }
