@@ -506,3 +506,88 @@ pods:
 		t.Errorf("whole busy %v, want GPU 1's busy ratio %v", b, u)
 	}
 }
+
+// The holder's activity the exporter serves is what the rules computed
+// from the page's own series before it did: the device's SM activity
+// (gpu_sm_active_ratio) where the holder holds its device alone, else the
+// holder's gpu_container_utilization_ratio, else none. Checked on the
+// simulated node without DCGM (busy ratios only), with DCGM (SM activity,
+// MIG devices included) and with per-process accounting (the time-sliced
+// GPU's holders' own activity); each branch must be taken somewhere.
+func TestAllocationActivityIsThePagesOwn(t *testing.T) {
+	type unit struct{ uuid, gi, ci string }
+	taken := map[string]int{}
+	check := func(t *testing.T, p *collector.Page) {
+		t.Helper()
+		value := func(l string) float64 {
+			v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		unitOf := func(lab map[string]string) unit {
+			return unit{lab["uuid"], lab["gpu_instance"], lab["compute_instance"]}
+		}
+		holdersOf := map[unit]int{}
+		for _, l := range series(p, "gpu_allocation_info") {
+			holdersOf[unitOf(parseLabels(l))]++
+		}
+		sm := map[unit]float64{}
+		for _, l := range series(p, "gpu_sm_active_ratio") {
+			sm[unitOf(parseLabels(l))] = value(l)
+		}
+		type holder struct {
+			u             unit
+			ns, pod, cont string
+		}
+		holderOf := func(lab map[string]string) holder {
+			return holder{unitOf(lab), lab["namespace"], lab["pod"], lab["container"]}
+		}
+		own := map[holder]float64{}
+		source := map[holder]string{}
+		for _, l := range series(p, "gpu_container_utilization_ratio") {
+			lab := parseLabels(l)
+			own[holderOf(lab)] = value(l)
+			source[holderOf(lab)] = lab["source"]
+		}
+		want := map[holder]float64{}
+		for _, l := range series(p, "gpu_allocation_info") {
+			h := holderOf(parseLabels(l))
+			if v, ok := sm[h.u]; ok && holdersOf[h.u] == 1 {
+				want[h] = v
+				taken["dcgm"]++
+			} else if v, ok := own[h]; ok {
+				want[h] = v
+				taken[source[h]]++
+			}
+		}
+		got := map[holder]float64{}
+		for _, l := range series(p, "gpu_allocation_activity_ratio") {
+			h := holderOf(parseLabels(l))
+			if _, dup := got[h]; dup {
+				t.Errorf("two activity series for one holder: %v", series(p, "gpu_allocation_activity_ratio", `pod="`+h.pod+`"`))
+			}
+			got[h] = value(l)
+		}
+		if len(got) != len(want) {
+			t.Errorf("%d activity series, want %d (one per holder with a measure):\ngot  %v\nwant %v", len(got), len(want), got, want)
+		}
+		for h, w := range want {
+			if v, ok := got[h]; !ok || !near(v, w) {
+				t.Errorf("activity of %s/%s/%s on %v = %v (served: %v), want %v", h.ns, h.pod, h.cont, h.u, v, ok, w)
+			}
+		}
+	}
+	t.Run("nvml", func(t *testing.T) { check(t, newPodNodeWithDCGM(t, false)()) })
+	t.Run("dcgm", func(t *testing.T) { check(t, newPodNodeWithDCGM(t, true)()) })
+	t.Run("processes", func(t *testing.T) {
+		pn, _ := newProcNode(t, nil)
+		check(t, pn.step(t, time.Second))
+	})
+	for _, src := range []string{"dcgm", "device", "processes"} {
+		if taken[src] == 0 {
+			t.Errorf("no holder's activity came from %s: the simulated node no longer covers that case", src)
+		}
+	}
+}

@@ -149,6 +149,9 @@ func (f *fleet) hold(h holder) {
 	}
 	f.add("gpu_allocation_idle", series{h.dev.labels(append(who, "resource", h.resource)...), h.from, h.to, h.gapped(constant(idle))})
 	f.add("gpu_container_memory_used_bytes", series{h.dev.labels(who...), h.from, h.to, h.gapped(h.memory)})
+	// The exporter's pick of the two below (its device's SM activity for
+	// a holder alone on it with DCGM, else its own), which the rules read.
+	f.add("gpu_allocation_activity_ratio", series{h.dev.labels(who...), h.from, h.to, h.gapped(h.activity)})
 	switch h.activitySource {
 	case "dcgm":
 		f.add("gpu_sm_active_ratio", series{h.dev.labels(), h.from, h.to, h.gapped(h.activity)})

@@ -19,6 +19,9 @@ var (
 	containerUtilDesc = groupDesc(GroupContainer, "gpu_container_utilization_ratio",
 		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
 		append(append([]string(nil), containerLabels...), "source"))
+	allocActivityDesc = groupDesc(GroupContainer, "gpu_allocation_activity_ratio",
+		"The holder's activity on the device, 0-1: DCGM's SM activity of the device (gpu_sm_active_ratio) where it holds it alone and DCGM measures it, else gpu_container_utilization_ratio (its own processes on a shared device, the busy ratio of a whole GPU it holds alone). Absent where neither is measured (a MIG device without DCGM, a shared device without process accounting).",
+		containerLabels)
 	containerSMDesc = groupDesc(GroupDCGMDetail, "gpu_container_sm_active_ratio", "SM active ratio (DCGM) of a device the container holds alone.", containerLabels)
 	outsidePodsDesc = groupDesc(GroupContainer, "gpu_memory_used_outside_pods_bytes",
 		"Framebuffer memory used by processes that run in no pod (host processes, containers of other runtimes) on a shared device (time-sliced, MPS, or used by a pod that does not hold it), from NVML's process lists; only where process accounting is on.",
@@ -75,6 +78,7 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		}
 		lv := labelValues(d)
 		util, measured := d.Values.Get(sample.FieldUtilization)
+		share := 1 / float64(len(holders))
 		for _, h := range holders {
 			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 			nd := ns[h.Namespace]
@@ -82,13 +86,20 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 				nd = &namespaceDevices{}
 				ns[h.Namespace] = nd
 			}
-			share := 1 / float64(len(holders))
 			nd.allocated += share
 			if measured {
 				nd.busy += share * util
 				nd.measured += share
 				nd.anyMeasured = true
 			}
+		}
+		// A holder alone on its device: the device's SM activity (DCGM) is
+		// its activity, whether or not the device is up or its processes
+		// are known, as gpu_sm_active_ratio says.
+		sm, smOK := d.Values.Get(sample.FieldSMActive)
+		if smOK && len(holders) == 1 {
+			h := holders[0]
+			ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, sm, h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4])
 		}
 		if !d.Up {
 			continue
@@ -106,6 +117,9 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 				}
 				if v, src, ok := containerActivity(du, d, cu); ok {
 					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+					if cu.Holding && !(smOK && len(holders) == 1) {
+						ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, v, cl...)
+					}
 				}
 			}
 			continue
@@ -123,6 +137,9 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		}
 		if v, src, ok := containerActivity(nil, d, nil); ok {
 			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
+			if !smOK {
+				ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, v, cl...)
+			}
 		}
 		if v, ok := d.Values.Get(sample.FieldSMActive); ok {
 			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
