@@ -127,9 +127,10 @@ func heapInUse() uint64 {
 }
 
 // perHolderSeries bounds the series one holder adds: gpu_allocation_info,
+// gpu_allocation_share_ratio, gpu_allocation_activity_ratio,
 // gpu_allocation_idle, gpu_allocation_idle_seconds_total and, on a device
 // held alone, gpu_container_{memory_used_bytes,utilization_ratio,sm_active_ratio}.
-const perHolderSeries = 6
+const perHolderSeries = 8
 
 func TestSoakPodChurn(t *testing.T) {
 	runFor := 6 * time.Second

@@ -442,6 +442,32 @@ func TestNamespaceDevicesOnSimulatedNode(t *testing.T) {
 			measured[lab["namespace"]] += share
 		}
 	}
+	// Each holder's share as the exporter serves it: 1/n of a device n
+	// containers hold, one series per gpu_allocation_info series.
+	shares := map[string]float64{}
+	for _, l := range series(p, "gpu_allocation_share_ratio") {
+		v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shares[l[strings.Index(l, "{"):strings.LastIndex(l, " ")]] = v
+	}
+	infos := series(p, "gpu_allocation_info")
+	if len(shares) != len(infos) {
+		t.Errorf("%d gpu_allocation_share_ratio series for %d gpu_allocation_info series", len(shares), len(infos))
+	}
+	third := false
+	for _, l := range infos {
+		lab := parseLabels(l)
+		want := 1 / float64(holdersOf[unit{lab["uuid"], lab["gpu_instance"], lab["compute_instance"]}])
+		third = third || near(want, 1.0/3)
+		if v, ok := shares[l[strings.Index(l, "{"):strings.LastIndex(l, " ")]]; !ok || !near(v, want) {
+			t.Errorf("share of %s/%s/%s on GPU %s: %v (served: %v), want %v", lab["namespace"], lab["pod"], lab["container"], lab["gpu"], v, ok, want)
+		}
+	}
+	if !third {
+		t.Error("no device held three ways: the simulated node no longer covers a shared device")
+	}
 	// GPUs 0-3 and a 3g.40gb; GPU 6 split three ways and a 2g.20gb; GPU 4
 	// and a 1g.10gb. MIG devices have no busy ratio.
 	for ns, want := range map[string][2]float64{"ml-training": {5, 4}, "inference": {2, 1}, "research": {2, 1}} {

@@ -60,6 +60,8 @@ type fleet struct {
 	// unhealthyFrom: GPUs (by uuid) lost from a time on (gpu_up 0);
 	// cordonedFrom: nodes cordoned from a time on.
 	unhealthyFrom, cordonedFrom map[string]time.Time
+	// holders of each device (by its labels), for their shares
+	holders map[string][]holder
 }
 
 type series struct {
@@ -144,6 +146,22 @@ func (f *fleet) hold(h holder) {
 		idle = 1
 	}
 	f.add("gpu_allocation_info", series{h.dev.labels(append(who, "resource", h.resource)...), h.from, h.to, h.gapped(constant(1))})
+	// Its share: 1/n of the device's n holders at the time (read once
+	// every holder is declared).
+	if f.holders == nil {
+		f.holders = map[string][]holder{}
+	}
+	key := h.dev.labels()
+	f.holders[key] = append(f.holders[key], h)
+	f.add("gpu_allocation_share_ratio", series{h.dev.labels(append(who, "resource", h.resource)...), h.from, h.to, h.gapped(func(t time.Time) (float64, bool) {
+		n := 0
+		for _, o := range f.holders[key] {
+			if _, ok := o.gapped(constant(1))(t); ok && !t.Before(o.from) && !t.After(o.to) {
+				n++
+			}
+		}
+		return 1 / float64(n), n > 0
+	})})
 	if h.owner != nil {
 		h.owner(h.from, h.to)
 	}

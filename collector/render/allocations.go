@@ -19,6 +19,9 @@ var (
 	containerUtilDesc = groupDesc(GroupContainer, "gpu_container_utilization_ratio",
 		"The container's activity on the device, 0-1, from the source the label names: device (NVML busy ratio of a whole GPU it holds alone; absent on MIG instances, which have none: see gpu_container_sm_active_ratio), processes (on a shared device: the SM utilization of its own processes, NVML per-process accounting; 0 when it runs nothing).",
 		append(append([]string(nil), containerLabels...), "source"))
+	allocShareDesc = groupDesc(GroupAllocation, "gpu_allocation_share_ratio",
+		"The holder's share of the device of its gpu_allocation_info series (whole GPU or MIG device; a compute instance is a device of its own): 1 for a device it holds alone, 1/n for each of the n holders of a shared one (time-slicing, MPS). A namespace's shares summed are gpu_namespace_allocated_devices.",
+		allocLabels)
 	allocActivityDesc = groupDesc(GroupContainer, "gpu_allocation_activity_ratio",
 		"The holder's activity on the device, 0-1: DCGM's SM activity of the device (gpu_sm_active_ratio) where it holds it alone and DCGM measures it, else gpu_container_utilization_ratio (its own processes on a shared device, the busy ratio of a whole GPU it holds alone). Absent where neither is measured (a MIG device without DCGM, a shared device without process accounting).",
 		containerLabels)
@@ -81,6 +84,7 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		share := 1 / float64(len(holders))
 		for _, h := range holders {
 			ch <- prometheus.MustNewConstMetric(allocInfoDesc, prometheus.GaugeValue, 1, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
+			ch <- prometheus.MustNewConstMetric(allocShareDesc, prometheus.GaugeValue, share, lv[0], lv[1], lv[2], lv[3], lv[4], h.Namespace, h.Pod, h.Container, h.Resource)
 			nd := ns[h.Namespace]
 			if nd == nil {
 				nd = &namespaceDevices{}

@@ -235,15 +235,17 @@ const (
 	// 60) for the per-namespace sums (gpu_namespace_*: three series per
 	// namespace that holds devices on the node, 9 on the simulated one),
 	// which the rules' namespace figures read instead of joining every
-	// holder's series with every device's busy ratio each minute; 63 for
-	// each holder's activity (gpu_allocation_activity_ratio, eleven on the
-	// simulated node), which the right-sizing recording averages instead
-	// of joining every device's SM activity with every holder's own.
-	DefaultBudgetPerGPU = 63
+	// holder's series with every device's busy ratio each minute; 64 for
+	// each holder's share and activity (gpu_allocation_share_ratio,
+	// gpu_allocation_activity_ratio, eleven each on the simulated node),
+	// which the rules read instead of counting every device's holders and
+	// joining every device's SM activity with every holder's own.
+	DefaultBudgetPerGPU = 64
 	// 42 until node_summary folded the per-GPU families no alert reads
 	// per GPU into one series per node; 31 (from 30) for
 	// gpu_faulted_devices, one series a node, by which the rules tell an
 	// exporter that serves gpu_fault_active from one that predates it;
-	// 32 for the per-namespace sums; 33 for each holder's activity.
-	LeanBudgetPerGPU = 33
+	// 32 for the per-namespace sums; 34 for each holder's share and
+	// activity.
+	LeanBudgetPerGPU = 34
 )
