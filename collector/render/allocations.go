@@ -121,7 +121,7 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 				}
 				if v, src, ok := containerActivity(du, d, cu); ok {
 					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
-					if cu.Holding && !(smOK && len(holders) == 1) {
+					if cu.Holding && (!smOK || len(holders) != 1) {
 						ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, v, cl...)
 					}
 				}
