@@ -276,9 +276,8 @@ func TestRulesFileParses(t *testing.T) {
 // fastReadsOfSlowRecords are the once-a-minute recordings that groups
 // evaluated every cycle may read, and why.
 var fastReadsOfSlowRecords = map[string]string{
-	"node:gpu_nodepool:info":                       "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
-	"gpu_xid:gpu_xid_errors:during_removal_unheld": "it decides whether a leaving node's XID was on a GPU nobody holds; until it has seen an XID (2 minutes) gpu_xid:gpu_xid_errors:during_removal holds that XID back, so a minute-old decision never pages for a GPU a drain just freed, and an XID on a held GPU of a leaving node pages up to 2 minutes late",
-	"node:gpu_node_since:timestamp":                "it only drops what an earlier exporter process saw, on a node that left or was re-created: read a minute late, such an XID ends up to a minute later, and its absence keeps every fault (no gap, so no second page)",
+	"node:gpu_nodepool:info":        "a node's pool changes when the node is relabelled or replaced, not from one minute to the next; the XID figure per pool (every cycle, sparse) joins it with the pool a minute old at most",
+	"node:gpu_node_since:timestamp": "it only drops what an earlier exporter process saw, on a node that left or was re-created: read a minute late, such an XID ends up to a minute later, and its absence keeps every fault (no gap, so no second page)",
 }
 
 // TestGroupIntervals holds the rules' two speeds (docs/performance.md: "Rule evaluation
