@@ -617,3 +617,76 @@ func TestAllocationActivityIsThePagesOwn(t *testing.T) {
 		}
 	}
 }
+
+// A holder that leaves a time-sliced GPU while the exporter runs changes
+// the others' share at the next render: two holders of a half each, then
+// the one left holds it whole.
+func TestShareFollowsHoldersMidRun(t *testing.T) {
+	sc := scenario(t, `
+node: {count: 1}
+sharing:
+  timeSlicing: {gpus: [0], replicas: 2}
+pods:
+  - {namespace: a, name: short-job, stop: 30s, containers: [{name: c, devices: [{gpu: 0, replica: 0}]}]}
+  - {namespace: a, name: long-job, containers: [{name: c, devices: [{gpu: 0, replica: 1}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	for _, pod := range []string{"short-job", "long-job"} {
+		if v := num(t, p, "gpu_allocation_share_ratio", `pod="`+pod+`"`); !near(v, 0.5) {
+			t.Errorf("before: %s's share %v, want 0.5", pod, v)
+		}
+	}
+	p = pn.step(t, 40*time.Second)
+	if s := series(p, "gpu_allocation_share_ratio", `pod="short-job"`); len(s) != 0 {
+		t.Errorf("after short-job left: its share lingers: %v", s)
+	}
+	if v := num(t, p, "gpu_allocation_share_ratio", `pod="long-job"`); !near(v, 1) {
+		t.Errorf("after short-job left: long-job's share %v, want 1", v)
+	}
+}
+
+// The compute instances of one GPU instance, each held by a container
+// of its own: each holds its device whole (share 1), and its activity is
+// what the page's own series give (TestAllocationActivityIsThePagesOwn's
+// rule), with DCGM and without.
+func TestComputeInstanceShareAndActivity(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-40GB, count: 1}
+gpus:
+  - index: 0
+    mig: [{profile: 3g.20gb, computeInstances: 2, workload: {preset: training}}]
+pods:
+  - {namespace: a, name: pod-a, containers: [{name: c, devices: [{gpu: 0, mig: 0}]}]}
+  - {namespace: b, name: pod-b, containers: [{name: c, devices: [{gpu: 0, mig: 1}]}]}
+`)
+	for _, dcgmOn := range []bool{false, true} {
+		opts := []exporterOption{withScenario(sc), withRealTime(), withKubelet()}
+		if dcgmOn {
+			opts = append(opts, withDCGM(nil))
+		}
+		tn := newTestExporter(t, opts...)
+		if err := tn.client.Refresh(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		p := tn.until(t, "both holders and, with DCGM, its values", func(p *collector.Page) bool {
+			return len(series(p, "gpu_allocation_info")) == 2 && (!dcgmOn || num(t, p, "gpu_sm_active_ratio", `compute_instance="1"`) > 0)
+		})
+		for _, pod := range []string{"pod-a", "pod-b"} {
+			if v := num(t, p, "gpu_allocation_share_ratio", `pod="`+pod+`"`); !near(v, 1) {
+				t.Errorf("dcgm %v: %s's share %v, want 1 (a compute instance is a device of its own)", dcgmOn, pod, v)
+			}
+			act := series(p, "gpu_allocation_activity_ratio", `pod="`+pod+`"`)
+			sm := series(p, "gpu_sm_active_ratio", `compute_instance="`+map[string]string{"pod-a": "0", "pod-b": "1"}[pod]+`"`)
+			switch {
+			case len(sm) == 0 && len(act) != 0:
+				t.Errorf("dcgm %v: %s has activity %v without its device's SM activity", dcgmOn, pod, act)
+			case len(sm) == 1 && (len(act) != 1 || act[0][strings.LastIndex(act[0], " "):] != sm[0][strings.LastIndex(sm[0], " "):]):
+				t.Errorf("dcgm %v: %s's activity %v, want its device's SM activity %v", dcgmOn, pod, act, sm)
+			}
+		}
+		if dcgmOn && len(series(p, "gpu_allocation_activity_ratio")) != 2 {
+			t.Errorf("with DCGM both holders have an activity: %v", series(p, "gpu_allocation_activity_ratio"))
+		}
+	}
+}

@@ -101,7 +101,8 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		// its activity, whether or not the device is up or its processes
 		// are known, as gpu_sm_active_ratio says.
 		sm, smOK := d.Values.Get(sample.FieldSMActive)
-		if smOK && len(holders) == 1 {
+		smAlone := smOK && len(holders) == 1
+		if smAlone {
 			h := holders[0]
 			ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, sm, h.Namespace, h.Pod, h.Container, lv[0], lv[1], lv[2], lv[3], lv[4])
 		}
@@ -121,7 +122,7 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 				}
 				if v, src, ok := containerActivity(du, d, cu); ok {
 					ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
-					if cu.Holding && (!smOK || len(holders) != 1) {
+					if cu.Holding && !smAlone {
 						ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, v, cl...)
 					}
 				}
@@ -141,12 +142,12 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		}
 		if v, src, ok := containerActivity(nil, d, nil); ok {
 			ch <- prometheus.MustNewConstMetric(containerUtilDesc, prometheus.GaugeValue, v, append(cl, src)...)
-			if !smOK {
+			if !smAlone {
 				ch <- prometheus.MustNewConstMetric(allocActivityDesc, prometheus.GaugeValue, v, cl...)
 			}
 		}
-		if v, ok := d.Values.Get(sample.FieldSMActive); ok {
-			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, v, cl...)
+		if smOK {
+			ch <- prometheus.MustNewConstMetric(containerSMDesc, prometheus.GaugeValue, sm, cl...)
 		}
 	}
 	if a.Known {
