@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"net/http/httptest"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -318,6 +320,9 @@ var podMapGauges = []string{
 	"gpu_fragmentation_gpus", "gpu_fragmentation_weighted_gpus", "gpu_fitting_jobs",
 	"gpu_unallocated_capacity_gpus", "gpu_idle_allocated_devices",
 	"gpu_kubelet_free_devices",
+	// The default node has a time-sliced GPU (6) and a GPU nobody holds (5).
+	"gpu_shared_device_holders", "gpu_shared_device_memory_used_bytes", "gpu_shared_device_memory_total_bytes",
+	"gpu_unallocated_info",
 }
 
 // present lists which of podMapGauges the page has.
@@ -689,4 +694,97 @@ pods:
 			t.Errorf("with DCGM both holders have an activity: %v", series(p, "gpu_allocation_activity_ratio"))
 		}
 	}
+}
+
+// The sparse facts the rules read instead of every holder's and every
+// device's series: a device several containers hold (a time-sliced GPU,
+// a GPU instance whose compute instances two pods hold) has its holders
+// and its memory; a device with one holder has none; a GPU nobody holds
+// has gpu_unallocated_info, and gets it the sample after its last holder
+// leaves.
+func TestSharedDevicesAndUnheldGPUs(t *testing.T) {
+	sc := scenario(t, `
+node: {model: A100-SXM4-40GB, count: 4}
+gpus:
+  - index: 1
+    mig: [{profile: 3g.20gb, computeInstances: 2}, {profile: 3g.20gb}]
+sharing:
+  timeSlicing: {gpus: [0], replicas: 3}
+pods:
+  - {namespace: a, name: ts-0, containers: [{name: c, devices: [{gpu: 0, replica: 0}]}]}
+  - {namespace: a, name: ts-1, containers: [{name: c, devices: [{gpu: 0, replica: 1}]}]}
+  - {namespace: b, name: ts-2, containers: [{name: c, devices: [{gpu: 0, replica: 2}]}]}
+  - {namespace: a, name: ci-a, containers: [{name: c, devices: [{gpu: 1, mig: 0}]}]}
+  - {namespace: b, name: ci-b, containers: [{name: c, devices: [{gpu: 1, mig: 1}]}]}
+  - {namespace: b, name: gi-alone, containers: [{name: c, devices: [{gpu: 1, mig: 2}]}]}
+  - {namespace: a, name: whole, stop: 30s, containers: [{name: c, devices: [{gpu: 2}]}]}
+`)
+	pn := newPodNode(t, sc)
+	p := pn.step(t, time.Second)
+	if got := series(p, "gpu_allocation_info", `gpu="1"`); len(got) != 3 {
+		t.Fatalf("GPU 1's holders %v, want the two compute instances' and the second GPU instance's", got)
+	}
+	gi := map[string]bool{}
+	for _, s := range series(p, "gpu_allocation_info", `pod="ci-a"`) {
+		gi[seriesLabel(t, s, "gpu_instance")] = true
+	}
+	for _, s := range series(p, "gpu_allocation_info", `pod="ci-b"`) {
+		gi[seriesLabel(t, s, "gpu_instance")] = true
+	}
+	if len(gi) != 1 {
+		t.Fatalf("ci-a and ci-b hold compute instances of GPU instances %v, want one", gi)
+	}
+	var shared string
+	for k := range gi {
+		shared = k
+	}
+	holders := series(p, "gpu_shared_device_holders")
+	if len(holders) != 2 {
+		t.Errorf("gpu_shared_device_holders %v, want GPU 0 and GPU 1's GPU instance %s only", holders, shared)
+	}
+	for _, dev := range []struct {
+		gpu, gi string
+		n       float64
+	}{{"0", "", 3}, {"1", shared, 2}} {
+		m := []string{`gpu="` + dev.gpu + `"`, `gpu_instance="` + dev.gi + `"`}
+		if v := num(t, p, "gpu_shared_device_holders", m...); v != dev.n {
+			t.Errorf("GPU %s instance %q: %v holders, want %v", dev.gpu, dev.gi, v, dev.n)
+		}
+		// The device's memory; a GPU instance's, which each of its
+		// compute instances reports.
+		for _, f := range []string{"used", "total"} {
+			want := 0.0
+			for _, s := range series(p, "gpu_memory_"+f+"_bytes", m...) {
+				v, err := strconv.ParseFloat(s[strings.LastIndex(s, " ")+1:], 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = math.Max(want, v)
+			}
+			if got := num(t, p, "gpu_shared_device_memory_"+f+"_bytes", m...); want == 0 || got != want {
+				t.Errorf("GPU %s instance %q: memory %s %v, want the device's %v", dev.gpu, dev.gi, f, got, want)
+			}
+		}
+	}
+	if got := series(p, "gpu_unallocated_info"); len(got) != 1 || seriesLabel(t, got[0], "gpu") != "3" {
+		t.Errorf("gpu_unallocated_info %v, want GPU 3 only", got)
+	}
+
+	// The holder of GPU 2 stops: the GPU is unallocated from the next render.
+	p = pn.step(t, 40*time.Second)
+	if got := series(p, "gpu_unallocated_info"); len(got) != 2 || len(series(p, "gpu_unallocated_info", `gpu="2"`)) != 1 {
+		t.Errorf("after GPU 2's holder left: gpu_unallocated_info %v, want GPUs 2 and 3", got)
+	}
+	// Without a pod map (no kubelet, or one gone for longer than five
+	// minutes) there is none of them: TestPodMapUnknownLeavesOutCapacityGauges.
+}
+
+// seriesLabel is the value of label name in a series line of the page.
+func seriesLabel(t *testing.T, s, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`[{,]` + name + `="([^"]*)"`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("%s has no label %s", s, name)
+	}
+	return m[1]
 }

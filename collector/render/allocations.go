@@ -1,6 +1,8 @@
 package render
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpu-pool-exporter/gpu-pool-exporter/collector/sample"
@@ -52,6 +54,19 @@ var (
 	nsMeasuredDesc = groupDesc(GroupAllocation, "gpu_namespace_utilization_measured_devices",
 		"The devices of gpu_namespace_allocated_devices that have an NVML busy ratio: gpu_namespace_busy_devices over this is the namespace's average utilization of them. Absent, as gpu_namespace_busy_devices, where none has one (MIG devices only).",
 		[]string{"namespace"})
+	sharedLabels      = []string{"gpu", "uuid", "gpu_instance"}
+	sharedHoldersDesc = groupDesc(GroupAllocation, "gpu_shared_device_holders",
+		"Containers holding a device that several hold (a time-sliced or MPS GPU, or a GPU instance whose compute instances several hold): one series per such whole GPU or GPU instance, none for a device with one holder or none. Absent while the pod map is unknown.",
+		sharedLabels)
+	sharedMemUsedDesc = groupDesc(GroupAllocation, "gpu_shared_device_memory_used_bytes",
+		"Framebuffer memory in use on a device of gpu_shared_device_holders (the GPU instance's, which each of its compute instances reports), in bytes: the few series the shared-device alerts read instead of every device's gpu_memory_used_bytes.",
+		sharedLabels)
+	sharedMemTotalDesc = groupDesc(GroupAllocation, "gpu_shared_device_memory_total_bytes",
+		"Framebuffer memory in total of a device of gpu_shared_device_holders, in bytes.",
+		sharedLabels)
+	unheldGPUDesc = groupDesc(GroupAllocation, "gpu_unallocated_info",
+		"A physical GPU no container holds (neither the GPU nor any of its MIG devices), healthy or not; value 1, no series for a GPU something holds. Absent while the pod map is unknown.",
+		[]string{"gpu", "uuid"})
 	unmatchedDesc = groupDesc(GroupAllocation, "gpu_kubelet_unmatched_device_ids",
 		"Device IDs the kubelet reports that match no device NVML sees (stale, foreign or malformed), by resource.", []string{"resource"})
 )
@@ -62,9 +77,15 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 	a := st.Allocations
 	var free, allocated, unhealthy, healthy, allocatableHealthy int
 	ns := map[string]*namespaceDevices{}
+	var shared sharedDevices
+	held := map[int]bool{}
 	for _, u := range st.Units {
 		d, key, ok := u.Device, u.Key, u.Healthy
 		holders := a.ByDevice[key]
+		if len(holders) > 0 {
+			held[key.GPU] = true
+		}
+		shared.add(key, d, len(holders))
 		switch {
 		case !ok:
 			unhealthy++
@@ -162,6 +183,14 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(free), "free")
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(allocated), "allocated")
+		shared.collect(ch)
+		if st.Sample != nil {
+			for i := range st.Sample.GPUs {
+				if g := &st.Sample.GPUs[i]; !held[g.GPU] {
+					ch <- prometheus.MustNewConstMetric(unheldGPUDesc, prometheus.GaugeValue, 1, strconv.Itoa(g.GPU), g.UUID)
+				}
+			}
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(unhealthy), "unhealthy")
 	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, float64(healthy))
@@ -176,6 +205,62 @@ func collectAllocations(st *state.State, ch chan<- prometheus.Metric) {
 	}
 	for r, n := range a.Unmatched {
 		ch <- prometheus.MustNewConstMetric(unmatchedDesc, prometheus.GaugeValue, float64(n), r)
+	}
+}
+
+// sharedDevices are the whole GPUs and GPU instances several containers
+// hold, in unit order: their holders (a GPU instance's are those of all its
+// compute instances) and their memory (a GPU instance's, which each of its
+// compute instances reports). The shared-device alerts read these few
+// series instead of counting every device's holders and reading every
+// device's memory.
+type sharedDevices struct {
+	list []*sharedDevice
+	by   map[sharedKey]*sharedDevice
+}
+
+type sharedKey struct{ gpu, gpuInstance int }
+
+type sharedDevice struct {
+	labels        []string
+	holders       int
+	used, total   float64
+	usedOK, totOK bool
+}
+
+func (s *sharedDevices) add(key sample.UnitKey, d *sample.DeviceState, holders int) {
+	k := sharedKey{key.GPU, key.GPUInstance}
+	sd := s.by[k]
+	if sd == nil {
+		if s.by == nil {
+			s.by = map[sharedKey]*sharedDevice{}
+		}
+		lv := labelValues(d)
+		sd = &sharedDevice{labels: lv[:3]}
+		s.by[k] = sd
+		s.list = append(s.list, sd)
+	}
+	sd.holders += holders
+	if v, ok := d.Values.Get(sample.FieldMemoryUsed); ok && (!sd.usedOK || v > sd.used) {
+		sd.used, sd.usedOK = v, true
+	}
+	if v, ok := d.Values.Get(sample.FieldMemoryTotal); ok && (!sd.totOK || v > sd.total) {
+		sd.total, sd.totOK = v, true
+	}
+}
+
+func (s *sharedDevices) collect(ch chan<- prometheus.Metric) {
+	for _, sd := range s.list {
+		if sd.holders < 2 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(sharedHoldersDesc, prometheus.GaugeValue, float64(sd.holders), sd.labels...)
+		if sd.usedOK {
+			ch <- prometheus.MustNewConstMetric(sharedMemUsedDesc, prometheus.GaugeValue, sd.used, sd.labels...)
+		}
+		if sd.totOK {
+			ch <- prometheus.MustNewConstMetric(sharedMemTotalDesc, prometheus.GaugeValue, sd.total, sd.labels...)
+		}
 	}
 }
 

@@ -239,13 +239,17 @@ const (
 	// each holder's share and activity (gpu_allocation_share_ratio,
 	// gpu_allocation_activity_ratio, eleven each on the simulated node),
 	// which the rules read instead of counting every device's holders and
-	// joining every device's SM activity with every holder's own.
-	DefaultBudgetPerGPU = 64
+	// joining every device's SM activity with every holder's own; 65 for
+	// the sparse facts of shared devices (gpu_shared_device_*, three
+	// series per device several containers hold) and of GPUs nobody holds
+	// (gpu_unallocated_info), which spare the rules every holder's and
+	// every device's series.
+	DefaultBudgetPerGPU = 65
 	// 42 until node_summary folded the per-GPU families no alert reads
 	// per GPU into one series per node; 31 (from 30) for
 	// gpu_faulted_devices, one series a node, by which the rules tell an
 	// exporter that serves gpu_fault_active from one that predates it;
 	// 32 for the per-namespace sums; 34 for each holder's share and
-	// activity.
-	LeanBudgetPerGPU = 34
+	// activity; 35 for the sparse facts of shared and unheld devices.
+	LeanBudgetPerGPU = 35
 )

@@ -94,6 +94,7 @@ type config struct {
 	keep                  bool
 	top                   int
 	baseline              bool
+	cpuRounds             int
 	budget                float64 // percent of the interval; 0: none
 	profile               string
 }
@@ -119,6 +120,7 @@ func main() {
 	flag.IntVar(&cfg.top, "top", 12, "costliest rules to list")
 	flag.StringVar(&cfg.profile, "cpu-profile", "", "write a CPU profile of Prometheus over the measured cycles to this file (go tool pprof)")
 	flag.BoolVar(&cfg.baseline, "cpu-baseline", true, "after the measured cycles, reload Prometheus without the rules and measure its CPU for as long again: the difference is the rules' CPU")
+	flag.IntVar(&cfg.cpuRounds, "cpu-rounds", 2, "pairs of windows (one with the rules, one without, each as long as the measured cycles) the rules' CPU is pooled over, in the order with, without, without, with, ...: more rounds, less noise, a longer run")
 	flag.Float64Var(&cfg.budget, "budget", 0, "fail (exit 1) unless the rules' evaluation per cycle (wall) and their CPU per cycle each stay within this percentage of the interval (0: report only)")
 	flag.Parse()
 	if err := cfg.check(); err != nil {
@@ -150,6 +152,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-interval %s: want at least 1s", c.interval)
 	case c.cycles < 1:
 		return fmt.Errorf("-cycles %d: want at least 1", c.cycles)
+	case c.baseline && c.cpuRounds < 1:
+		return fmt.Errorf("-cpu-rounds %d: want at least 1 (one window with the rules and one without)", c.cpuRounds)
 	case c.clusterNodes < 0:
 		return fmt.Errorf("-cluster-nodes %d: want 0 (as -n) or more", c.clusterNodes)
 	case c.shardNodes < 1:
@@ -291,34 +295,15 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	fmt.Fprintf(os.Stderr, "bench-rules: Prometheus memory after the measured cycles: RSS %.2f GiB, peak %.2f GiB, %d head series\n", rss, peak, head)
 	cpu := cpuFigures{withRules: cpuRules, allocWithRules: allocRules}
 	if cfg.baseline {
-		// The same Prometheus, scraping the same targets, without rules.
-		fmt.Fprintf(os.Stderr, "bench-rules: reloading without rules for the CPU baseline (%s)\n", window)
-		noRules := cfg
-		noRules.rules = nil
-		if err := writeConfig(work, ln.Addr().String(), noRules); err != nil {
-			return err
-		}
-		if err := prom.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-			return err
-		}
-		if err := sleep(ctx, prom, cfg.interval); err != nil {
-			return err
-		}
-		alloc2, err := api.allocated(ctx)
+		// The same Prometheus, scraping the same targets, without rules,
+		// for as long; over several rounds the windows alternate in the
+		// order with, without, without, with (and so on), so that a drift
+		// of the server's own cost over the run (its heap, the head's
+		// series) weighs on both sides alike.
+		cpu, err = cpuRounds(ctx, cfg, prom, api, work, ln.Addr().String(), window, cpu, time.Since(t0))
 		if err != nil {
 			return err
 		}
-		cpu1, t1 := procCPU(prom.cmd.Process.Pid), time.Now()
-		if err := sleep(ctx, prom, window); err != nil {
-			return err
-		}
-		cpu.without = cpuRate(procCPU(prom.cmd.Process.Pid)-cpu1, time.Since(t1))
-		alloc3, err := api.allocated(ctx)
-		if err != nil {
-			return err
-		}
-		cpu.allocWithout = (alloc3 - alloc2) / time.Since(t1).Seconds()
-		cpu.measured = true
 	}
 	sum := report(out, cfg, prom.version, head, fleet, samples, cpu)
 	return checkBudget(out, cfg, sum)
@@ -372,6 +357,84 @@ type cpuFigures struct {
 	withRules, without           float64
 	allocWithRules, allocWithout float64
 	measured                     bool
+	// rounds are the rule CPU (cores) and allocation (bytes a second) of
+	// each pair of windows, with less without, in the order measured.
+	rounds []cpuRound
+}
+
+type cpuRound struct{ cores, alloc float64 }
+
+// windowWithRules says whether CPU window i (0: the first, with the rules)
+// runs with the rules: with, without, without, with, and again.
+func windowWithRules(i int) bool { return i%4 == 0 || i%4 == 3 }
+
+// cpuRounds measures the windows after the first one (with the rules,
+// measured by the caller over firstDur): -cpu-rounds pairs of windows in
+// all, each pair one with and one without the rules, in the order W N N W
+// W N ..., Prometheus reloaded between windows that differ. The rates are
+// pooled over every window of each kind.
+func cpuRounds(ctx context.Context, cfg config, prom *promProc, api *apiClient, work, fleetAddr string, window time.Duration, first cpuFigures, firstDur time.Duration) (cpuFigures, error) {
+	type acc struct{ cpu, alloc, secs float64 }
+	with := acc{first.withRules * firstDur.Seconds(), first.allocWithRules * firstDur.Seconds(), firstDur.Seconds()}
+	var without acc
+	withNow := true
+	var rounds []cpuRound
+	lastWith := acc{with.cpu, with.alloc, with.secs}
+	var lastWithout *acc
+	for i := 1; i < 2*cfg.cpuRounds; i++ {
+		wantWith := windowWithRules(i)
+		if wantWith != withNow {
+			c := cfg
+			what := "with the rules"
+			if !wantWith {
+				c.rules = nil
+				what = "without rules for the CPU baseline"
+			}
+			fmt.Fprintf(os.Stderr, "bench-rules: reloading %s (%s, window %d of %d)\n", what, window, i+1, 2*cfg.cpuRounds)
+			if err := writeConfig(work, fleetAddr, c); err != nil {
+				return first, err
+			}
+			if err := prom.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				return first, err
+			}
+			withNow = wantWith
+			if err := sleep(ctx, prom, cfg.interval); err != nil {
+				return first, err
+			}
+		}
+		a0, err := api.allocated(ctx)
+		if err != nil {
+			return first, err
+		}
+		c0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
+		if err := sleep(ctx, prom, window); err != nil {
+			return first, err
+		}
+		w := acc{(procCPU(prom.cmd.Process.Pid) - c0).Seconds(), 0, time.Since(t0).Seconds()}
+		a1, err := api.allocated(ctx)
+		if err != nil {
+			return first, err
+		}
+		w.alloc = a1 - a0
+		if wantWith {
+			with.cpu, with.alloc, with.secs = with.cpu+w.cpu, with.alloc+w.alloc, with.secs+w.secs
+			lastWith = w
+		} else {
+			without.cpu, without.alloc, without.secs = without.cpu+w.cpu, without.alloc+w.alloc, without.secs+w.secs
+			lastWithout = &w
+		}
+		// A pair is complete after every second window.
+		if i%2 == 1 && lastWithout != nil {
+			r := cpuRound{lastWith.cpu/lastWith.secs - lastWithout.cpu/lastWithout.secs, lastWith.alloc/lastWith.secs - lastWithout.alloc/lastWithout.secs}
+			rounds = append(rounds, r)
+			fmt.Fprintf(os.Stderr, "bench-rules: round %d: rule CPU %s a cycle, rule allocation %.0f MB a cycle\n", len(rounds), ms(r.cores*cfg.interval.Seconds()), r.alloc*cfg.interval.Seconds()/1e6)
+		}
+	}
+	return cpuFigures{
+		withRules: with.cpu / with.secs, without: without.cpu / without.secs,
+		allocWithRules: with.alloc / with.secs, allocWithout: without.alloc / without.secs,
+		measured: true, rounds: rounds,
+	}, nil
 }
 
 func cpuRate(d, over time.Duration) float64 { return d.Seconds() / over.Seconds() }
@@ -1369,5 +1432,13 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node | rule allocation per cycle |\n|---|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s | %s |\n", cfg.nodes, head, ms(total),
 		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode, allocCol)
+	if len(cpu.rounds) > 1 {
+		// The pooled figure above, and each pair of windows on its own:
+		// their spread is the measurement's noise.
+		fmt.Fprintf(out, "\nRule CPU and allocation per cycle of each pair of windows (with the rules less without, in the order measured; the figures above pool every window):\n\n| round | rule CPU per cycle | rule allocation per cycle |\n|---|---|---|\n")
+		for i, r := range cpu.rounds {
+			fmt.Fprintf(out, "| %d | %s (%.1f%%) | %.0f MB |\n", i+1, ms(r.cores*cfg.interval.Seconds()), 100*r.cores, r.alloc*cfg.interval.Seconds()/1e6)
+		}
+	}
 	return sum
 }

@@ -216,6 +216,15 @@ func TestReportScalesGroupsByInterval(t *testing.T) {
 	if !sum.cpuMeasured || sum.cpuPerCycle < 1.499 || sum.cpuPerCycle > 1.501 {
 		t.Errorf("summary %+v, want 1.5 s of rule CPU per cycle", sum)
 	}
+	// Rounds: each pair of windows is listed, as a share of the interval.
+	b.Reset()
+	report(&b, cfg, "test", 1234, &fleet{seriesPerNode: 470}, evals, cpuFigures{withRules: 0.3, without: 0.2, allocWithRules: 30e6, allocWithout: 10e6, measured: true,
+		rounds: []cpuRound{{0.12, 22e6}, {0.08, 18e6}}})
+	for _, want := range []string{"| 1 | 1800.0 ms (12.0%) | 330 MB |", "| 2 | 1200.0 ms (8.0%) | 270 MB |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks round %q:\n%s", want, b.String())
+		}
+	}
 	if i, j := strings.Index(out, "| slow-rule"), strings.Index(out, "| fast-rule"); i < 0 || j < 0 || i > j {
 		t.Errorf("costliest rules not ordered by cost per cycle (slow 225 ms before fast 200 ms):\n%s", out)
 	}
@@ -442,6 +451,36 @@ func TestBudgetChecksWallAndRuleCPU(t *testing.T) {
 	bad := config{nodes: 1, interval: 15 * time.Second, cycles: 1, shardNodes: 1000, rules: ruleFiles{"x"}, page: "p", budget: 5}
 	if err := bad.check(); err == nil || !strings.Contains(err.Error(), "cpu-baseline") {
 		t.Errorf("-budget without the CPU baseline: %v, want an error naming -cpu-baseline", err)
+	}
+}
+
+// The CPU windows alternate with, without, without, with, ... so that a
+// steady drift of the server's cost weighs on both sides alike: over each
+// four windows, the with-windows' mean position equals the without-windows'.
+func TestCPUWindowsOrder(t *testing.T) {
+	var got []string
+	for i := range 8 {
+		if windowWithRules(i) {
+			got = append(got, "W")
+		} else {
+			got = append(got, "N")
+		}
+	}
+	if s := strings.Join(got, ""); s != "WNNWWNNW" {
+		t.Errorf("windows %s, want WNNWWNNW", s)
+	}
+	for _, n := range []int{2, 4} {
+		var w, wo float64
+		for i := range 2 * n {
+			if windowWithRules(i) {
+				w += float64(i)
+			} else {
+				wo += float64(i)
+			}
+		}
+		if w != wo {
+			t.Errorf("%d rounds: with-windows at mean position %g, without %g: a linear drift would not cancel", n, w/float64(n), wo/float64(n))
+		}
 	}
 }
 
