@@ -257,50 +257,44 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	}
 	// Groups with a longer interval: (`interval: 1m`) evaluate once every
 	// few cycles; measure until each group has evaluated -cycles times.
-	first, err := api.rules(ctx)
+	groups, err := api.rules(ctx)
 	if err != nil {
 		return err
 	}
-	window := time.Duration(cfg.cycles) * longestInterval(first, cfg.interval)
+	window := time.Duration(cfg.cycles) * longestInterval(groups, cfg.interval)
 	fmt.Fprintf(os.Stderr, "bench-rules: measuring for %s (%d evaluations of the slowest group)\n", window, cfg.cycles)
-	alloc0, err := api.allocated(ctx)
+	var samples map[groupKey][]groupReading
+	first, err := gcWindow(ctx, prom, api, window, func() error {
+		profDone := make(chan error, 1)
+		if cfg.profile != "" {
+			go func() { profDone <- api.profile(ctx, cfg.profile, window) }()
+		} else {
+			profDone <- nil
+		}
+		var err error
+		samples, err = collect(ctx, api, prom, cfg, window)
+		if perr := <-profDone; perr != nil {
+			fmt.Fprintf(os.Stderr, "bench-rules: CPU profile: %v\n", perr)
+		}
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	cpu0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
-	profDone := make(chan error, 1)
-	if cfg.profile != "" {
-		go func() { profDone <- api.profile(ctx, cfg.profile, window) }()
-	} else {
-		profDone <- nil
-	}
-	samples, err := collect(ctx, api, prom, cfg, window)
-	if perr := <-profDone; perr != nil {
-		fmt.Fprintf(os.Stderr, "bench-rules: CPU profile: %v\n", perr)
-	}
-	if err != nil {
-		return err
-	}
-	cpuRules := cpuRate(procCPU(prom.cmd.Process.Pid)-cpu0, time.Since(t0))
-	alloc1, err := api.allocated(ctx)
-	if err != nil {
-		return err
-	}
-	allocRules := (alloc1 - alloc0) / time.Since(t0).Seconds()
 	head, err := api.headSeries(ctx)
 	if err != nil {
 		return err
 	}
 	rss, peak := procMemory(prom.cmd.Process.Pid)
 	fmt.Fprintf(os.Stderr, "bench-rules: Prometheus memory after the measured cycles: RSS %.2f GiB, peak %.2f GiB, %d head series\n", rss, peak, head)
-	cpu := cpuFigures{withRules: cpuRules, allocWithRules: allocRules}
+	cpu := cpuFigures{withRules: first.cpu / first.secs, allocWithRules: first.alloc / first.secs, windows: []windowReading{first}}
 	if cfg.baseline {
 		// The same Prometheus, scraping the same targets, without rules,
 		// for as long; over several rounds the windows alternate in the
 		// order with, without, without, with (and so on), so that a drift
 		// of the server's own cost over the run (its heap, the head's
 		// series) weighs on both sides alike.
-		cpu, err = cpuRounds(ctx, cfg, prom, api, work, ln.Addr().String(), window, cpu, time.Since(t0))
+		cpu, err = cpuRounds(ctx, cfg, prom, api, work, ln.Addr().String(), window, first)
 		if err != nil {
 			return err
 		}
@@ -360,6 +354,8 @@ type cpuFigures struct {
 	// rounds are the rule CPU (cores) and allocation (bytes a second) of
 	// each pair of windows, with less without, in the order measured.
 	rounds []cpuRound
+	// windows are the windows measured, in order.
+	windows []windowReading
 }
 
 type cpuRound struct{ cores, alloc float64 }
@@ -369,18 +365,16 @@ type cpuRound struct{ cores, alloc float64 }
 func windowWithRules(i int) bool { return i%4 == 0 || i%4 == 3 }
 
 // cpuRounds measures the windows after the first one (with the rules,
-// measured by the caller over firstDur): -cpu-rounds pairs of windows in
-// all, each pair one with and one without the rules, in the order W N N W
-// W N ..., Prometheus reloaded between windows that differ. The rates are
-// pooled over every window of each kind.
-func cpuRounds(ctx context.Context, cfg config, prom *promProc, api *apiClient, work, fleetAddr string, window time.Duration, first cpuFigures, firstDur time.Duration) (cpuFigures, error) {
-	type acc struct{ cpu, alloc, secs float64 }
-	with := acc{first.withRules * firstDur.Seconds(), first.allocWithRules * firstDur.Seconds(), firstDur.Seconds()}
-	var without acc
+// measured by the caller): -cpu-rounds pairs of windows in all, each pair
+// one with and one without the rules, in the order W N N W W N ...,
+// Prometheus reloaded between windows that differ. The rates are pooled
+// over every window of each kind.
+func cpuRounds(ctx context.Context, cfg config, prom *promProc, api *apiClient, work, fleetAddr string, window time.Duration, first windowReading) (cpuFigures, error) {
+	with, without := first, windowReading{}
+	windows := []windowReading{first}
 	withNow := true
 	var rounds []cpuRound
-	lastWith := acc{with.cpu, with.alloc, with.secs}
-	var lastWithout *acc
+	lastWith, lastWithout := first, windowReading{}
 	for i := 1; i < 2*cfg.cpuRounds; i++ {
 		wantWith := windowWithRules(i)
 		if wantWith != withNow {
@@ -392,39 +386,31 @@ func cpuRounds(ctx context.Context, cfg config, prom *promProc, api *apiClient, 
 			}
 			fmt.Fprintf(os.Stderr, "bench-rules: reloading %s (%s, window %d of %d)\n", what, window, i+1, 2*cfg.cpuRounds)
 			if err := writeConfig(work, fleetAddr, c); err != nil {
-				return first, err
+				return cpuFigures{}, err
 			}
 			if err := prom.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-				return first, err
+				return cpuFigures{}, err
 			}
 			withNow = wantWith
 			if err := sleep(ctx, prom, cfg.interval); err != nil {
-				return first, err
+				return cpuFigures{}, err
 			}
 		}
-		a0, err := api.allocated(ctx)
+		w, err := gcWindow(ctx, prom, api, window, func() error { return sleep(ctx, prom, window) })
 		if err != nil {
-			return first, err
+			return cpuFigures{}, err
 		}
-		c0, t0 := procCPU(prom.cmd.Process.Pid), time.Now()
-		if err := sleep(ctx, prom, window); err != nil {
-			return first, err
-		}
-		w := acc{(procCPU(prom.cmd.Process.Pid) - c0).Seconds(), 0, time.Since(t0).Seconds()}
-		a1, err := api.allocated(ctx)
-		if err != nil {
-			return first, err
-		}
-		w.alloc = a1 - a0
+		w.withRules = wantWith
+		windows = append(windows, w)
 		if wantWith {
-			with.cpu, with.alloc, with.secs = with.cpu+w.cpu, with.alloc+w.alloc, with.secs+w.secs
+			with = with.add(w)
 			lastWith = w
 		} else {
-			without.cpu, without.alloc, without.secs = without.cpu+w.cpu, without.alloc+w.alloc, without.secs+w.secs
-			lastWithout = &w
+			without = without.add(w)
+			lastWithout = w
 		}
 		// A pair is complete after every second window.
-		if i%2 == 1 && lastWithout != nil {
+		if i%2 == 1 {
 			r := cpuRound{lastWith.cpu/lastWith.secs - lastWithout.cpu/lastWithout.secs, lastWith.alloc/lastWith.secs - lastWithout.alloc/lastWithout.secs}
 			rounds = append(rounds, r)
 			fmt.Fprintf(os.Stderr, "bench-rules: round %d: rule CPU %s a cycle, rule allocation %.0f MB a cycle\n", len(rounds), ms(r.cores*cfg.interval.Seconds()), r.alloc*cfg.interval.Seconds()/1e6)
@@ -433,11 +419,87 @@ func cpuRounds(ctx context.Context, cfg config, prom *promProc, api *apiClient, 
 	return cpuFigures{
 		withRules: with.cpu / with.secs, without: without.cpu / without.secs,
 		allocWithRules: with.alloc / with.secs, allocWithout: without.alloc / without.secs,
-		measured: true, rounds: rounds,
+		measured: true, rounds: rounds, windows: windows,
 	}, nil
 }
 
-func cpuRate(d, over time.Duration) float64 { return d.Seconds() / over.Seconds() }
+// windowReading is what one CPU window measured: the server's CPU seconds,
+// bytes allocated and garbage collections over secs seconds; aligned when
+// it starts and ends as a collection ends.
+type windowReading struct {
+	cpu, alloc, secs float64
+	gcs              int
+	aligned          bool
+	withRules        bool
+}
+
+func (w windowReading) add(o windowReading) windowReading {
+	return windowReading{cpu: w.cpu + o.cpu, alloc: w.alloc + o.alloc, secs: w.secs + o.secs, gcs: w.gcs + o.gcs, aligned: w.aligned && o.aligned, withRules: w.withRules}
+}
+
+// gcWindow measures the server over body, from the end of a garbage
+// collection to the end of the first one after body returns. The server's
+// heap is gigabytes, so one collection is seconds of CPU (marking it), a
+// few in a window of minutes: a window cut anywhere would count a part of
+// the cycle the window's allocation led to, or of the one before, and
+// move the rules' CPU (a difference of two windows) by a collection's
+// worth. Waits at most limit for each collection; a window that did not
+// get one is measured as it is, and says so.
+func gcWindow(ctx context.Context, prom *promProc, api *apiClient, limit time.Duration, body func() error) (windowReading, error) {
+	start, okStart, err := nextGC(ctx, prom, api, limit)
+	if err != nil {
+		return windowReading{}, err
+	}
+	if err := body(); err != nil {
+		return windowReading{}, err
+	}
+	end, okEnd, err := nextGC(ctx, prom, api, limit)
+	if err != nil {
+		return windowReading{}, err
+	}
+	return windowReading{
+		cpu: (end.cpu - start.cpu).Seconds(), alloc: end.alloc - start.alloc, secs: end.at.Sub(start.at).Seconds(),
+		gcs: int(end.gcs - start.gcs), aligned: okStart && okEnd, withRules: true,
+	}, nil
+}
+
+// serverReading is the server's CPU (from /proc), bytes allocated and
+// garbage collections (its /metrics) at one time.
+type serverReading struct {
+	cpu        time.Duration
+	alloc, gcs float64
+	at         time.Time
+}
+
+// nextGC polls the server until a garbage collection ends (its count
+// grows) and returns the reading of that poll; after limit, the reading of
+// the last poll and false.
+func nextGC(ctx context.Context, prom *promProc, api *apiClient, limit time.Duration) (serverReading, bool, error) {
+	read := func() (serverReading, error) {
+		alloc, gcs, err := api.runtime(ctx)
+		return serverReading{procCPU(prom.cmd.Process.Pid), alloc, gcs, time.Now()}, err
+	}
+	r0, err := read()
+	if err != nil {
+		return r0, false, err
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		if err := sleep(ctx, prom, 250*time.Millisecond); err != nil {
+			return r0, false, err
+		}
+		r, err := read()
+		if err != nil {
+			return r, false, err
+		}
+		if r.gcs > r0.gcs {
+			return r, true, nil
+		}
+		if time.Now().After(deadline) {
+			return r, false, nil
+		}
+	}
+}
 
 // procCPU is a process's user+system CPU time (/proc/PID/stat; 0 where
 // unreadable, e.g. not Linux).
@@ -1229,35 +1291,41 @@ func (a *apiClient) profile(ctx context.Context, file string, d time.Duration) e
 
 // allocated is the bytes the Prometheus process has allocated since it
 // started, from its own /metrics.
-func (a *apiClient) allocated(ctx context.Context) (float64, error) {
+// runtime is the server's bytes allocated and garbage collections so far.
+func (a *apiClient) runtime(ctx context.Context) (alloc, gcs float64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	resp, err := a.hc.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return 0, 0, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
-	return allocatedBytes(resp.Body)
+	return runtimeFigures(resp.Body)
 }
 
-// allocatedBytes is go_memstats_alloc_bytes_total of a text exposition.
-func allocatedBytes(r io.Reader) (float64, error) {
-	const name = "go_memstats_alloc_bytes_total"
+// runtimeFigures are go_memstats_alloc_bytes_total and the count of
+// go_gc_duration_seconds (garbage collections ended) of a text exposition.
+func runtimeFigures(r io.Reader) (alloc, gcs float64, err error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return 0, fmt.Errorf("the server's /metrics: %w", err)
+		return 0, 0, fmt.Errorf("the server's /metrics: %w", err)
 	}
-	f, ok := fams[name]
+	const allocName, gcName = "go_memstats_alloc_bytes_total", "go_gc_duration_seconds"
+	f, ok := fams[allocName]
 	if !ok || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetCounter() == nil {
-		return 0, fmt.Errorf("the server's /metrics has no counter %s", name)
+		return 0, 0, fmt.Errorf("the server's /metrics has no counter %s", allocName)
 	}
-	return f.GetMetric()[0].GetCounter().GetValue(), nil
+	g, ok := fams[gcName]
+	if !ok || len(g.GetMetric()) != 1 || g.GetMetric()[0].GetSummary() == nil {
+		return 0, 0, fmt.Errorf("the server's /metrics has no summary %s", gcName)
+	}
+	return f.GetMetric()[0].GetCounter().GetValue(), float64(g.GetMetric()[0].GetSummary().GetSampleCount()), nil
 }
 
 func (a *apiClient) headSeries(ctx context.Context) (int, error) {
@@ -1432,6 +1500,21 @@ func report(out io.Writer, cfg config, version string, head int, f *fleet, evals
 	fmt.Fprintf(out, "\n| nodes | head series | rule evaluation per cycle | per node | every group at once | rule CPU per cycle | CPU per node | rule allocation per cycle |\n|---|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(out, "| %d | %d | %s | %s µs | %s | %s | %s | %s |\n", cfg.nodes, head, ms(total),
 		strconv.FormatFloat(total*1e6/float64(cfg.nodes), 'f', 0, 64), ms(allAtOnce), cpuCol, cpuNode, allocCol)
+	if len(cpu.windows) > 1 {
+		// Each window from the end of a garbage collection to the end of
+		// another (gcWindow), so each holds whole collections.
+		fmt.Fprintf(out, "\nCPU windows, in the order measured (each from the end of a garbage collection of the server to the end of another):\n\n| window | rules | length | collections | CPU | allocation per cycle | bounded by collections |\n|---|---|---|---|---|---|---|\n")
+		for i, w := range cpu.windows {
+			rules, aligned := "without", "yes"
+			if w.withRules {
+				rules = "with"
+			}
+			if !w.aligned {
+				aligned = "no (none within the window's length)"
+			}
+			fmt.Fprintf(out, "| %d | %s | %.0f s | %d | %.3f cores | %.0f MB | %s |\n", i+1, rules, w.secs, w.gcs, w.cpu/w.secs, w.alloc/w.secs*cfg.interval.Seconds()/1e6, aligned)
+		}
+	}
 	if len(cpu.rounds) > 1 {
 		// The pooled figure above, and each pair of windows on its own:
 		// their spread is the measurement's noise.

@@ -219,7 +219,13 @@ func TestReportScalesGroupsByInterval(t *testing.T) {
 	// Rounds: each pair of windows is listed, as a share of the interval.
 	b.Reset()
 	report(&b, cfg, "test", 1234, &fleet{seriesPerNode: 470}, evals, cpuFigures{withRules: 0.3, without: 0.2, allocWithRules: 30e6, allocWithout: 10e6, measured: true,
-		rounds: []cpuRound{{0.12, 22e6}, {0.08, 18e6}}})
+		rounds:  []cpuRound{{0.12, 22e6}, {0.08, 18e6}},
+		windows: []windowReading{{cpu: 60, alloc: 6e9, secs: 200, gcs: 5, aligned: true, withRules: true}, {cpu: 40, alloc: 2e9, secs: 200, gcs: 3, aligned: false}}})
+	for _, want := range []string{"| 1 | with | 200 s | 5 | 0.300 cores | 450 MB | yes |", "| 2 | without | 200 s | 3 | 0.200 cores | 150 MB | no (none within the window's length) |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks window %q:\n%s", want, b.String())
+		}
+	}
 	for _, want := range []string{"| 1 | 1800.0 ms (12.0%) | 330 MB |", "| 2 | 1200.0 ms (8.0%) | 270 MB |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks round %q:\n%s", want, b.String())
@@ -484,16 +490,20 @@ func TestCPUWindowsOrder(t *testing.T) {
 	}
 }
 
-func TestAllocatedBytes(t *testing.T) {
-	page := "# HELP go_memstats_alloc_bytes_total Total bytes.\n# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 1.2345e+10\n# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n"
-	v, err := allocatedBytes(strings.NewReader(page))
-	if err != nil || v != 1.2345e10 {
-		t.Errorf("allocatedBytes = %v, %v; want 1.2345e10", v, err)
+func TestRuntimeFigures(t *testing.T) {
+	gc := "# TYPE go_gc_duration_seconds summary\ngo_gc_duration_seconds{quantile=\"0.5\"} 0.001\ngo_gc_duration_seconds_sum 0.5\ngo_gc_duration_seconds_count 42\n"
+	page := "# HELP go_memstats_alloc_bytes_total Total bytes.\n# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 1.2345e+10\n# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n" + gc
+	alloc, gcs, err := runtimeFigures(strings.NewReader(page))
+	if err != nil || alloc != 1.2345e10 || gcs != 42 {
+		t.Errorf("runtimeFigures = %v, %v, %v; want 1.2345e10 bytes and 42 collections", alloc, gcs, err)
 	}
-	if _, err := allocatedBytes(strings.NewReader("# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n")); err == nil || !strings.Contains(err.Error(), "no counter go_memstats_alloc_bytes_total") {
+	if _, _, err := runtimeFigures(strings.NewReader("# TYPE go_memstats_alloc_bytes gauge\ngo_memstats_alloc_bytes 7\n" + gc)); err == nil || !strings.Contains(err.Error(), "no counter go_memstats_alloc_bytes_total") {
 		t.Errorf("a page without the counter: err %v, want one that names it", err)
 	}
-	if _, err := allocatedBytes(strings.NewReader("go_memstats_alloc_bytes_total abc\n")); err == nil {
+	if _, _, err := runtimeFigures(strings.NewReader("# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 5\n")); err == nil || !strings.Contains(err.Error(), "no summary go_gc_duration_seconds") {
+		t.Errorf("a page without the collections: err %v, want one that names them", err)
+	}
+	if _, _, err := runtimeFigures(strings.NewReader("go_memstats_alloc_bytes_total abc\n")); err == nil {
 		t.Error("a value that is not a number: no error")
 	}
 }
