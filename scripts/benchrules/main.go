@@ -107,7 +107,7 @@ func main() {
 	flag.DurationVar(&cfg.interval, "interval", 15*time.Second, "scrape and evaluation interval")
 	flag.IntVar(&cfg.warmup, "warmup", 2, "evaluation cycles to let pass after every target is up, before measuring")
 	flag.IntVar(&cfg.cycles, "cycles", 5, "evaluations of each rule group to measure (the slowest group's interval times this is the measured window)")
-	flag.DurationVar(&cfg.timeout, "timeout", 30*time.Minute, "give up (and stop everything) after this long")
+	flag.DurationVar(&cfg.timeout, "timeout", 60*time.Minute, "give up (and stop everything) after this long (a shard run with the CPU windows takes 20-25 minutes)")
 	flag.StringVar(&cfg.prometheus, "prometheus", "prometheus", "the Prometheus server binary")
 	flag.StringVar(&cfg.exporter, "exporter", "", "a built gpu-pool-exporter-sim, run once to render the simulated node's page (or use -page)")
 	flag.StringVar(&cfg.exporterFlags, "exporter-flags", "", "more flags for the simulated exporter, space-separated (--collector.profile=lean: the lean profile's page)")
@@ -433,8 +433,9 @@ type windowReading struct {
 	withRules        bool
 }
 
+// add pools two windows' readings (what the pooled rates need).
 func (w windowReading) add(o windowReading) windowReading {
-	return windowReading{cpu: w.cpu + o.cpu, alloc: w.alloc + o.alloc, secs: w.secs + o.secs, gcs: w.gcs + o.gcs, aligned: w.aligned && o.aligned, withRules: w.withRules}
+	return windowReading{cpu: w.cpu + o.cpu, alloc: w.alloc + o.alloc, secs: w.secs + o.secs, gcs: w.gcs + o.gcs}
 }
 
 // gcWindow measures the server over body, from the end of a garbage
